@@ -1,0 +1,36 @@
+# attnbench: `make help` lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Offline by default for tests: a missing hub dataset otherwise costs 20+ s of retries.
+TEST_ENV := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test bench clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-24s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+install: $(STAMP) ## Create .venv and install attnbench (torch 2.13.0 CPU build first)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides
+	$(BIN)/attnbench run $(ARGS)
+
+test: install ## Run the test suite (offline)
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: install ## Time every attention variant against softmax at N=1024 and 4096
+	$(BIN)/python -m bench_cli.bench_attention $(ARGS)
+
+# Feature targets (reproduce-*, profile figures...) live in mk/*.mk, one file per feature.
+-include mk/*.mk
+
+clean: ## Remove Hydra output folders (keeps results/ and .venv)
+	rm -rf outputs multirun

@@ -1,0 +1,147 @@
+"""Config composition: the conf/ tree, option listings, and validation of user overrides.
+
+Validation composes the config with Hydra's compose API first, so mistakes become one-line
+errors with the valid choices; the run itself then goes through a ``@hydra.main`` function so
+multirun and the launcher plugins keep working.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from bench_cli.errors import UserError, did_you_mean, unknown_choice
+
+CONFIG_NAME = "config"
+GROUPS = ("task", "model", "trainer", "logger", "paths", "experiment")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("attnbench_cache"):
+        OmegaConf.register_new_resolver("attnbench_cache", lambda sub="": str(cache_dir() / sub))
+
+
+register_resolvers()
+
+
+def conf_dir() -> Path:
+    import conf
+
+    return Path(conf.__file__).parent
+
+
+def group_options(group: str) -> list[str]:
+    """Options of a config group: yaml files under conf/<group>, nested ones as 'a/b'."""
+    root = conf_dir() / group
+    if not root.is_dir():
+        return []
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def load_option(group: str, option: str) -> DictConfig:
+    return OmegaConf.load(conf_dir() / group / f"{option}.yaml")
+
+
+# Hydra command-line flags, and whether each takes a value.
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """(hydra flags, overrides) of a command line."""
+    flags, overrides, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-"):
+            flags.append(a)
+            if a in _FLAGS_WITH_VALUE and i + 1 < len(args):
+                flags.append(args[i + 1])
+                i += 1
+            elif a in ("--info", "-i") and i + 1 < len(args) and "=" not in args[i + 1]:
+                flags.append(args[i + 1])
+                i += 1
+        else:
+            overrides.append(a)
+        i += 1
+    return flags, overrides
+
+
+def parse_overrides(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for o in overrides:
+        try:
+            parsed += parser.parse_overrides([o])
+        except OverrideParseException as e:
+            first = str(e).strip().splitlines()[0]
+            raise UserError(f"bad override '{o}': {first} (expected key=value, +key=value or group=option)") from None
+    return parsed
+
+
+def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None:
+    """Unknown group options ('model=no_such_model') list the valid choices."""
+    for o in parse_overrides(overrides):
+        key = o.key_or_group
+        if o.is_sweep_override() and not allow_sweep:
+            raise UserError(f"'{o.input_line}' is a sweep; use `attnbench sweep` for several values")
+        if key.startswith("hydra") or o.is_delete():
+            continue
+        group = key.split("@")[0]
+        if group in GROUPS and "." not in group:
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            for v in values:
+                if v is None and group == "experiment":
+                    continue
+                if str(v) not in group_options(group):
+                    raise unknown_choice(group, str(v), group_options(group))
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """Compose conf/ with overrides (no sweeps), turning composition errors into one-line UserErrors."""
+    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    check_group_choices(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            try:
+                return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+            except HydraException as e:
+                raise _explain(e, overrides) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _explain(err: Exception, overrides: list[str]) -> UserError:
+    text = str(err)
+    m = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
+    if m:
+        key = m.group(1)
+        parent, _, leaf = key.rpartition(".")
+        hint = ""
+        try:
+            base = compose([o for o in overrides if not o.lstrip("+~").startswith(key)])
+            node = OmegaConf.select(base, parent) if parent else base
+            if isinstance(node, DictConfig):
+                hint = did_you_mean(leaf, list(node.keys())).replace("'", f"'{parent + '.' if parent else ''}", 1)
+        except UserError:
+            pass
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), "...")
+        return UserError(f"unknown config key '{key}'{hint}; to add a new key use +{key}={value}")
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return UserError(f"invalid configuration: {first}")
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

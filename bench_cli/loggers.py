@@ -1,0 +1,75 @@
+"""Experiment trackers. The CSV record is written whatever the logger; `logger=wandb` adds
+Weights & Biases (config, per-epoch curves, final metrics, tables)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bench_cli.errors import unknown_choice
+
+
+class NullLogger:
+    def log_epoch(self, row: dict) -> None: ...
+    def log_summary(self, row: dict) -> None: ...
+    def log_table(self, name: str, rows: list[dict]) -> None: ...
+    def log_image(self, name: str, path: str | Path) -> None: ...
+    def finish(self, status: str = "ok") -> None: ...
+
+
+def wandb_mode(requested: str = "auto") -> str:
+    """online when an API key is configured, offline otherwise; WANDB_MODE always wins."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if requested != "auto":
+        return requested
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or "api.wandb.ai" in _netrc()
+    return "online" if has_key else "offline"
+
+
+def _netrc() -> str:
+    p = Path.home() / ".netrc"
+    return p.read_text(errors="ignore") if p.is_file() else ""
+
+
+class WandbLogger(NullLogger):
+    def __init__(self, cfg, config: dict, run_dir: Path, name: str, job_type: str = "run"):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=cfg.get("project", "attnbench"), entity=cfg.get("entity"), group=cfg.get("group"),
+            tags=list(cfg.get("tags") or []), name=name, config=config, dir=str(run_dir),
+            mode=wandb_mode(cfg.get("mode", "auto")), job_type=job_type, reinit="finish_previous",
+        )
+
+    def log_epoch(self, row: dict) -> None:
+        self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=int(row["epoch"]))
+
+    def log_summary(self, row: dict) -> None:
+        for k, v in row.items():
+            if isinstance(v, (int, float, str, bool)) and v != "":
+                self.run.summary[k] = v
+
+    def log_table(self, name: str, rows: list[dict]) -> None:
+        if rows:
+            cols = list(rows[0])
+            self.run.log({name: self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows])})
+
+    def log_image(self, name: str, path) -> None:
+        self.run.log({name: self.wandb.Image(str(path))})
+
+    def finish(self, status: str = "ok") -> None:
+        self.run.finish(exit_code=0 if status == "ok" else 1)
+
+    @property
+    def run_path(self) -> str:
+        return str(Path(self.run.dir).parent)
+
+
+def make_logger(cfg, config: dict, run_dir: Path, name: str, job_type: str = "run"):
+    kind = cfg.get("name", "none")
+    if kind == "none":
+        return NullLogger()
+    if kind == "wandb":
+        return WandbLogger(cfg, config, run_dir, name, job_type)
+    raise unknown_choice("logger", kind, ["none", "wandb"])

@@ -1,0 +1,152 @@
+"""Result records: one CSV row per run, successful or not, with identity, metrics and provenance.
+
+The file is never modified in place: each append writes the old rows plus the new one to a
+temporary file in the same directory and atomically renames it over the original, under a
+lock, so a crash mid-write (or two parallel jobs) cannot corrupt earlier rows.
+"""
+from __future__ import annotations
+
+import csv
+import fcntl
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+# One schema for every task (DESIGN.md): identity, metrics, provenance. Task-specific extras go
+# to `metrics_json`. Columns are only ever added, never renamed.
+COLUMNS = [
+    # identity
+    "run_id", "time", "status", "error", "task", "dataset", "model", "attention", "seed", "protocol",
+    "experiment", "config_hash", "job_key",
+    # task metric
+    "test_accuracy", "val_accuracy", "best_epoch", "epochs_run", "test_accuracy_last", "test_loss",
+    # efficiency
+    "params", "attn_params", "attn_params_per_layer", "flops_forward", "flops_train_step",
+    "peak_mem_train_bytes", "peak_mem_infer_bytes", "peak_rss_bytes", "train_time_s", "time_per_epoch_s",
+    "wall_time_s", "device",
+    # provenance
+    "git_commit", "git_dirty", "torch_version", "attnbench_version", "python_version", "platform",
+    "config_path", "output_dir", "overrides", "metrics_json",
+]
+STATUSES = ("ok", "failed", "nan", "oom", "timeout")
+
+# Config parts that do not change a result: where things are written and how progress is shown.
+_NON_SEMANTIC = ("paths", "results", "logger", "hydra")
+_NON_SEMANTIC_TRAINER = ("progress", "eval_batch_size", "num_threads")
+
+
+def semantic_config(cfg: DictConfig | dict) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
+    for k in _NON_SEMANTIC:
+        c.pop(k, None)
+    for k in _NON_SEMANTIC_TRAINER:
+        c.get("trainer", {}).pop(k, None)
+    return c
+
+
+def config_hash(cfg) -> str:
+    """Hash of the resolved config that determines the result (seed included)."""
+    blob = json.dumps(semantic_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def job_key(cfg) -> str:
+    """Key of a sweep job for resume: the semantic config (with seed) minus measurement switches."""
+    c = semantic_config(cfg)
+    c.pop("measure", None)
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@lru_cache(maxsize=1)
+def provenance() -> dict:
+    import torch
+
+    from bench_cli import __version__
+
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {
+        "git_commit": commit or "unknown",
+        "git_dirty": "" if status is None else str(bool(status)).lower(),
+        "torch_version": torch.__version__,
+        "attnbench_version": __version__,
+        "python_version": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.machine()}",
+    }
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_records(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def append_record(path: str | Path, row: dict) -> None:
+    """Append ``row`` atomically; unknown keys become new columns (old rows get blanks)."""
+    path = Path(path)
+    with _locked(path):
+        rows = read_records(path)
+        header = list(COLUMNS)
+        for r in rows + [row]:
+            header += [k for k in r if k not in header]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=header, extrasaction="raise", lineterminator="\n")
+        writer.writeheader()
+        for r in rows + [row]:
+            writer.writerow({k: _cell(r.get(k)) for k in header})
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", newline="") as f:
+                f.write(buf.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True, default=str)
+    return str(v)
+
+
+def command_line() -> str:
+    return " ".join(sys.argv[1:])

@@ -1,0 +1,154 @@
+"""One run: compose -> task -> model -> train -> measure -> record.
+
+Every run appends exactly one record, whatever happens: ``ok``, ``nan`` (diverged), ``oom``,
+or ``failed`` (with the error). User mistakes found inside a run are re-raised as UserError
+after recording, so the CLI prints one line and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from bench_cli import records
+from bench_cli.errors import UserError
+from bench_cli.loggers import make_logger
+from bench_cli.trainer import DivergedError, Trainer, seed_everything, select_device
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
+
+
+def build_task(cfg: DictConfig):
+    from tasks import task_class
+
+    return task_class(cfg.task.name)(cfg.task, cfg.paths.data_root)
+
+
+def check_model_fits_task(task, cfg: DictConfig) -> None:
+    """Refuse impossible (task, attention) pairs before building anything."""
+    from models.attention import UnknownAttentionError
+    from models.backbones import required_capabilities_missing
+
+    n_layers = int(cfg.task.backbone.n_layers)
+    try:
+        missing = required_capabilities_missing(cfg.model, n_layers, task.requires)
+    except UnknownAttentionError as e:
+        raise UserError(str(e)) from None
+    if missing:
+        raise UserError(f"model '{cfg.model.name}' cannot run task '{cfg.task.name}': "
+                        f"attention lacks {', '.join(missing)}")
+
+
+def example_batch(task, split: str, batch_size: int, device) -> dict:
+    from bench_cli.trainer import to_device
+
+    data = task.splits[split]
+    n = min(batch_size, len(data))
+    items = [data[i] for i in range(n)]
+    batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    return to_device(batch, device)
+
+
+def measure(task, model, cfg: DictConfig, device) -> dict:
+    """Parameters, FLOPs per sample and peak memory of one training step / inference batch."""
+    from bench_cli import measure as M
+
+    out = {"params": M.count_parameters(model), **M.attention_parameters(model)}
+    batch = example_batch(task, "train", int(cfg.trainer.batch_size), device)
+    inputs = task.model_inputs(batch)
+    n = len(batch["y"]) if "y" in batch else next(iter(inputs.values())).shape[0]
+
+    def loss_fn(output):
+        return task.loss(output, batch)
+
+    if cfg.measure.flops:
+        meta = bool(cfg.measure.get("meta_flops", False))
+        out["flops_forward"] = M.flops_forward(model, inputs, meta=meta) // n
+        out["flops_train_step"] = M.flops_train_step(model, inputs, loss_fn) // n
+    if cfg.measure.memory:
+        out["peak_mem_train_bytes"] = M.peak_memory_train_step(model, inputs, loss_fn)
+        out["peak_mem_infer_bytes"] = M.peak_memory_inference(model, inputs)
+    out["peak_rss_bytes"] = M.process_peak_rss_bytes()
+    return out
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None) -> dict:
+    """Train and evaluate one configuration; append and return its record (a dict)."""
+    started = time.perf_counter()
+    run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / uuid.uuid4().hex[:8])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    OmegaConf.save(cfg, config_path, resolve=True)
+    protocol = str(cfg.task.get("protocol", "holdout"))
+    row = {
+        "run_id": f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "status": "failed",
+        "task": cfg.task.name,
+        "dataset": cfg.task.get("dataset", cfg.task.name),
+        "model": cfg.model.name,
+        "attention": cfg.model.attention.name,
+        "seed": int(cfg.seed),
+        "protocol": protocol,
+        "experiment": OmegaConf.select(cfg, "experiment_name", default="") or "",
+        "config_hash": records.config_hash(cfg),
+        "job_key": records.job_key(cfg),
+        "config_path": str(config_path),
+        "output_dir": str(run_dir),
+        "overrides": " ".join(overrides) if overrides is not None else records.command_line(),
+        **records.provenance(),
+    }
+    logger, result, error = None, None, None
+    try:
+        device = select_device(str(cfg.trainer.device))
+        row["device"] = str(device)
+        if cfg.trainer.get("num_threads"):
+            torch.set_num_threads(int(cfg.trainer.num_threads))
+        task = build_task(cfg)
+        task.check_data()
+        check_model_fits_task(task, cfg)
+        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
+        task.setup(protocol)
+        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
+        model = task.build_model(cfg.model).to(device)
+        logger = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir,
+                             name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
+        trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), eta=cfg.model.get("eta", 0.0),
+                          logger=logger, progress=progress)
+        result = trainer.fit(protocol)
+        row.update(result.metrics)
+        row.update(best_epoch=result.best_epoch, epochs_run=result.epochs_run,
+                   train_time_s=round(result.train_time_s, 3),
+                   time_per_epoch_s=round(result.train_time_s / max(result.epochs_run, 1), 4))
+        row.update(measure(task, model, cfg, device))
+        row["metrics_json"] = {"data": task.describe(), "history": result.history}
+        row["status"] = "ok"
+    except DivergedError as e:
+        row["status"], error = "nan", e
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, then re-raised
+        row["status"], error = ("oom" if is_oom(e) else "failed"), e
+    except KeyboardInterrupt as e:
+        row["status"], error = "failed", e
+    finally:
+        if error is not None:
+            row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+            if not isinstance(error, UserError):
+                (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+        row["wall_time_s"] = round(time.perf_counter() - started, 3)
+        records.append_record(cfg.results.path, row)
+        (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
+        if logger is not None:
+            logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
+            logger.finish(row["status"])
+    if isinstance(error, (UserError, KeyboardInterrupt)):
+        raise error
+    row["_error"] = error
+    return row

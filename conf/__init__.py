@@ -1,0 +1,1 @@
+"""Hydra configuration tree of attnbench (package data, so `pkg://conf` finds it when installed)."""

@@ -1,0 +1,1 @@
+"""Model side of attnbench: attention variants (``models.attention``) and backbones."""

@@ -1,0 +1,251 @@
+"""Tests of bench_cli.measure: counted FLOPs against analytic values, peak memory, parameters."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils import flop_counter
+
+from bench_cli import measure
+from models.attention import build_attention
+
+B, N, D, H = 2, 16, 32, 2
+d = D // H
+PROJ = 2 * B * N * D * D  # one (B*N, D) x (D, D) projection; the bias add is not counted
+SDPA_MM = 2 * B * H * N * N * d  # one of QK^T / AV (2 FLOPs per multiply-accumulate)
+CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def loss_fn(out):
+    return out.square().mean()
+
+
+def attention(seed=0, **options):
+    torch.manual_seed(seed)
+    return build_attention("softmax", d_model=D, n_heads=H, **options)
+
+
+def make_inputs(kind, n=N, requires_grad=False):
+    x = torch.randn(B, n, D, requires_grad=requires_grad)
+    if kind == "plain":
+        return {"x": x}
+    if kind == "causal":
+        return {"x": x, "causal": True}
+    mask = torch.ones(B, n, dtype=torch.bool)
+    mask[0, n // 2:] = False  # padding in the first sequence
+    return {"x": x, "mask": mask, "causal": kind == "mask+causal"}
+
+
+KINDS = ["plain", "mask", "causal", "mask+causal"]
+
+
+def counted_by_op(fn):
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        fn()
+    return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def test_sdpa_formulas_registered_idempotently():
+    assert CPU_FLASH in flop_counter.flop_registry
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward in flop_counter.flop_registry
+    assert measure.ensure_sdpa_formulas() == []  # second registration is a no-op, not an error
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_flops_match_analytic_count(kind):
+    model, inputs = attention(), make_inputs(kind)
+    expected = 4 * PROJ + 2 * SDPA_MM
+    assert measure.flops_forward(model, inputs) == expected
+    # The attention part really is the fused CPU kernel, counted with torch's formula (not zero).
+    with torch.no_grad():
+        by_op = counted_by_op(lambda: model(**inputs))
+    assert by_op == {"aten.addmm": 4 * PROJ, str(CPU_FLASH.default.overloadpacket): 2 * SDPA_MM}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_train_step_flops_match_analytic_count(kind, input_grad):
+    model, inputs = attention(), make_inputs(kind, requires_grad=input_grad)
+    # Backward of a linear layer: grad of the weight (1 mm) and, when needed, of its input (1 mm).
+    # x needs no grad unless input_grad, so q/k/v_proj skip their input grads.
+    proj = 4 * PROJ + 4 * PROJ + (4 if input_grad else 1) * PROJ
+    # Fused SDPA: 2 matmuls forward, 5 backward (scores recomputed), torch's CUDA convention.
+    sdpa = (2 + 5) * SDPA_MM
+    assert measure.flops_train_step(model, inputs, loss_fn) == proj + sdpa
+
+
+def test_train_step_with_dropout_uses_math_path_on_cpu():
+    # dropout > 0 makes SDPA fall back to its math path on the CPU: plain bmm's, whose backward
+    # stores the scores, so 4 backward matmuls instead of the fused kernels' 5.
+    model, inputs = attention(dropout=0.1), make_inputs("mask")
+    assert measure.flops_train_step(model, inputs, loss_fn) == 9 * PROJ + (2 + 4) * SDPA_MM
+    assert measure.flops_forward(model, inputs) == 4 * PROJ + 2 * SDPA_MM  # eval: no dropout
+
+
+def test_positional_and_single_tensor_inputs():
+    model = attention()
+    x = torch.randn(B, N, D)
+    expected = 4 * PROJ + 2 * SDPA_MM
+    assert measure.flops_forward(model, (x,)) == expected
+    assert measure.flops_forward(model, x) == expected
+    assert measure.flops_forward(model, [x, None, True]) == expected
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_meta_counts_equal_real_counts(kind):
+    model, inputs = attention(dropout=0.1), make_inputs(kind)
+    assert measure.flops_forward(model, inputs, meta=True) == measure.flops_forward(model, inputs)
+    assert (measure.flops_train_step(model, inputs, loss_fn, meta=True)
+            == measure.flops_train_step(model, inputs, loss_fn))
+
+
+def test_meta_counts_huge_sizes_without_compute():
+    n = 200_000  # a real N x N score matrix would need 2*2*n^2*4 bytes = 640 GB
+    with torch.device("meta"):
+        model = build_attention("softmax", d_model=D, n_heads=H)
+        inputs = {"x": torch.empty(B, n, D), "mask": torch.ones(B, n, dtype=torch.bool)}
+    start = time.perf_counter()
+    fwd = measure.flops_forward(model, inputs, meta=True)
+    train = measure.flops_train_step(model, inputs, loss_fn, meta=True)
+    assert time.perf_counter() - start < 5
+    proj, mm = 2 * B * n * D * D, 2 * B * H * n * n * d
+    assert fwd == 4 * proj + 2 * mm
+    assert train == 9 * proj + 7 * mm
+
+
+def test_meta_failure_raises_clear_error():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return self.lin(x) * x.abs().max().item()
+
+    model, x = DataDependent(), torch.randn(B, N, D)
+    assert measure.flops_forward(model, (x,)) == 2 * B * N * D * D
+    with pytest.raises(measure.MetaCountingError, match="meta=False"):
+        measure.flops_forward(model, (x,), meta=True)
+
+
+def test_measuring_does_not_disturb_training():
+    model = nn.Sequential(attention(dropout=0.1), nn.BatchNorm1d(N), attention(seed=1))
+    model[2].eval()
+    inputs = (torch.randn(B, N, D),)
+    old_grad = torch.ones_like(model[0].q_proj.weight)
+    model[0].q_proj.weight.grad = old_grad
+    running_mean = model[1].running_mean.clone()
+    torch.manual_seed(123)
+    expected_next_random = torch.rand(3)
+    torch.manual_seed(123)
+    measure.flops_train_step(model, inputs, loss_fn)
+    measure.peak_memory_train_step(model, inputs, loss_fn)
+    assert torch.equal(torch.rand(3), expected_next_random)  # RNG stream untouched
+    assert model[0].q_proj.weight.grad is old_grad
+    assert all(p.grad is None for name, p in model.named_parameters() if name != "0.q_proj.weight")
+    assert torch.equal(model[1].running_mean, running_mean)
+    assert model.training and model[0].training and not model[2].training
+
+
+def test_loss_must_be_scalar():
+    with pytest.raises(ValueError, match="scalar"):
+        measure.flops_train_step(attention(), make_inputs("plain"), lambda out: out)
+
+
+def test_per_sample():
+    assert measure.per_sample(300, 3) == 100
+    with pytest.raises(ValueError):
+        measure.per_sample(1, 0)
+
+
+# --------------------------------------------------------------------------- peak memory
+
+
+def nbytes(*tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_peak_inference_of_linear_is_state_plus_output():
+    lin = nn.Linear(D, 3 * D)
+    x = torch.randn(B, N, D)
+    expected = nbytes(lin.weight, lin.bias, x) + B * N * 3 * D * 4
+    assert measure.peak_memory_inference(lin, (x,)) == expected
+    assert measure.peak_memory_inference(lin, (x,), meta=True) == expected
+
+
+def test_peak_memory_deterministic_and_train_above_inference():
+    model, inputs = attention(), make_inputs("mask", n=64)
+    train = [measure.peak_memory_train_step(model, inputs, loss_fn) for _ in range(2)]
+    infer = [measure.peak_memory_inference(model, inputs) for _ in range(2)]
+    assert train[0] == train[1] and infer[0] == infer[1]
+    assert train[0] > infer[0] > nbytes(*model.parameters(), inputs["x"])
+    assert measure.peak_memory_train_step(model, inputs, loss_fn, meta=True) == train[0]
+    assert measure.peak_memory_inference(model, inputs, meta=True) == infer[0]
+
+
+class NaiveAttention(nn.Module):
+    """softmax(Q K^T / sqrt(d)) V with the N x N scores materialised (no projections)."""
+
+    def forward(self, x):
+        scores = x @ x.transpose(-1, -2) / x.shape[-1] ** 0.5
+        return scores.softmax(-1) @ x
+
+
+def test_peak_memory_scaling_naive_quadratic_fused_linear():
+    lengths = (256, 512, 1024)
+    naive = [measure.peak_memory_inference(NaiveAttention(), (torch.randn(1, n, 16),)) for n in lengths]
+    for n, peak in zip(lengths, naive):
+        assert peak >= 2 * n * n * 4  # scores and their softmax are alive together
+    assert all(b / a > 3.5 for a, b in zip(naive, naive[1:]))  # ~4x per doubling of N
+    # The fused CPU flash kernel never materialises N x N (its blocks are kernel-internal),
+    # so the softmax layer's tracked peak grows linearly in N.
+    model = attention()
+    fused = [measure.peak_memory_inference(model, {"x": torch.randn(1, n, D)}) for n in lengths]
+    assert all(1.7 < b / a < 2.1 for a, b in zip(fused, fused[1:]))
+
+
+def test_process_peak_rss():
+    assert measure.process_peak_rss_bytes() > 10 * 2**20
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def test_count_and_attention_parameters():
+    per_layer = 4 * (D * D + D)
+    model = nn.Sequential(attention(), nn.Linear(D, D), attention(seed=1))
+    assert measure.count_parameters(model) == 2 * per_layer + D * D + D
+    assert measure.attention_parameters(model) == {
+        "attn_params": 2 * per_layer, "attn_layers": 2, "attn_params_per_layer": per_layer}
+    assert measure.attention_parameters(nn.Linear(D, D)) == {
+        "attn_params": 0, "attn_layers": 0, "attn_params_per_layer": 0}
+
+
+def test_nested_attention_modules_count_once():
+    # A module of the attention package wrapping another one (e.g. a modifier around a kernel)
+    # is one layer; only the top-most module counts.
+    wrapper_cls = type("Wrapper", (nn.Module,), {"__module__": "models.attention.test_wrapper"})
+    wrapper = wrapper_cls()
+    wrapper.inner = attention()
+    wrapper.gate = nn.Parameter(torch.zeros(D))
+    model = nn.Sequential(wrapper, nn.ReLU(), attention(seed=1))
+    per_layer = 4 * (D * D + D)
+    assert measure.is_attention_module(wrapper) and measure.is_attention_module(wrapper.inner)
+    assert measure.attention_parameters(model) == {
+        "attn_params": 2 * per_layer + D, "attn_layers": 2, "attn_params_per_layer": per_layer + D // 2}
+
+
+def test_measure_model():
+    model, inputs = attention(), make_inputs("mask")
+    result = measure.measure_model(model, inputs, loss_fn, batch_size=B)
+    assert result["params"] == result["attn_params"] == 4 * (D * D + D)
+    assert result["flops_forward"] == (4 * PROJ + 2 * SDPA_MM) / B
+    assert result["flops_train_step"] == (9 * PROJ + 7 * SDPA_MM) / B
+    assert result["peak_mem_train_bytes"] > result["peak_mem_infer_bytes"] > 0
+    assert set(result) == {"params", "attn_params", "attn_layers", "attn_params_per_layer", "flops_forward",
+                           "flops_train_step", "peak_mem_train_bytes", "peak_mem_infer_bytes"}
