@@ -72,6 +72,17 @@ class Task:
     def dataset_name(self) -> str:
         return str(self.cfg.get("dataset", self.name))
 
+    # --- shapes without data (profiling) -----------------------------------------------------
+    def setup_synthetic(self, seq_len: int) -> None:
+        """Fix the data-dependent shapes (channels, classes, vocabulary) for sequences of
+        ``seq_len`` without reading any data, so ``build_model`` works for profiling."""
+        raise NotImplementedError
+
+    def synthetic_batch(self, batch_size: int, seq_len: int, device="cpu") -> dict:
+        """Random inputs and targets of the task's shapes and dtypes (after ``setup_synthetic``),
+        usable with ``model_inputs`` and ``loss``; all positions are real (mask all True)."""
+        raise NotImplementedError
+
     # --- model ------------------------------------------------------------------------------
     def build_model(self, model_cfg) -> nn.Module:
         raise NotImplementedError

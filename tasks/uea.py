@@ -191,6 +191,20 @@ class UEAClassification(Task):
         if len(val_idx):
             self.splits["val"] = make(train_x, train_t, val_idx)
 
+    def setup_synthetic(self, seq_len: int) -> None:
+        syn = self.cfg.get("synthetic") or {}
+        self.source, self.splits = "synthetic", {}
+        self.n_channels, self.n_classes = int(syn.get("channels", 12)), int(syn.get("classes", 9))
+        self.max_len = int(seq_len)
+
+    def synthetic_batch(self, batch_size: int, seq_len: int, device="cpu") -> dict:
+        g = torch.Generator().manual_seed(0)
+        return {
+            "x": torch.randn(batch_size, seq_len, self.n_channels, generator=g).to(device),
+            "mask": torch.ones(batch_size, seq_len, dtype=torch.bool, device=device),
+            "y": torch.randint(0, self.n_classes, (batch_size,), generator=g).to(device),
+        }
+
     def describe(self) -> dict:
         return {
             "source": str(self.source),
