@@ -121,7 +121,7 @@ def cmd_ls(args: list[str]) -> None:
             t.add_column(col)
         for name in available_tasks():
             cls = task_class(name)
-            for ds in cls.datasets():
+            for ds in cls.datasets(data_root):
                 status = cls.dataset_status(ds, data_root)
                 style = {"local": "green", "package": "cyan", "missing": "dim"}[status]
                 shown = {"local": "local", "package": "in package", "missing": f"missing: attnbench data {name} {ds}"}[status]
@@ -158,9 +158,10 @@ def cmd_data(args: list[str]) -> None:
     task_name, dataset = positional
     cfg = C.compose([a for a in args if "=" in a])
     cls = task_class(task_name)
-    if dataset not in cls.datasets():
-        raise unknown_choice(f"{task_name} dataset", dataset, cls.datasets())
-    where = cls.fetch(dataset, Path(cfg.paths.data_root).expanduser(), force=force)
+    data_root = Path(cfg.paths.data_root).expanduser()
+    if dataset not in cls.datasets(data_root):
+        raise unknown_choice(f"{task_name} dataset", dataset, cls.datasets(data_root))
+    where = cls.fetch(dataset, data_root, force=force)
     console.print(f"[green]ok[/]: {task_name}/{dataset} is in {where}")
 
 

@@ -105,13 +105,11 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
                     raise unknown_choice(group, str(v), group_options(group))
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """Compose conf/ with overrides (no sweeps), turning composition errors into one-line UserErrors."""
+def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    check_group_choices(overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="conf", version_base="1.3"):
@@ -121,6 +119,45 @@ def compose(overrides: list[str]) -> DictConfig:
                 raise _explain(e, overrides) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """Compose conf/ with overrides (no sweeps), turning composition errors into one-line UserErrors.
+
+    Values are checked against the type of the default they replace (an integer stays an
+    integer, a list a list), so a typo fails here instead of deep inside a run.
+    """
+    check_group_choices(overrides)
+    cfg = _compose(overrides)
+    check_value_types(cfg, overrides)
+    return cfg
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", list: "a list", dict: "a mapping"}
+
+
+def check_value_types(cfg: DictConfig, overrides: list[str]) -> None:
+    parsed = parse_overrides(overrides)
+    groups = [o.input_line for o in parsed if o.key_or_group in GROUPS]
+    values = [o for o in parsed if o.key_or_group not in GROUPS and not o.is_delete()
+              and not o.key_or_group.startswith("hydra") and o.is_force_add() is False and o.is_add() is False]
+    if not values:
+        return
+    base = _compose(groups)
+    for o in values:
+        key = o.key_or_group
+        default = OmegaConf.select(base, key, throw_on_missing=False)
+        if default is None or isinstance(default, str):
+            continue
+        new = OmegaConf.select(cfg, key, throw_on_missing=False)
+        default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
+        new = OmegaConf.to_container(new) if OmegaConf.is_config(new) else new
+        expected = type(default)
+        ok = (new is None or isinstance(new, expected) and not (expected is int and isinstance(new, bool))
+              or expected is float and isinstance(new, int) and not isinstance(new, bool))
+        if not ok:
+            raise UserError(f"bad value for {key}: {o.input_line.split('=', 1)[1]!r} "
+                            f"(expected {_TYPE_NAMES.get(expected, expected.__name__)}, like the default {default!r})")
 
 
 def _explain(err: Exception, overrides: list[str]) -> UserError:

@@ -46,8 +46,8 @@ class Task:
 
     # --- data -------------------------------------------------------------------------------
     @classmethod
-    def datasets(cls) -> list[str]:
-        """Dataset names this task family knows."""
+    def datasets(cls, data_root: Path | None = None) -> list[str]:
+        """Dataset names this task family knows (plus, where supported, user sets under data_root)."""
         raise NotImplementedError
 
     @classmethod

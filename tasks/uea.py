@@ -59,9 +59,18 @@ def locate(name: str, data_root: Path) -> Path | None:
     return packaged_dir(name)
 
 
-def check_name(name: str) -> None:
-    if name not in UEA_DATASETS:
-        raise unknown_choice("UEA dataset", name, UEA_DATASETS)
+def local_datasets(data_root: Path) -> list[str]:
+    """Datasets in the UEA `.ts` layout under the data root, archive members or not (your own sets)."""
+    root = Path(data_root).expanduser() / "uea"
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if all(p.is_file() for p in _files(d, d.name)))
+
+
+def check_name(name: str, data_root: Path | None = None) -> None:
+    known = set(UEA_DATASETS) | set(local_datasets(data_root) if data_root else [])
+    if name not in known:
+        raise unknown_choice("UEA dataset", name, known)
 
 
 def missing_message(name: str, data_root: Path) -> str:
@@ -133,8 +142,9 @@ class UEAClassification(Task):
     requires = {"padding_mask": True}
 
     @classmethod
-    def datasets(cls) -> list[str]:
-        return list(UEA_DATASETS)
+    def datasets(cls, data_root: Path | None = None) -> list[str]:
+        extra = [d for d in local_datasets(data_root) if d not in UEA_DATASETS] if data_root else []
+        return list(UEA_DATASETS) + extra
 
     @classmethod
     def dataset_status(cls, dataset: str, data_root: Path) -> str:
@@ -147,7 +157,7 @@ class UEAClassification(Task):
         return download(dataset, data_root, force)
 
     def check_data(self) -> None:
-        check_name(self.dataset_name)
+        check_name(self.dataset_name, self.data_root)
         if locate(self.dataset_name, self.data_root) is None:
             raise DataNotFoundError(missing_message(self.dataset_name, self.data_root))
 

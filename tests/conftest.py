@@ -1,0 +1,69 @@
+"""Shared fixtures: an isolated working directory, data root and results file for every test
+that runs the CLI, and writers of small `.ts` files in the real UEA format."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """Run in a temp cwd with an empty data root, so nothing touches the user's files."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNBENCH_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("ATTNBENCH_OUTPUT", str(tmp_path / "outputs"))
+    return tmp_path
+
+
+def write_ts(path: Path, series: list[np.ndarray], labels: list[str], classes: list[str], missing: bool) -> None:
+    """Write multivariate series (length_i, channels) in the UEA `.ts` format; NaN -> '?'."""
+    dims = series[0].shape[1]
+    equal = len({len(s) for s in series}) == 1
+    lines = [
+        "# attnbench test fixture",
+        f"@problemName {path.stem.split('_')[0]}",
+        "@timeStamps false",
+        f"@missing {str(missing).lower()}",
+        "@univariate false",
+        f"@dimensions {dims}",
+        f"@equalLength {str(equal).lower()}",
+        f"@classLabel true {' '.join(classes)}",
+        "@data",
+    ]
+    for s, y in zip(series, labels):
+        chans = [",".join("?" if np.isnan(v) else f"{v:.6f}" for v in s[:, j]) for j in range(dims)]
+        lines.append(":".join(chans) + f":{y}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def uea_fixture(workdir):
+    """A two-class, 3-channel UEA dataset 'Fixture' under the data root: unequal lengths (5-9),
+    missing values, classes separable by the sign of channel 0."""
+    rng = np.random.RandomState(0)
+    root = workdir / "data" / "uea" / "Fixture"
+
+    def make(n):
+        series, labels = [], []
+        for i in range(n):
+            cls = i % 2
+            s = rng.randn(rng.randint(5, 10), 3) * 0.3
+            s[:, 0] += 2.0 if cls else -2.0
+            if i % 3 == 0:
+                s[rng.randint(len(s)), rng.randint(3)] = np.nan
+            series.append(s)
+            labels.append("up" if cls else "down")
+        return series, labels
+
+    for split, n in (("TRAIN", 40), ("TEST", 20)):
+        s, y = make(n)
+        write_ts(root / f"Fixture_{split}.ts", s, y, ["down", "up"], missing=True)
+    return root

@@ -1,0 +1,130 @@
+"""The `attnbench` CLI end to end: runs, records, determinism, errors, wandb offline."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench_cli.cli import main
+from bench_cli.records import COLUMNS, read_records
+
+TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
+        "task.backbone.d_ff=32", "trainer.max_epochs=3", "trainer.batch_size=8", "trainer.progress=false"]
+
+
+def run_cli(*args: str) -> None:
+    main(["run", *args])
+
+
+def fail_line(capsys, *args: str) -> str:
+    """Run the CLI expecting a user error: exit status 2 and exactly one line on stderr."""
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.slow
+def test_run_end_to_end_writes_a_complete_record(uea_fixture, workdir):
+    run_cli(*TINY, "seed=1", "results.path=res.csv")
+    (row,) = read_records(workdir / "res.csv")
+    assert list(row)[: len(COLUMNS)] == COLUMNS
+    assert row["status"] == "ok" and row["task"] == "uea" and row["dataset"] == "Fixture"
+    assert row["model"] == "softmax" and row["seed"] == "1" and row["protocol"] == "holdout"
+    assert 0.0 <= float(row["test_accuracy"]) <= 100.0
+    for k in ("params", "attn_params", "flops_forward", "flops_train_step", "peak_mem_train_bytes",
+              "peak_mem_infer_bytes", "train_time_s"):
+        assert float(row[k]) > 0, k
+    assert int(row["flops_train_step"]) > 2 * int(row["flops_forward"])
+    assert int(row["peak_mem_train_bytes"]) > int(row["peak_mem_infer_bytes"])
+    assert len(row["git_commit"]) in (40, 7) or row["git_commit"] == "unknown"
+    assert row["torch_version"] and row["attnbench_version"] and len(row["config_hash"]) == 16
+    cfg_path = Path(row["config_path"])
+    assert cfg_path.is_file() and "Fixture" in cfg_path.read_text()
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics_and_run_dirs_do_not_collide(uea_fixture, workdir):
+    for _ in range(2):
+        run_cli(*TINY, "seed=7", "results.path=res.csv")
+    a, b = read_records(workdir / "res.csv")
+    assert a["test_accuracy"] == b["test_accuracy"] and a["val_accuracy"] == b["val_accuracy"]
+    assert a["metrics_json"] == b["metrics_json"]  # identical per-epoch curves
+    assert a["output_dir"] != b["output_dir"] and a["run_id"] != b["run_id"]
+    assert a["config_hash"] == b["config_hash"]
+
+
+@pytest.mark.slow
+def test_paper_protocol_is_recorded(uea_fixture, workdir):
+    run_cli(*TINY, "task.protocol=paper", "results.path=res.csv")
+    (row,) = read_records(workdir / "res.csv")
+    assert row["protocol"] == "paper" and row["val_accuracy"] == ""
+
+
+@pytest.mark.slow
+def test_wandb_offline_logs_config_curves_and_summary(uea_fixture, workdir, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(workdir))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run_cli(*TINY, "logger=wandb", "results.path=res.csv")
+    (row,) = read_records(workdir / "res.csv")
+    assert row["status"] == "ok"
+    runs = list(Path(row["output_dir"]).rglob("offline-run-*"))
+    assert runs, "no offline wandb run was written"
+    assert any(p.suffix == ".wandb" for p in runs[0].iterdir())
+
+
+def test_unknown_model_lists_choices(capsys, workdir):
+    err = fail_line(capsys, "run", "model=softmx")
+    assert "unknown model 'softmx'" in err and "did you mean 'softmax'" in err and "valid:" in err
+
+
+def test_unknown_task_and_dataset(capsys, workdir):
+    assert "unknown task 'ueaa'" in fail_line(capsys, "run", "task=ueaa")
+    err = fail_line(capsys, "run", "task.dataset=BasicMotion")
+    assert "did you mean 'BasicMotions'" in err
+
+
+def test_missing_dataset_says_where_and_how(capsys, workdir):
+    err = fail_line(capsys, "run", "task.dataset=EthanolConcentration")
+    assert str(workdir / "data" / "uea" / "EthanolConcentration") in err
+    assert "attnbench data uea EthanolConcentration" in err
+
+
+def test_bad_override_names_the_key(capsys, workdir):
+    err = fail_line(capsys, "run", "trainer.max_epoch=5")
+    assert "trainer.max_epoch" in err and "did you mean 'trainer.max_epochs'" in err
+    err = fail_line(capsys, "run", "trainer.max_epochs=")
+    assert "trainer.max_epochs" in err or "bad override" in err
+    assert "bad override" in fail_line(capsys, "run", "model=[")
+
+
+def test_unknown_command(capsys):
+    assert "did you mean 'run'" in fail_line(capsys, "rn")
+
+
+def test_validate_prints_config_and_builds_model(capsys, workdir):
+    main(["validate", "task=uea", "model=softmax"])
+    out = capsys.readouterr().out
+    assert "dataset: JapaneseVowels" in out and "ok" in out and "parameters" in out
+
+
+def test_ls_shows_tasks_datasets_models(capsys, workdir):
+    main(["ls"])
+    out = capsys.readouterr().out
+    assert "JapaneseVowels" in out and "in package" in out and "softmax" in out
+    assert "EthanolConcentration" in out and "missing" in out
+
+
+def test_console_script_exits_2_with_one_line(workdir):
+    exe = Path(sys.executable).with_name("attnbench")
+    r = subprocess.run([str(exe), "run", "model=no_such_model"], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "unknown model 'no_such_model'" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout

@@ -1,0 +1,89 @@
+"""UEA loader and preprocessing on `.ts` files written in the real format."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from bench_cli.errors import DataNotFoundError, UserError
+from tasks.uea import UEAClassification, interpolate_missing, read_ts, stratified_split
+
+
+def task_cfg(dataset="Fixture", **kw):
+    cfg = {"name": "uea", "dataset": dataset, "protocol": "holdout", "val_fraction": 0.25, "split_seed": 0,
+           "max_len": None, "backbone": {}}
+    cfg.update(kw)
+    return OmegaConf.create(cfg)
+
+
+def test_read_ts_keeps_missing_values_and_unequal_lengths(uea_fixture):
+    series, labels = read_ts(uea_fixture / "Fixture_TRAIN.ts")
+    assert len(series) == 40 and set(labels) == {"up", "down"}
+    lengths = {len(s) for s in series}
+    assert len(lengths) > 1 and min(lengths) >= 5 and max(lengths) <= 9
+    assert all(s.shape[1] == 3 for s in series)
+    assert sum(np.isnan(s).sum() for s in series) > 0
+
+
+def test_interpolate_missing_is_linear_inside_and_constant_at_ends():
+    x = np.array([[np.nan, 1.0], [2.0, np.nan], [np.nan, 3.0], [4.0, np.nan]])
+    out = interpolate_missing(x)
+    np.testing.assert_allclose(out[:, 0], [2.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(out[:, 1], [1.0, 2.0, 3.0, 3.0])
+    assert (interpolate_missing(np.full((3, 1), np.nan)) == 0).all()
+
+
+def test_stratified_split_keeps_class_proportions():
+    labels = np.array([0] * 20 + [1] * 10)
+    fit, val = stratified_split(labels, 0.2, seed=0)
+    assert sorted(np.concatenate([fit, val]).tolist()) == list(range(30))
+    assert (labels[val] == 0).sum() == 4 and (labels[val] == 1).sum() == 2
+
+
+def test_setup_standardises_with_train_statistics_and_pads_with_mask(uea_fixture):
+    task = UEAClassification(task_cfg(), uea_fixture.parents[1])
+    task.setup("holdout")
+    train, val, test = (task.splits[k] for k in ("train", "val", "test"))
+    assert len(train) == 30 and len(val) == 10 and len(test) == 20
+    x, mask = train.tensors["x"], train.tensors["mask"]
+    assert x.shape == (30, task.max_len, 3) and task.max_len == 9
+    real = x[mask]  # statistics of the training split: mean 0, std 1 per channel on real steps
+    torch.testing.assert_close(real.mean(0), torch.zeros(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(real.std(0, unbiased=False), torch.ones(3), atol=1e-4, rtol=0)
+    assert (x[~mask] == 0).all() and not torch.isnan(x).any()
+    assert mask.sum(1).min() >= 5
+    assert set(task.splits["test"].tensors["y"].tolist()) == {0, 1}
+
+
+def test_paper_protocol_trains_on_all_of_train_and_max_len_truncates(uea_fixture):
+    task = UEAClassification(task_cfg(max_len=6, protocol="paper"), uea_fixture.parents[1])
+    task.setup("paper")
+    assert "val" not in task.splits and len(task.splits["train"]) == 40
+    assert task.splits["test"].tensors["x"].shape[1] == 6
+
+
+def test_packaged_datasets_are_found_without_data_root(tmp_path):
+    task = UEAClassification(task_cfg("JapaneseVowels"), tmp_path)
+    task.check_data()
+    assert UEAClassification.dataset_status("JapaneseVowels", tmp_path) == "package"
+    assert UEAClassification.dataset_status("BasicMotions", tmp_path) == "package"
+
+
+def test_missing_and_unknown_datasets_are_one_line_errors(tmp_path):
+    with pytest.raises(DataNotFoundError) as e:
+        UEAClassification(task_cfg("EthanolConcentration"), tmp_path).check_data()
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "uea" / "EthanolConcentration") in msg
+    assert "attnbench data uea EthanolConcentration" in msg
+    with pytest.raises(UserError, match="did you mean 'JapaneseVowels'"):
+        UEAClassification(task_cfg("JapaneseVowel"), tmp_path).check_data()
+
+
+def test_data_command_copies_packaged_dataset(workdir):
+    from bench_cli.cli import main
+
+    main(["data", "uea", "BasicMotions"])
+    d = workdir / "data" / "uea" / "BasicMotions"
+    assert (d / "BasicMotions_TRAIN.ts").is_file() and (d / "BasicMotions_TEST.ts").is_file()
+    assert UEAClassification.dataset_status("BasicMotions", workdir / "data") == "local"
