@@ -87,3 +87,35 @@ def test_data_command_copies_packaged_dataset(workdir):
     d = workdir / "data" / "uea" / "BasicMotions"
     assert (d / "BasicMotions_TRAIN.ts").is_file() and (d / "BasicMotions_TEST.ts").is_file()
     assert UEAClassification.dataset_status("BasicMotions", workdir / "data") == "local"
+
+
+def test_download_unpacks_zip_and_records_checksum(uea_fixture, tmp_path, monkeypatch):
+    """The download path end to end, with the archive's zip served from a file:// URL."""
+    import hashlib
+    import zipfile
+
+    import tasks.uea as uea
+
+    served = tmp_path / "served"
+    served.mkdir()
+    zpath = served / "Cricket.zip"
+    with zipfile.ZipFile(zpath, "w") as z:  # the archive's zips hold the two .ts files
+        for split in ("TRAIN", "TEST"):
+            z.write(uea_fixture / f"Fixture_{split}.ts", f"Cricket_{split}.ts")
+    monkeypatch.setattr(uea, "UEA_URL", served.as_uri() + "/{name}.zip")
+    root = tmp_path / "root"
+    target = uea.download("Cricket", root)
+    assert (target / "Cricket_TRAIN.ts").is_file() and (target / "Cricket_TEST.ts").is_file()
+    digest = hashlib.sha256(zpath.read_bytes()).hexdigest()
+    assert (target / "Cricket.zip.sha256").read_text().startswith(digest)
+    assert UEAClassification.dataset_status("Cricket", root) == "local"
+
+
+def test_download_without_network_is_one_line(tmp_path, monkeypatch):
+    import tasks.uea as uea
+
+    monkeypatch.setattr(uea, "UEA_URL", (tmp_path / "nowhere").as_uri() + "/{name}.zip")
+    with pytest.raises(DataNotFoundError) as e:
+        uea.download("Cricket", tmp_path / "root")
+    msg = str(e.value)
+    assert "\n" not in msg and "cannot download" in msg and str(tmp_path / "root" / "uea" / "Cricket") in msg
