@@ -1,0 +1,114 @@
+"""Shared pieces of the projected multi-head attentions (Vaswani et al., Eqn. 1-3 of papers/003)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(batch, length, heads*d) -> (batch, heads, length, d)."""
+    b, n, _ = x.shape
+    return x.view(b, n, n_heads, -1).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, length, d) -> (batch, length, heads*d)."""
+    b, h, n, d = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * d)
+
+
+def sdpa_mask(mask: torch.Tensor | None, causal: bool, n_q: int, n_k: int, device) -> torch.Tensor | None:
+    """Boolean SDPA mask (True = may attend) from a key padding mask and/or causality.
+
+    Returns None when neither applies so SDPA can take its fastest path.
+    """
+    if mask is None and not causal:
+        return None
+    allowed = None
+    if mask is not None:
+        allowed = mask[:, None, None, :n_k]  # (B, 1, 1, Nk)
+    if causal:
+        tri = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
+        allowed = tri if allowed is None else allowed & tri
+    return allowed
+
+
+def softmax_kernel(q, k, v, mask=None, causal=False, dropout_p: float = 0.0, scale=None):
+    """softmax(QK^T/sqrt(D)) V through PyTorch's fused kernel (Eqn. 1 of papers/003).
+
+    Queries with no key to attend (e.g. a fully padded causal prefix) get a zero output:
+    PyTorch's SDPA uses a safe softmax for fully masked rows.
+    """
+    if causal and mask is None and q.shape[-2] == k.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
+    attn_mask = sdpa_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+
+
+def reject_unknown_options(owner: str, unused: dict) -> None:
+    if unused:
+        raise TypeError(f"{owner} got unknown options: {', '.join(sorted(unused))}")
+
+
+class AttentionBase(nn.Module):
+    """Common options of every variant: d_model, n_heads, dropout, bias; anything else is a TypeError."""
+
+    # Variants that cannot run causally say why; forward(causal=True) raises this message.
+    causal_unsupported_reason: str | None = None
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, **unused):
+        super().__init__()
+        reject_unknown_options(type(self).__name__, unused)
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.bias = bias
+
+    def attention_dropout(self) -> float:
+        """Attention-probability dropout rate for the current mode (0 at eval)."""
+        return self.dropout if self.training else 0.0
+
+    def check_causal(self, causal: bool) -> None:
+        if causal and self.causal_unsupported_reason:
+            raise ValueError(f"{type(self).__name__} cannot run causally: {self.causal_unsupported_reason}")
+
+
+class ProjectedAttention(AttentionBase):
+    """Multi-head attention with q/k/v/out projections; subclasses choose the kernel."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, **unused):
+        super().__init__(d_model, n_heads, dropout, bias, **unused)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def kernel(self, q, k, v, mask, causal):
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        self.check_causal(causal)
+        h = self.n_heads
+        q = split_heads(self.q_proj(x), h)
+        k = split_heads(self.k_proj(x), h)
+        v = split_heads(self.v_proj(x), h)
+        return self.out_proj(merge_heads(self.kernel(q, k, v, mask, causal)))
+
+
+def collect_auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
+    """Sum of ``auxiliary_loss()`` over every submodule that has one (Primal's KSVD term).
+
+    The trainer adds ``eta * collect_auxiliary_loss(model)`` to the task loss. Returns None
+    when no module contributes (no Primal layer, or no forward pass yet).
+    """
+    total = None
+    for module in model.modules():
+        fn = getattr(module, "auxiliary_loss", None)
+        if not callable(fn):
+            continue
+        term = fn()
+        if term is not None:
+            total = term if total is None else total + term
+    return total

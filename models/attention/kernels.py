@@ -1,0 +1,269 @@
+"""The three kernels of papers/003 Section 2.1-2.2, one function each, over a :class:`KeySet`.
+
+Every kernel maps queries (B, G, N, D) and a key set of Nk keys to (B, G, N, Dv). A query i
+may use key j when the key is valid and, under causality, when j has been released to i
+(see modifiers.py). Queries that may use no key output zero (no support vector: f(x) = b = 0).
+
+* softmax (Eqn. 1-2 / 25): PyTorch's fused scaled_dot_product_attention; no N x N tensor is
+  built in Python (only a boolean mask when padding or SH causality needs one).
+* linear (Sec. 2.2.1, Eqn. 27 with Phi = elu + 1, Katharopoulos et al. 2020): sums of
+  Phi(k_j) v_j^T; causal use accumulates them over chunks of keys (exclusive prefix sums of
+  per-chunk sums + a masked chunk-local term), so nothing is N x N.
+* sparse (Sec. 2.2.2, Eqn. 16, Child et al. 2019): softmax restricted to a sparse set M_i of
+  keys, computed block-wise (only the attended blocks are formed), see sparse_attention.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from models.attention.base import softmax_kernel
+from models.attention.modifiers import KeySet
+
+LINEAR_CHUNK = 64  # keys per chunk of the causal linear kernel
+
+
+def visibility_mask(n_queries: int, keys: KeySet, causal: bool) -> torch.Tensor | None:
+    """(B|1, 1, Nq, Nk) bool: key valid and (under causality) released to the query."""
+    allowed = None if keys.valid is None else keys.valid[:, None, None, :]
+    if causal:
+        positions = torch.arange(n_queries, device=keys.k.device)
+        released = keys.release_times()[:, None, None, :] <= positions[:, None]
+        allowed = released if allowed is None else allowed & released
+    return allowed
+
+
+# --------------------------------------------------------------------------- softmax
+
+
+def softmax_attention(q: torch.Tensor, keys: KeySet, causal: bool, dropout_p: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over the visible keys (Eqn. 1 / Eqn. 25) via fused SDPA."""
+    parts = _query_split(q, keys)
+    if parts == 1:
+        if keys.release is None:  # full resolution: the plain (causal) softmax path
+            return softmax_kernel(q, keys.k, keys.v, keys.valid, causal, dropout_p)
+        allowed = visibility_mask(q.shape[2], keys, causal)
+        return F.scaled_dot_product_attention(q, keys.k, keys.v, attn_mask=allowed, dropout_p=dropout_p)
+    # Few (batch x head) pairs, e.g. one SH head group: split the queries into `parts` chunks
+    # folded into the batch, because PyTorch's CPU SDPA backward parallelises over batch x heads
+    # only. Each chunk attends to the same keys, so the result is unchanged.
+    n = q.shape[2]
+    allowed = visibility_mask(n, keys, causal)
+    if allowed is not None:
+        allowed = allowed.expand(q.shape[0], -1, -1, -1)
+        if allowed.shape[2] == 1:
+            allowed = _repeat_in_batch(allowed, parts)
+        else:
+            allowed = _fold_queries(allowed, parts, pad_value=True)
+    out = F.scaled_dot_product_attention(
+        _fold_queries(q, parts), _repeat_in_batch(keys.k, parts), _repeat_in_batch(keys.v, parts),
+        attn_mask=allowed, dropout_p=dropout_p,
+    )
+    b = q.shape[0]
+    out = out.reshape(b, parts, *out.shape[1:]).transpose(1, 2)  # (B, G, parts, m, Dv)
+    return out.reshape(b, q.shape[1], -1, out.shape[-1])[:, :, :n]
+
+
+MIN_QUERIES_PER_SPLIT = 256
+
+
+def _query_split(q: torch.Tensor, keys: KeySet) -> int:
+    """How many query chunks to fold into the batch for a CPU backward pass (1 = none)."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or keys.k.requires_grad or keys.v.requires_grad)
+    pairs = q.shape[0] * q.shape[1]
+    threads = torch.get_num_threads()
+    if q.device.type != "cpu" or not needs_grad or pairs >= threads:
+        return 1
+    return max(1, min(-(-threads // pairs), q.shape[2] // MIN_QUERIES_PER_SPLIT))
+
+
+def _fold_queries(t: torch.Tensor, parts: int, pad_value=0) -> torch.Tensor:
+    """(B, G, N, X) -> (B*parts, G, ceil(N/parts), X): consecutive query chunks become batch rows."""
+    b, g, n, x = t.shape
+    m = -(-n // parts)
+    if m * parts != n:
+        t = torch.cat([t, t.new_full((b, g, m * parts - n, x), pad_value)], dim=2)
+    return t.view(b, g, parts, m, x).transpose(1, 2).reshape(b * parts, g, m, x)
+
+
+def _repeat_in_batch(t: torch.Tensor, parts: int) -> torch.Tensor:
+    """(B, G, Nk, X) -> (B*parts, G, Nk, X), each batch row repeated for its query chunks."""
+    b = t.shape[0]
+    return t[:, None].expand(b, parts, *t.shape[1:]).reshape(b * parts, *t.shape[1:])
+
+
+# --------------------------------------------------------------------------- linear
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """Phi(x) = elu(x) + 1 (Sec. 2.2.1 of papers/003, Katharopoulos et al. 2020)."""
+    return F.elu(x) + 1.0
+
+
+def linear_attention(q: torch.Tensor, keys: KeySet, causal: bool, chunk: int = LINEAR_CHUNK) -> torch.Tensor:
+    """Eqn. 27: h_i = sum_j Phi(q_i)^T Phi(k_j) v_j / sum_j Phi(q_i)^T Phi(k_j)."""
+    phi_q = elu_feature_map(q)
+    phi_k = elu_feature_map(keys.k) * keys.key_weights(q.dtype)[:, None, :, None]  # padded keys -> 0
+    v = keys.v
+    tiny = torch.finfo(q.dtype).tiny
+    if not causal:
+        kv = torch.einsum("bgjd,bgje->bgde", phi_k, v)
+        z = phi_k.sum(2)
+        num = torch.einsum("bgid,bgde->bgie", phi_q, kv)
+        den = torch.einsum("bgid,bgd->bgi", phi_q, z)
+        return num / den.clamp(min=tiny)[..., None]  # den = 0 only when no key: num = 0 too
+
+    b, g, n, d = q.shape
+    n_keys, factor, dv = keys.n_keys, keys.factor, v.shape[-1]
+    n_chunks = -(-n_keys // chunk)
+    key_pad = n_chunks * chunk - n_keys
+    query_pad = n_chunks * chunk * factor - n
+    phi_k = F.pad(phi_k, (0, 0, 0, key_pad)).view(b, g, n_chunks, chunk, d)
+    v = F.pad(v, (0, 0, 0, key_pad)).view(b, g, n_chunks, chunk, dv)
+    phi_q = F.pad(phi_q, (0, 0, 0, query_pad)).view(b, g, n_chunks, chunk * factor, d)
+
+    # Keys of earlier chunks are released to every query of the current chunk
+    # (release_j <= (j+1)*factor - 1), so they enter through exclusive prefix sums.
+    chunk_kv = torch.einsum("bgncd,bgnce->bgnde", phi_k, v)
+    chunk_z = phi_k.sum(3)
+    state_kv = chunk_kv.cumsum(2) - chunk_kv
+    state_z = chunk_z.cumsum(2) - chunk_z
+    num = torch.einsum("bgnid,bgnde->bgnie", phi_q, state_kv)
+    den = torch.einsum("bgnid,bgnd->bgni", phi_q, state_z)
+
+    # Keys of the current chunk: chunk x (chunk*factor) scores masked by release time.
+    release = F.pad(keys.release_times(), (0, key_pad), value=n_chunks * chunk * factor)
+    positions = torch.arange(n_chunks * chunk * factor, device=q.device).view(n_chunks, chunk * factor, 1)
+    released = (release.view(-1, n_chunks, 1, chunk) <= positions)[:, None]  # (B|1, 1, nc, Cf, C)
+    local = torch.einsum("bgnid,bgnjd->bgnij", phi_q, phi_k) * released
+    num = num + local @ v
+    den = den + local.sum(-1)
+    out = num / den.clamp(min=tiny)[..., None]
+    return out.reshape(b, g, -1, dv)[:, :, :n]
+
+
+# --------------------------------------------------------------------------- sparse
+
+
+def _shift_blocks(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """x[..., n, :, :] -> x[..., n + offset, :, :] along the block axis (dim 2), zero outside."""
+    nb = x.shape[2]
+    padded = F.pad(x, (0, 0, 0, 0, 1, 1))
+    return padded[:, :, 1 + offset : 1 + offset + nb]
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    keys: KeySet,
+    causal: bool,
+    dropout_p: float = 0.0,
+    block_size: int | None = None,
+    pattern: str = "strided",
+    summary_size: int | None = None,
+) -> torch.Tensor:
+    """Softmax attention over the sparse sets M_i of Child et al. (2019) (Eqn. 16, papers/003).
+
+    With block (stride) size l, query i (on the key grid: p = i // factor, p = i without SH):
+
+    strided, causal:        A1 = {j : p - l <= j <= p}                 (previous l keys + itself)
+                            A2 = {j <= p : (p - j) mod l = 0}          (every l-th key back)
+    strided, bidirectional: A1 = {j : |p - j| <= l},   A2 = {j : (p - j) mod l = 0}
+    fixed, causal:          A1 = {j <= p : floor(j/l) = floor(p/l)}    (own block so far)
+                            A2 = {j <= p : j mod l >= l - c}           (last c keys of each block)
+    fixed, bidirectional:   A1 = {j : floor(j/l) = floor(p/l)},  A2 = {j : j mod l >= l - c}
+
+    M_i = A1 u A2 in one softmax (Child et al.'s "merged head"); each key counted once. Under
+    causality a key must moreover be released to query i (without SH: j <= i; with SH: its
+    whole pooling window lies at or before i, see modifiers.py), and padded keys never count.
+    Computation: A1 as block-local attention (own block, plus the previous/next block for
+    strided); A2 gathered, not masked: strided = the keys at the query's in-block offset in the
+    other blocks (a column of the (N/l) x l grid), fixed = the c summary keys of the other
+    blocks. Cost O(N (l + N/l)) for strided, O(N (l + c N/l)) for fixed -- O(N sqrt N) with
+    l ~ sqrt N (the default when block_size is None). c = summary_size, default max(1, l // 8)
+    (Child et al. use c in {8, 16, 32} for l in {128, 256}).
+    """
+    if pattern not in ("strided", "fixed"):
+        raise ValueError(f"sparse_pattern must be 'strided' or 'fixed', got {pattern!r}")
+    b, g, n, d = q.shape
+    n_keys, factor, dv = keys.n_keys, keys.factor, keys.v.shape[-1]
+    l = block_size or max(1, math.ceil(math.sqrt(n_keys)))
+    nb = -(-n_keys // l)
+    n_keys_padded, n_queries_padded = nb * l, nb * l * factor
+    device = q.device
+
+    k_blocks = F.pad(keys.k, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, d)
+    v_blocks = F.pad(keys.v, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, dv)
+    q_blocks = F.pad(q * d**-0.5, (0, 0, 0, n_queries_padded - n)).view(b, g, nb, l * factor, d)  # 1/sqrt(D)
+    valid = F.pad(keys.valid_mask(), (0, n_keys_padded - n_keys), value=False)  # (B|1, Nkp)
+    release = F.pad(keys.release_times(), (0, n_keys_padded - n_keys), value=n_queries_padded)
+    query_pos = torch.arange(n_queries_padded, device=device).view(nb, l * factor)  # i
+    grid_pos = query_pos // factor  # p
+    block_ids = torch.arange(nb, device=device)
+
+    # ---- A1: block-local part
+    offsets = ((-1, 0) if causal else (-1, 0, 1)) if pattern == "strided" else (0,)
+    k_local = torch.cat([_shift_blocks(k_blocks, o) for o in offsets], dim=3)  # (B,G,nb,w*l,D)
+    v_local = torch.cat([_shift_blocks(v_blocks, o) for o in offsets], dim=3)
+    j_local = torch.cat([(block_ids + o)[:, None] * l + torch.arange(l, device=device) for o in offsets], -1)
+    in_range = (j_local >= 0) & (j_local < n_keys_padded)
+    j_local = j_local.clamp(0, n_keys_padded - 1)  # (nb, w*l)
+    member = in_range[:, None, :]
+    if pattern == "strided":
+        lag = grid_pos[:, :, None] - j_local[:, None, :]
+        member = member & ((lag >= 0) & (lag <= l) if causal else lag.abs() <= l)
+    allowed_local = member & valid[:, j_local][:, :, None, :]  # (B|1, nb, l*f, w*l)
+    if causal:
+        allowed_local = allowed_local & (release[:, j_local][:, :, None, :] <= query_pos[:, :, None])
+    logits_local = torch.einsum("bgnqd,bgnkd->bgnqk", q_blocks, k_local)
+
+    # ---- A2: gathered long-range part
+    if pattern == "strided":
+        # keys j = m*l + r at the query's in-block offset r, in blocks m outside the local window
+        j_far = block_ids[None, :] * l + torch.arange(l, device=device)[:, None]  # (l, nb_k)
+        outside = torch.ones(nb, nb, dtype=torch.bool, device=device)
+        for o in offsets:
+            outside &= (block_ids[None, :] - block_ids[:, None]) != o
+        if causal:
+            outside &= block_ids[None, :] <= block_ids[:, None]
+        allowed_far = outside[None, :, None, None, :] & valid[:, j_far][:, None, :, None, :]  # (B|1,nb,l,1,nb)
+        if causal:
+            release_far = release[:, j_far][:, None, :, None, :]
+            allowed_far = allowed_far & (release_far <= query_pos.view(nb, l, factor)[None, ..., None])
+        allowed_far = allowed_far.expand(-1, -1, -1, factor, -1).reshape(-1, nb, l * factor, nb)
+        q_grid = q_blocks.view(b, g, nb, l, factor, d)
+        logits_far = torch.einsum("bgnrfd,bgmrd->bgnrfm", q_grid, k_blocks).reshape(b, g, nb, l * factor, nb)
+    else:
+        c = max(1, min(summary_size or l // 8, l))
+        j_far = (block_ids[:, None] * l + torch.arange(l - c, l, device=device)).reshape(-1)  # (nb*c)
+        far_block = j_far // l
+        outside = far_block[None, :] != block_ids[:, None]
+        if causal:
+            outside &= far_block[None, :] < block_ids[:, None]
+        allowed_far = outside[None, :, None, :] & valid[:, j_far][:, None, None, :]  # (B|1, nb, 1, nb*c)
+        if causal:
+            allowed_far = allowed_far & (release[:, j_far][:, None, None, :] <= query_pos[None, :, :, None])
+        k_summary = k_blocks[:, :, :, l - c :].reshape(b, g, nb * c, d)
+        v_summary = v_blocks[:, :, :, l - c :].reshape(b, g, nb * c, dv)
+        logits_far = torch.einsum("bgnqd,bgsd->bgnqs", q_blocks, k_summary)
+
+    # ---- one softmax over M_i = A1 u A2
+    n_local = logits_local.shape[-1]
+    logits = torch.cat([logits_local, logits_far], dim=-1)
+    allowed = torch.cat(
+        [allowed_local.expand(-1, -1, l * factor, -1), allowed_far.expand(-1, -1, l * factor, -1)], dim=-1
+    )[:, None]  # (B|1, 1, nb, l*f, W)
+    # masked keys get exp(min - max) = 0 exactly; rows with no allowed key are zeroed below
+    probs = torch.softmax(logits.masked_fill(~allowed, torch.finfo(logits.dtype).min), dim=-1)
+    if dropout_p > 0:
+        probs = F.dropout(probs, p=dropout_p)
+    p_local, p_far = probs[..., :n_local], probs[..., n_local:]
+    out = p_local @ v_local
+    if pattern == "strided":
+        p_far = p_far.reshape(b, g, nb, l, factor, nb)
+        out = out + torch.einsum("bgnrfm,bgmre->bgnrfe", p_far, v_blocks).reshape(b, g, nb, l * factor, dv)
+    else:
+        out = out + p_far @ v_summary[:, :, None]
+    out = out * allowed.any(-1, keepdim=True)
+    return out.reshape(b, g, n_queries_padded, dv)[:, :, :n]

@@ -1,0 +1,100 @@
+"""One registry for every attention variant (xformers-style zoo).
+
+A variant is registered by name together with what it supports, so tasks can refuse
+impossible pairs (e.g. a causal language model with a variant that cannot be causal)
+with a clear message instead of failing deep inside a forward pass.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a variant can do. Checked by tasks before a model is built."""
+
+    causal: bool = True  # supports forward(..., causal=True)
+    padding_mask: bool = True  # honours a (batch, length) key padding mask
+    variable_length: bool = True  # works for any sequence length (Super needs a fixed l)
+    extra_loss: bool = False  # exposes an auxiliary loss (Primal's KSVD objective)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    name: str
+    factory: Callable[..., nn.Module]
+    paper: str
+    equation: str
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    summary: str = ""
+
+
+_REGISTRY: dict[str, AttentionSpec] = {}
+
+
+class UnknownAttentionError(KeyError):
+    def __init__(self, name: str):
+        choices = available_attentions()
+        close = difflib.get_close_matches(name, choices, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        super().__init__(f"unknown attention '{name}'{hint}; valid: {', '.join(choices)}")
+        self.name = name
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return self.args[0]
+
+
+def register_attention(
+    name: str,
+    *,
+    paper: str,
+    equation: str,
+    capabilities: Capabilities | None = None,
+    summary: str = "",
+    **preset: object,
+) -> Callable:
+    """Register ``factory`` under ``name``; ``preset`` are default options bound to it.
+
+    Presets let one class serve several names (``attention_bn`` is the softmax kernel
+    with the BN modifier switched on), so modifiers compose with kernels instead of
+    being copied into them.
+    """
+
+    def deco(factory: Callable[..., nn.Module]):
+        if name in _REGISTRY:
+            raise ValueError(f"attention '{name}' registered twice")
+
+        def build(**options):
+            return factory(**{**preset, **options})
+
+        _REGISTRY[name] = AttentionSpec(
+            name=name,
+            factory=build,
+            paper=paper,
+            equation=equation,
+            capabilities=capabilities or Capabilities(),
+            summary=summary or (factory.__doc__ or "").strip().splitlines()[0],
+        )
+        return factory
+
+    return deco
+
+
+def available_attentions() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def attention_spec(name: str) -> AttentionSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownAttentionError(name) from None
+
+
+def build_attention(name: str, *, d_model: int, n_heads: int, **options) -> nn.Module:
+    """Build the variant ``name`` mapping (batch, length, d_model) to the same shape."""
+    return attention_spec(name).factory(d_model=d_model, n_heads=n_heads, **options)

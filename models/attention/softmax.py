@@ -1,0 +1,14 @@
+"""Softmax (scaled dot-product) attention, the baseline of all three papers."""
+from __future__ import annotations
+
+from models.attention.base import ProjectedAttention, softmax_kernel
+from models.attention.registry import register_attention
+
+
+@register_attention("softmax", paper="Vaswani et al. 2017; primal-dual (papers/003)", equation="Eqn. 1-2")
+class SoftmaxAttention(ProjectedAttention):
+    """softmax(QK^T / sqrt(D)) V per head, fused SDPA kernel."""
+
+    def kernel(self, q, k, v, mask, causal):
+        p = self.dropout if self.training else 0.0
+        return softmax_kernel(q, k, v, mask, causal, dropout_p=p)
