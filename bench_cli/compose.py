@@ -22,9 +22,24 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
 
 
+def per_dataset(option: str, default=None, *, _root_):
+    """``${per_dataset:OPTION,DEFAULT}``: a hyperparameter the papers tabulate per (model, dataset),
+    e.g. beta of Attention-BN (papers/003, Tables 12-14). Experiment configs hold the tables as
+    ``per_dataset.<OPTION>.<model.name>.<task.dataset>``; presets interpolate the value only into
+    the variants that take the option, so other variants never see it. DEFAULT when absent."""
+    table = OmegaConf.select(_root_, f"per_dataset.{option}", default=None)
+    model = OmegaConf.select(_root_, "model.name", default=None)
+    dataset = OmegaConf.select(_root_, "task.dataset", default=None)
+    if table is None or model not in table or table[model] is None or dataset not in table[model]:
+        return default
+    return table[model][dataset]
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("attnbench_cache"):
         OmegaConf.register_new_resolver("attnbench_cache", lambda sub="": str(cache_dir() / sub))
+    if not OmegaConf.has_resolver("per_dataset"):
+        OmegaConf.register_new_resolver("per_dataset", per_dataset)
 
 
 register_resolvers()
@@ -37,15 +52,21 @@ def conf_dir() -> Path:
 
 
 def group_options(group: str) -> list[str]:
-    """Options of a config group: yaml files under conf/<group>, nested ones as 'a/b'."""
+    """Options of a config group: yaml files under conf/<group>, nested ones as 'a/b'. Files and
+    folders starting with '_' are building blocks included by other options, not options."""
     root = conf_dir() / group
     if not root.is_dir():
         return []
-    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    paths = (p.relative_to(root) for p in root.rglob("*.yaml"))
+    return sorted(str(p.with_suffix("")) for p in paths if not any(part.startswith("_") for part in p.parts))
 
 
 def load_option(group: str, option: str) -> DictConfig:
-    return OmegaConf.load(conf_dir() / group / f"{option}.yaml")
+    """One option's YAML, with the same-group options of its defaults list merged under it
+    (e.g. model/primalformer extends model/primal). Interpolations are left unresolved."""
+    raw = OmegaConf.load(conf_dir() / group / f"{option}.yaml")
+    parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+    return OmegaConf.merge(*(load_option(group, p) for p in parents), raw) if parents else raw
 
 
 # Hydra command-line flags, and whether each takes a value.

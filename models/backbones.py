@@ -33,12 +33,19 @@ def layer_attention_configs(model_cfg, n_layers: int) -> list[dict]:
     return configs
 
 
-def build_layer_attentions(model_cfg, n_layers: int, d_model: int, n_heads: int, seq_len: int | None) -> list[nn.Module]:
+def build_layer_attentions(model_cfg, n_layers: int, d_model: int, n_heads: int, seq_len: int | None,
+                           grid: tuple[int, int] | None = None) -> list[nn.Module]:
+    """One attention module per layer. ``grid`` is the task's 2D token layout (image patches);
+    sequence tasks have none, and a variant that needs one (Conv2D) then sees the sequence as a
+    1 x N grid, where its (k_h, k_w) kernel acts along the sequence only (documented in README)."""
     modules = []
     for options in layer_attention_configs(model_cfg, n_layers):
         name = options.pop("name")
-        if not attention_spec(name).capabilities.variable_length and options.get("max_len") is None:
+        caps = attention_spec(name).capabilities
+        if not caps.variable_length and options.get("max_len") is None:
             options["max_len"] = seq_len  # Super attention's W^A is l x l for the task's context length
+        if caps.needs_grid and options.get("grid") is None:
+            options["grid"] = grid if grid is not None else (1, seq_len)
         modules.append(build_attention(name, d_model=d_model, n_heads=n_heads, **options))
     return modules
 

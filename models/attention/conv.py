@@ -84,7 +84,7 @@ class Conv1dAttention(ConvolvedQueryKeyAttention):
     paper=PAPER,
     equation="Appendix G, Def. 3, Eqn. 43",
     # No length-dependent parameters: any grid works (square or ``grid``), so variable_length stays True.
-    capabilities=Capabilities(causal=False),
+    capabilities=Capabilities(causal=False, needs_grid=True),
     summary="softmax attention on queries/keys convolved over the patch grid (shared depth-wise kernel)",
 )
 class Conv2dAttention(ConvolvedQueryKeyAttention):

@@ -21,6 +21,7 @@ class Capabilities:
     padding_mask: bool = True  # honours a (batch, length) key padding mask
     variable_length: bool = True  # works for any sequence length (Super needs a fixed l)
     extra_loss: bool = False  # exposes an auxiliary loss (Primal's KSVD objective)
+    needs_grid: bool = False  # takes a 2D token layout `grid=(H, W)` (Conv2D attention)
 
 
 @dataclass(frozen=True)
