@@ -1,0 +1,253 @@
+"""`attnbench profile`: counted FLOPs against analytic counts, scaling in N, the CPU memory
+tracker, OOM/timeout points, the CSV, the papers' reproduction targets (cheap parts)."""
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import pytest
+
+from bench_cli import profile as P
+from bench_cli.cli import main
+
+# A tiny UEA model (synthetic shapes: 12 channels, 9 classes; no data read).
+TINY = ["task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1", "task.backbone.d_ff=32",
+        "task.backbone.dropout=0.0", "trainer.progress=false", "profile.timing.warmup=0", "profile.timing.repeats=1",
+        "profile.plot=null"]
+# Switch off what a test does not look at (the tracker and fake tensors cost ~0.5 s per call).
+NO_FLOPS = ["profile.flops=off"]
+NO_MEMORY = ["profile.memory=off", "profile.memory_budget_gb=null"]
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def run_profile(*args: str) -> None:
+    main(["profile", *TINY, *args])
+
+
+def fail_line(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(["profile", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+# --------------------------------------------------------------------------- FLOPs of one layer
+
+
+@pytest.mark.parametrize("meta", [False, True])
+def test_softmax_layer_flops_equal_the_analytic_count(meta):
+    B, N, D, H = 2, 64, 32, 4
+    d = D // H
+    m = P.profile_layer("softmax", B, N, D, H, meta=meta)
+    projections = 4 * 2 * B * N * D * D  # q, k, v, out: (B*N, D) x (D, D)
+    assert m["flops_forward"] == projections + 4 * B * H * N * N * d  # + QK^T and AV
+    # Training step (input requires grad): 3 matmuls per projection; fused SDPA backward 10*B*H*N^2*d.
+    assert m["flops_train_step"] == 3 * projections + (4 + 10) * B * H * N * N * d
+    assert m["params"] == 4 * (D * D + D)
+
+
+@pytest.mark.parametrize("variant", ["standard", "optimised", "efficient", "super"])
+@pytest.mark.parametrize("backend", ["auto", "math"])
+def test_pba_layer_flops_equal_the_analytic_count(variant, backend):
+    B, N, D, H = 1, 32, 64, 2
+    m = P.profile_layer(variant, B, N, D, H, backend=backend)
+    assert m["flops_forward"] == P.analytic_layer_flops(variant, B, N, D, train=False, backend=backend)
+    assert m["flops_train_step"] == P.analytic_layer_flops(variant, B, N, D, train=True, backend=backend)
+
+
+def test_eqn24_is_the_papers_formula():
+    c = {"standard": 15, "optimised": 12, "efficient": 9, "super": 12, "head_term": 15}
+    assert P.eqn24_flops("standard", 64, 128, 1, c) == 15 * 64 * 128 + 15 * 64 * 64
+    assert P.eqn24_flops("efficient", 64, 128, 8, c) == 9 * 64 * 128 + 15 * 8 * 64 * 64
+    # Figure 3's "up to 67% more": the ratio tends to 15/9 as d_m >> l.
+    assert P.eqn24_flops("standard", 1, 10**6, 1, c) / P.eqn24_flops("efficient", 1, 10**6, 1, c) == pytest.approx(15 / 9, rel=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["linear", "primal"])
+def test_linear_and_primal_flops_grow_linearly_in_n(attention):
+    def flops(n):
+        return P.profile_layer(attention, 1, n, 32, 2)
+    f1, f2, f4 = flops(256), flops(512), flops(1024)  # primal samples min(200, N) rows: affine in N
+    for key in ("flops_forward", "flops_train_step"):
+        assert f4[key] - f2[key] == 2 * (f2[key] - f1[key]), key
+    soft = [P.profile_layer("softmax", 1, n, 32, 2)["flops_forward"] for n in (256, 512, 1024)]
+    assert soft[2] - soft[1] > 2 * (soft[1] - soft[0])  # quadratic, for contrast
+
+
+# --------------------------------------------------------------------------- the task grid
+
+
+def test_profile_csv_columns_ratios_and_plot(workdir):
+    run_profile("model=attention_sh", "baseline=softmax", "profile.seq_lens=[8]", "profile.d_models=[16,32]",
+                "profile.output=prof.csv", "profile.plot=prof.png")
+    rows = read_csv(workdir / "prof.csv")
+    assert list(rows[0])[: len(P.PROFILE_COLUMNS)] == P.PROFILE_COLUMNS
+    assert [(r["d_model"], r["seq_len"]) for r in rows] == [("16", "8"), ("32", "8")]
+    for r in rows:
+        assert r["status"] == "ok" and r["model"] == "attention_sh" and r["baseline"] == "softmax"
+        assert r["device"] == "cpu" and r["sdpa_backend"] == "auto" and r["task"] == "uea"
+        for m in ("params", "flops_forward", "flops_train_step", "peak_mem_train_bytes", "peak_mem_infer_bytes",
+                  "time_train_s", "time_infer_s"):
+            model, base, ratio = float(r[f"model_{m}"]), float(r[f"baseline_{m}"]), float(r[f"ratio_{m}"])
+            assert model > 0 and base > 0 and ratio == pytest.approx(model / base), m
+        assert float(r["model_flops_train_step"]) > 2 * float(r["model_flops_forward"])
+        assert float(r["reduction_pct_flops_forward"]) == pytest.approx(100 * (1 - float(r["ratio_flops_forward"])))
+        assert r["git_commit"] and r["torch_version"] and "profile.seq_lens=[8]" in r["command"]
+        assert r["flops_method"] == "FlopCounterMode on fake tensors" and r["timing_method"].startswith("warmup=0")
+    assert rows[1]["n_heads"] == "2" and int(rows[1]["model_params"]) > int(rows[0]["model_params"])
+    assert (workdir / "prof.png").stat().st_size > 10_000
+    # append: a second run adds rows; append=false starts afresh
+    quick = ["profile.seq_lens=[8]", "profile.output=prof.csv", "profile.timing.enabled=false", *NO_FLOPS, *NO_MEMORY]
+    run_profile(*quick)
+    rows = read_csv(workdir / "prof.csv")
+    assert len(rows) == 3 and rows[-1]["model"] == "softmax" and rows[-1]["model_time_train_s"] == ""
+    assert rows[-1]["model_params"] != "" and rows[-1]["model_flops_forward"] == ""
+    run_profile(*quick, "profile.append=false")
+    assert len(read_csv(workdir / "prof.csv")) == 1
+
+
+def test_softmax_memory_grows_faster_than_linearly_on_the_cpu_tracker(workdir):
+    run_profile("baseline=null", "profile.seq_lens=[32,64,128]", "profile.sdpa_backends=[math,auto]",
+                "profile.timing.enabled=false", "profile.output=mem.csv", *NO_FLOPS)
+    rows = read_csv(workdir / "mem.csv")
+    for backend in ("math", "auto"):
+        for kind in ("train", "infer"):
+            m1, m2, m4 = (int(r[f"model_peak_mem_{kind}_bytes"]) for r in rows if r["sdpa_backend"] == backend)
+            if backend == "math":  # N x N scores materialised: quadratic growth
+                assert m4 - m2 > 2 * (m2 - m1) and m4 > 2.5 * m2, (kind, m1, m2, m4)
+            else:  # the fused CPU flash kernel keeps no N x N tensor: the tracker sees about linear growth
+                assert m4 < 2.3 * m2, (kind, m1, m2, m4)
+    assert rows[0]["memory_method"].startswith("MemTracker on fake tensors")
+
+
+def test_fake_tensor_memory_equals_real_tensor_memory_on_the_cpu(workdir):
+    for mode in ("fake", "real"):
+        run_profile("model=attention_bn_sh", "baseline=null", "profile.seq_lens=[32]", "profile.sdpa_backends=[math]",
+                    f"profile.memory={mode}", "profile.memory_budget_gb=null", "profile.timing.enabled=false",
+                    f"profile.output={mode}.csv", *NO_FLOPS)
+    fake, real = read_csv(workdir / "fake.csv")[0], read_csv(workdir / "real.csv")[0]
+    assert "real tensors" in real["memory_method"] and "fake tensors" in fake["memory_method"]
+    for k in ("model_peak_mem_train_bytes", "model_peak_mem_infer_bytes"):
+        assert int(fake[k]) > 0 and fake[k] == real[k], k
+    assert fake["model_flops_forward"] == ""  # profile.flops=off
+
+
+def test_forced_oom_point_is_recorded_and_the_grid_goes_on(workdir):
+    common = ["baseline=null", "profile.sdpa_backends=[math]", "profile.memory=off", *NO_FLOPS]
+    run_profile(*common, "profile.seq_lens=[8,256]", "profile.timing.enabled=false", "profile.memory=fake",
+                "profile.output=probe.csv")
+    small, large = (int(r["model_peak_mem_train_bytes"]) for r in read_csv(workdir / "probe.csv"))
+    budget_gb = (small * large) ** 0.5 / 2**30  # between the two points' peaks
+    run_profile(*common, f"profile.memory_budget_gb={budget_gb}", "profile.seq_lens=[8,256,16]", "profile.output=oom.csv")
+    rows = read_csv(workdir / "oom.csv")
+    assert [r["status"] for r in rows] == ["ok", "oom", "ok"]  # recorded, skipped, and the grid went on
+    oom = rows[1]
+    assert oom["model_status"] == "oom" and "memory_budget_gb" in oom["error"]
+    assert oom["model_params"] != "" and oom["model_time_train_s"] == ""
+    assert rows[0]["model_time_train_s"] != "" and rows[2]["model_time_train_s"] != ""
+
+
+def test_forced_timeout_point_is_recorded_and_the_grid_goes_on(workdir, monkeypatch):
+    real_step = P.train_step
+
+    def slow_step(side):
+        if next(iter(side.inputs.values())).shape[1] == 16:
+            time.sleep(30)
+        real_step(side)
+
+    monkeypatch.setattr(P, "train_step", slow_step)
+    started = time.perf_counter()
+    run_profile("profile.seq_lens=[8,16,12]", "profile.timeout_s=2", "profile.output=t.csv", *NO_FLOPS, *NO_MEMORY)
+    assert time.perf_counter() - started < 20  # the sleeping steps (model and baseline) were interrupted
+    rows = read_csv(workdir / "t.csv")
+    assert [r["status"] for r in rows] == ["ok", "timeout", "ok"]
+    timed_out = rows[1]
+    assert timed_out["model_status"] == "timeout" and "timeout_s" in timed_out["model_error"]
+    assert timed_out["baseline_status"] == "timeout" and timed_out["model_time_train_s"] == ""
+    assert timed_out["model_params"] != "" and timed_out["ratio_params"] != ""  # what was measured is kept
+    assert rows[2]["model_time_train_s"] != ""
+
+
+def test_failed_side_is_recorded(workdir, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(P, "measure_static", broken)
+    run_profile("profile.seq_lens=[8]", "profile.output=f.csv")
+    (row,) = read_csv(workdir / "f.csv")
+    assert row["status"] == "failed" and "kaboom" in row["error"] and row["model_time_train_s"] == ""
+
+
+# --------------------------------------------------------------------------- CLI and config
+
+
+def test_user_mistakes_are_one_line(workdir, capsys):
+    assert "unknown baseline model 'sofmax' (did you mean 'softmax'?)" in fail_line(capsys, "baseline=sofmax")
+    assert "unknown profile 'figur1'" in fail_line(capsys, "profile=figur1")
+    assert "profile.seq_lens" in fail_line(capsys, "profile.seq_lens=[0,8]")
+    assert "unknown profile.sdpa_backends entry 'fast'" in fail_line(capsys, "profile.sdpa_backends=[fast]")
+    assert "unknown model" in fail_line(capsys, "model=nope")
+    assert "unknown config key 'profile.seqlens'" in fail_line(capsys, "profile.seqlens=[8]")
+    assert "not divisible" in fail_line(capsys, "task.backbone.n_heads=8", "profile.d_models=[12]")
+
+
+@pytest.mark.parametrize("preset", ["default", "figure1", "figure2", "figure3", "figure4", "pba"])
+def test_presets_compose(preset):
+    cfg = P.load_config([f"profile={preset}"])
+    assert cfg.profile.mode == ("pba" if preset == "pba" else "task")
+    if preset.startswith("figure"):
+        assert cfg.task.name == "lra_retrieval" and cfg.task.backbone.d_model == 64 and cfg.task.backbone.n_heads == 2
+        assert cfg.profile.output == f"results/reproduced/{preset}.csv" and 4096 in cfg.profile.seq_lens
+    # command-line choices win over a preset's
+    assert P.load_config([f"profile={preset}", "model=linear"]).model.name == "linear"
+
+
+def test_training_runs_do_not_carry_profile_keys():
+    from bench_cli.compose import compose
+
+    cfg = compose([])
+    assert "profile" not in cfg and "baseline" not in cfg
+
+
+# --------------------------------------------------------------------------- reproduction targets (cheap parts)
+
+
+def test_figure1_standard_point_flops_reduction():
+    """Primal-dual Sec. 4: BN+SH saves "almost 25%" of the FLOPs at D=64, N=4096 (LRA retrieval).
+    The counted ratio is 0.761: attention matmuls x 3/4, k/v projections x 3/4, the FFN unchanged."""
+    from bench_cli.runner import build_task
+
+    cfg = P.load_config(["profile=figure1", "profile.seq_lens=[4096]", "profile.d_models=null",
+                         "profile.sdpa_backends=[auto]", "profile.timing.enabled=false", "profile.memory=off"])
+    rows = P.run_profile(cfg)
+    (row,) = rows
+    assert row["status"] == "ok" and row["d_model"] == 64 and row["seq_len"] == 4096
+    n, d, f = 4096, 64, 128
+    per_token = lambda proj, attn: proj * d * d + 4 * d * f + attn * n * d  # noqa: E731  (per layer, per document)
+    analytic = per_token(7, 3) / per_token(8, 4)
+    assert row["ratio_flops_forward"] == pytest.approx(analytic, abs=1e-3) == pytest.approx(0.761, abs=1e-3)
+    assert 23.0 < row["reduction_pct_flops_train_step"] < 26.0
+    assert row["paper_reduction_pct_flops_train_step"] == 25
+    assert build_task(cfg).name == "lra_retrieval"
+
+
+def test_pba_parameter_counts_match_every_table_row():
+    cfg = P.load_config(["profile=pba"])
+    root = Path(__file__).resolve().parents[1]
+    candidates = [root / "results" / "paper" / "pay_better_attention.csv",
+                  root.parent / "shared" / "reference" / "pay_better_attention.csv"]
+    reference = next((c for c in candidates if c.is_file()), candidates[0])
+    rows = P.pba_params_rows(cfg.profile.params_tables, str(reference) if reference.is_file() else None)
+    assert len(rows) == 85 and all(r["match"] for r in rows), [r for r in rows if not r["match"]]
+    exact = [r for r in rows if r["printed_resolution"] == 1]
+    assert len(exact) == 69 and all(r["ours"] == r["printed_value"] for r in exact)
+    if reference.is_file():
+        assert all(r["reference_csv_agrees"] for r in rows if "reference_csv_agrees" in r)
+        assert "all 84" in P.reference_coverage(rows, str(reference))
