@@ -153,15 +153,26 @@ def cmd_data(args: list[str]) -> None:
 
     force = "--force" in args
     positional = [a for a in args if not a.startswith("-") and "=" not in a]
-    if len(positional) != 2:
-        raise UserError(f"usage: attnbench data TASK NAME [--force] [paths.data_root=DIR]; tasks: {', '.join(available_tasks())}")
-    task_name, dataset = positional
-    cfg = C.compose([a for a in args if "=" in a])
-    cls = task_class(task_name)
-    data_root = Path(cfg.paths.data_root).expanduser()
+    # Other flags are task-specific fetch options: --generate -> generate=True, --num-train=5 -> num_train="5".
+    options = {a[2:].split("=", 1)[0].replace("-", "_"): (a.split("=", 1)[1] if "=" in a else True)
+               for a in args if a.startswith("--") and a != "--force"}
+    usage = (f"usage: attnbench data TASK [NAME] [--force] [--OPTION[=VALUE]...] [paths.data_root=DIR]; "
+             f"tasks: {', '.join(available_tasks())}")
+    if len(positional) not in (1, 2):
+        raise UserError(usage)
+    cfg = C.compose([a for a in args if "=" in a and not a.startswith("-")])
+    cls = task_class(positional[0])
+    task_name, data_root = positional[0], Path(cfg.paths.data_root).expanduser()
+    if len(positional) == 2:
+        dataset = positional[1]
+    else:  # NAME may be left out when the task has one dataset (or picks one from the options)
+        names, pick = cls.datasets(data_root), getattr(cls, "default_dataset", None)
+        dataset = pick(**options) if pick else (names[0] if len(names) == 1 else None)
+        if dataset is None:
+            raise UserError(f"{usage}; {task_name} datasets: {', '.join(names)}")
     if dataset not in cls.datasets(data_root):
         raise unknown_choice(f"{task_name} dataset", dataset, cls.datasets(data_root))
-    where = cls.fetch(dataset, data_root, force=force)
+    where = cls.fetch(dataset, data_root, force=force, **options) if options else cls.fetch(dataset, data_root, force=force)
     console.print(f"[green]ok[/]: {task_name}/{dataset} is in {where}")
 
 

@@ -188,9 +188,10 @@ def _explain(err: Exception, overrides: list[str]) -> UserError:
         key = m.group(1)
         parent, _, leaf = key.rpartition(".")
         hint = ""
-        try:
-            base = compose([o for o in overrides if not o.lstrip("+~").startswith(key)])
-            node = OmegaConf.select(base, parent) if parent else base
+        rest = [o for o in overrides if not o.lstrip("+~").startswith(key)]
+        try:  # the config without the offending override, to suggest the closest existing key
+            base = _compose(rest) if rest != overrides else None
+            node = (OmegaConf.select(base, parent) if parent else base) if base is not None else None
             if isinstance(node, DictConfig):
                 hint = did_you_mean(leaf, list(node.keys())).replace("'", f"'{parent + '.' if parent else ''}", 1)
         except UserError:

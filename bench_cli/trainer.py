@@ -50,10 +50,11 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
 def make_optimizer(params, cfg) -> torch.optim.Optimizer:
     name, lr, wd = cfg.name, float(cfg.lr), float(cfg.get("weight_decay", 0.0))
     betas = tuple(cfg.get("betas", (0.9, 0.999)))
+    eps = float(cfg.get("eps", 1e-8) or 1e-8)  # the LRA PyTorch code uses AdamW eps 1e-6
     makers = {
-        "adam": lambda: torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=wd),
-        "adamw": lambda: torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=wd),
-        "radam": lambda: torch.optim.RAdam(params, lr=lr, betas=betas, weight_decay=wd),
+        "adam": lambda: torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
+        "adamw": lambda: torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
+        "radam": lambda: torch.optim.RAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
         "sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=float(cfg.get("momentum", 0.9)), weight_decay=wd),
     }
     if name not in makers:
@@ -81,7 +82,16 @@ def make_scheduler(opt, cfg, total_steps: int, steps_per_epoch: int):
     if name == "step":
         every = int(cfg.step_size) * steps_per_epoch
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup(s) * cfg.gamma ** (s // max(every, 1)))
-    raise unknown_choice("scheduler", name, ["none", "linear_warmup", "cosine", "step"])
+    if name == "onecycle":  # torch OneCycleLR as the LRA PyTorch code (Nystromformer/Transformer-LS) uses it
+        total = max(total_steps, 1)  # pct_start = warmup / total
+        w = max(0, min(warm, total - 1))  # short runs: both phases need steps, and torch divides by w - 1
+        if w == 1:
+            w = 2 if total > 2 else 0
+        return torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total,
+            pct_start=float(w) / total, anneal_strategy=str(cfg.get("anneal", "linear")),
+            cycle_momentum=bool(cfg.get("cycle_momentum", True)))
+    raise unknown_choice("scheduler", name, ["none", "linear_warmup", "cosine", "step", "onecycle"])
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -106,6 +116,8 @@ class TrainResult:
     history: list = field(default_factory=list)
     best_epoch: int = 0
     epochs_run: int = 0
+    best_step: int = 0  # optimiser steps at the selected evaluation
+    steps_run: int = 0
     train_time_s: float = 0.0
 
 
@@ -118,6 +130,8 @@ class Trainer:
     def loader(self, split: str, train: bool) -> DataLoader:
         g = torch.Generator().manual_seed(self.seed)
         bs = int(self.cfg.batch_size if train else self.cfg.eval_batch_size)
+        if train and self.cfg.get("micro_batch_size"):  # the batch is accumulated from micro-batches
+            bs = min(bs, int(self.cfg.micro_batch_size))
         return DataLoader(self.task.splits[split], batch_size=bs, shuffle=train, generator=g if train else None,
                           num_workers=0, pin_memory=self.device.type == "cuda")
 
@@ -148,22 +162,55 @@ class Trainer:
         return loss
 
     def fit(self, protocol: str) -> TrainResult:
+        """Train, evaluating on the selection split after every epoch or, with
+        ``eval_every_steps``, every that many optimiser steps (the LRA code's ``eval_frequency``).
+        ``max_steps`` (optimiser steps; the train loader is cycled) replaces ``max_epochs``."""
         cfg, model, metric = self.cfg, self.model, self.task.metric
         select_split = {"holdout": "val", "paper": "test"}[protocol]
         train_loader = self.loader("train", train=True)
         accum = max(1, int(cfg.get("accumulate_grad_batches", 1)))
-        epochs = int(cfg.max_epochs)
+        if cfg.get("micro_batch_size"):  # keep the effective batch_size on a small machine
+            accum *= math.ceil(int(cfg.batch_size) / train_loader.batch_size)
         steps_per_epoch = math.ceil(len(train_loader) / accum)
+        max_steps = int(cfg.get("max_steps") or 0) or None
+        eval_every = int(cfg.get("eval_every_steps") or 0) or None
+        epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
+        total_steps = max_steps or epochs * steps_per_epoch
         opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optimizer)
-        sched = make_scheduler(opt, cfg.scheduler, epochs * steps_per_epoch, steps_per_epoch)
+        sched = make_scheduler(opt, cfg.scheduler, total_steps, steps_per_epoch)
         clip = cfg.get("grad_clip")
         patience = cfg.early_stopping.get("patience")
         result, best_key, best_state, since_best = TrainResult(), None, None, 0
-        bar = self.progress.add_task("train", total=epochs, status="") if self.progress else None
+        bar_total, bar_unit = (total_steps, "steps") if (max_steps or eval_every) else (epochs, "epochs")
+        bar = self.progress.add_task("train", total=bar_total, status="") if self.progress else None
+        step, loss_sum, n_batches, stop = 0, 0.0, 0, False
+
+        def evaluate_and_select(epoch: int) -> bool:
+            """One evaluation (a history row); True when early stopping says stop."""
+            nonlocal best_key, best_state, since_best, loss_sum, n_batches
+            row = {"epoch": epoch, "step": step, "train_loss": loss_sum / max(n_batches, 1),
+                   "lr": opt.param_groups[0]["lr"]}
+            loss_sum, n_batches = 0.0, 0
+            selected = self.evaluate(select_split)
+            row.update({f"{select_split}_{k}": v for k, v in selected.items()})
+            key = (selected[metric], -selected.get("loss", 0.0))
+            if best_key is None or key > best_key:
+                best_key, result.best_epoch, result.best_step, since_best = key, epoch, step, 0
+                best_state = copy.deepcopy(model.state_dict()) if protocol == "holdout" else None
+            else:
+                since_best += 1
+            result.history.append(row)
+            if self.logger is not None:
+                self.logger.log_epoch(row)
+            if bar is not None:
+                at = f"step {result.best_step}" if bar_unit == "steps" else result.best_epoch
+                self.progress.update(bar, status=f"{select_split} {metric} {selected[metric]:.2f}  "
+                                     f"best {best_key[0]:.2f} @ {at}")
+            return patience is not None and since_best >= int(patience)
 
         for epoch in range(1, epochs + 1):
             model.train()
-            t0, loss_sum, n_batches = time.perf_counter(), 0.0, 0
+            t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             for i, batch in enumerate(train_loader):
                 batch = to_device(batch, self.device)
@@ -171,44 +218,45 @@ class Trainer:
                 if not torch.isfinite(loss):
                     raise DivergedError(f"loss is {loss.item()} at epoch {epoch}, batch {i}")
                 (loss / accum).backward()
+                loss_sum, n_batches = loss_sum + loss.item(), n_batches + 1
                 if (i + 1) % accum == 0 or i + 1 == len(train_loader):
                     if clip:
                         torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                    if sched is not None:
+                    step += 1
+                    if sched is not None and step < total_steps:  # the lr after the last step is never used
                         sched.step()
-                loss_sum, n_batches = loss_sum + loss.item(), n_batches + 1
+                    if bar is not None and bar_unit == "steps":
+                        self.progress.update(bar, advance=1)
+                    if eval_every and (step % eval_every == 0 or step == total_steps):
+                        result.train_time_s += time.perf_counter() - t0
+                        stop = evaluate_and_select(epoch)
+                        model.train()
+                        t0 = time.perf_counter()
+                    if stop or step >= total_steps:
+                        break
             result.train_time_s += time.perf_counter() - t0
-
-            row = {"epoch": epoch, "train_loss": loss_sum / max(n_batches, 1), "lr": opt.param_groups[0]["lr"]}
-            selected = self.evaluate(select_split)
-            row.update({f"{select_split}_{k}": v for k, v in selected.items()})
-            key = (selected[metric], -selected.get("loss", 0.0))
-            if best_key is None or key > best_key:
-                best_key, result.best_epoch, since_best = key, epoch, 0
-                best_state = copy.deepcopy(model.state_dict()) if protocol == "holdout" else None
-            else:
-                since_best += 1
-            result.history.append(row)
             result.epochs_run = epoch
-            if self.logger is not None:
-                self.logger.log_epoch(row)
-            if bar is not None:
-                self.progress.update(bar, advance=1, status=f"{select_split} {metric} {selected[metric]:.2f}  "
-                                     f"best {best_key[0]:.2f} @ {result.best_epoch}")
-            if patience is not None and since_best >= int(patience):
+            if not eval_every:
+                stop = evaluate_and_select(epoch)
+                if bar is not None and bar_unit == "epochs":
+                    self.progress.update(bar, advance=1)
+            if stop or step >= total_steps:
                 break
+        result.steps_run = step
 
         last = self.evaluate("test") if protocol == "holdout" else None
         m = result.metrics
+        if max_steps or eval_every:
+            m["best_step"], m["steps_run"] = result.best_step, result.steps_run
         if protocol == "holdout":
             m["test_accuracy_last"] = last[metric]
             model.load_state_dict(best_state)
             test = self.evaluate("test")
             m["val_accuracy"] = best_key[0]
-        else:  # the best epoch on TEST is the reported number (optimistic by construction)
-            best_row = result.history[result.best_epoch - 1]
+        else:  # the best evaluation on TEST is the reported number (optimistic by construction)
+            best_row = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
             test = {k[len("test_"):]: v for k, v in best_row.items() if k.startswith("test_")}
             m["test_accuracy_last"] = result.history[-1][f"test_{metric}"]
         m["test_accuracy"], m["test_loss"] = test[metric], test.get("loss")

@@ -10,6 +10,13 @@ import importlib
 # task config name -> "module:Class"
 TASKS: dict[str, str] = {
     "uea": "tasks.uea:UEAClassification",
+    # Long Range Arena (tasks/lra.py); "lra" only fetches the release (`attnbench data lra`).
+    "lra": "tasks.lra:LRARelease",
+    "lra_listops": "tasks.lra:LRAListOps",
+    "lra_text": "tasks.lra:LRAText",
+    "lra_retrieval": "tasks.lra:LRARetrieval",
+    "lra_image": "tasks.lra:LRAImage",
+    "lra_pathfinder": "tasks.lra:LRAPathfinder",
 }
 
 

@@ -1,0 +1,449 @@
+"""Long Range Arena: the ListOps generator, tokenisation, loaders on fixtures written in the exact
+release formats, tiny end-to-end runs of every task, the retrieval dual encoder, and the
+step-based trainer options the LRA protocol needs."""
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench_cli.cli import main
+from bench_cli.compose import compose
+from bench_cli.errors import DataNotFoundError
+from bench_cli.records import read_records
+from tasks import task_class
+from tasks import listops_generator as G
+from tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
+                       rgb_to_gray)
+
+SMALL_GEN = dict(min_length=10, max_length=60, max_depth=10, max_args=10)
+
+
+# --- fixtures in the release formats ----------------------------------------------------------------
+def write_listops(directory: Path, seed: int = 0, n=(40, 10, 10)) -> None:
+    G.write_dataset(directory, num_train=n[0], num_val=n[1], num_test=n[2], seed=seed, **SMALL_GEN)
+
+
+def write_aan(directory: Path) -> None:
+    """new_aan_pairs.{train,eval,test}.tsv: label (float), id1, id2, text1, text2; no header."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    for split, n in (("train", 16), ("eval", 6), ("test", 6)):
+        lines = []
+        for i in range(n):
+            label = i % 2
+            t1 = ("citing paper about attention " * rng.randint(1, 4)).strip()
+            t2 = (("attention cited " if label else "unrelated topic ") * rng.randint(1, 4)).strip()
+            lines.append(f"{float(label)}\tP{i}a\tP{i}b\t{t1}\t{t2}")
+        (directory / f"new_aan_pairs.{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def write_cifar(directory: Path, per_batch: int = 10) -> np.ndarray:
+    """torchvision's cifar-10-batches-py: pickled dicts with b'data' (n, 3072) and b'labels'."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(0)
+    first = None
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.randint(0, 256, size=(per_batch, 3072)).astype(np.uint8)
+        first = data if first is None else first
+        with open(directory / name, "wb") as f:
+            pickle.dump({b"data": data, b"labels": [int(v) for v in rng.randint(0, 10, per_batch)]}, f)
+    return first
+
+
+def write_pathfinder(directory: Path, n: int = 20) -> None:
+    """pathfinder32/<difficulty>/imgs/<k>/sample_<i>.png + metadata/<k>.npy (text lines)."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.RandomState(0)
+    lines = []
+    (directory / "imgs" / "0").mkdir(parents=True, exist_ok=True)
+    (directory / "metadata").mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        label = i % 2
+        img = np.zeros((32, 32), dtype=np.uint8)
+        img[rng.randint(0, 32, 30), rng.randint(0, 32, 30)] = 255 if label else 128
+        Image.fromarray(img, mode="L").save(directory / "imgs" / "0" / f"sample_{i}.png")
+        lines.append(f"imgs/0 sample_{i}.png {i} {label} 1.0 14 4 2 0.5 1 1")
+    (directory / "imgs" / "0" / "sample_empty.png").write_bytes(b"")  # the release has a few empty images
+    lines.append("imgs/0 sample_empty.png 99 1 1.0 14 4 2 0.5 1 1")
+    (directory / "metadata" / "0.npy").write_text("\n".join(lines) + "\n")
+
+
+def write_acl_imdb(directory: Path) -> None:
+    for split in ("train", "test"):
+        for label, sub in ((0, "neg"), (1, "pos")):
+            d = directory / split / sub
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(6):
+                word = "great" if label else "awful"
+                (d / f"{i}_{7 if label else 2}.txt").write_text(f"This film was {word}.<br /> {word} {i} é")
+
+
+@pytest.fixture
+def lra_root(workdir):
+    return workdir / "data"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: several times faster than two on a shared, busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TINY = ["task.backbone.d_model=16", "task.backbone.d_ff=32", "trainer.max_steps=4", "trainer.eval_every_steps=2",
+        "trainer.batch_size=8", "trainer.micro_batch_size=4", "trainer.eval_batch_size=16", "trainer.progress=false",
+        "trainer.optimizer.name=adamw", "trainer.scheduler.name=onecycle", "trainer.scheduler.warmup_steps=1",
+        "measure.flops=false", "measure.memory=false", "results.path=res.csv", "trainer.num_threads=1"]
+
+
+def run(*args: str) -> dict:
+    keys = {a.split("=", 1)[0] for a in args}
+    main(["run", *args, *[t for t in TINY if t.split("=", 1)[0] not in keys]])
+    return read_records("res.csv")[-1]
+
+
+# --- the generator ----------------------------------------------------------------------------------
+def test_evaluate_source_semantics():
+    assert G.evaluate_source("( ( ( [MAX 2 ) 9 ) ] )") == 9
+    assert G.evaluate_source("( ( ( ( [MED 1 ) 2 ) 7 ) ] )") == 2
+    assert G.evaluate_source("( ( ( [MED 1 ) 4 ) ] )") == 2  # int(np.median([1, 4])) = int(2.5)
+    assert G.evaluate_source("( ( ( [SM 7 ) 8 ) ] )") == 5
+    nested = "( ( ( [MIN ( ( ( [MAX 3 ) 8 ) ] ) ) 5 ) ] )"
+    assert G.evaluate_source(nested) == 5
+
+
+def test_generated_listops_parses_and_labels_are_the_evaluated_values(tmp_path):
+    write_listops(tmp_path, seed=3, n=(60, 10, 10))
+    meta = json.loads((tmp_path / "generator.json").read_text())
+    assert meta["num_train"] == 60 and meta["seed"] == 3
+    raw = (tmp_path / "basic_train.tsv").read_bytes()
+    assert raw.startswith(b"Source\tTarget\r\n")  # csv.writer with a tab delimiter, as the release
+    seen = set()
+    for split, n in (("train", 60), ("val", 10), ("test", 10)):
+        with open(tmp_path / f"basic_{split}.tsv", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+        assert rows[0] == ["Source", "Target"] and len(rows) == n + 1
+        for source, target in rows[1:]:
+            tokens = source.split()
+            assert set(tokens) <= {"(", ")", "]", "[MIN", "[MAX", "[MED", "[SM", *map(str, range(10))}
+            length = sum(t not in "()" for t in tokens)  # values + operators + closing brackets
+            assert SMALL_GEN["min_length"] < length < SMALL_GEN["max_length"]
+            assert tokens.count("(") == tokens.count(")")
+            assert int(target) == G.evaluate_source(source)
+            seen.add(source)
+    assert len(seen) == 80  # de-duplicated across splits
+
+
+def test_generator_trees_depth_arity_and_to_value():
+    rng = random.Random(0)
+    checked = 0
+    while checked < 200:
+        tree, length = G.generate_tree(rng, 1, 4, 5)
+        source = G.to_string(tree)
+        assert G.to_value(tree) == G.evaluate_source(source)
+        depth, best, n_ops = 0, 0, 0
+        for t in source.split():
+            if t.startswith("["):
+                depth, n_ops = depth + 1, n_ops + 1
+                best = max(best, depth)
+            elif t == "]":
+                depth -= 1
+        assert best <= 4 and length == sum(t not in "()" for t in source.split())
+        checked += 1
+
+
+def test_generator_is_seeded_and_uses_the_official_defaults(tmp_path):
+    assert G.DEFAULTS["num_train"] == 96000 and G.DEFAULTS["max_length"] == 2000 and G.DEFAULTS["min_length"] == 500
+    assert G.OPERATORS == ["[MIN", "[MAX", "[MED", "[SM"] and G.VALUE_P == 0.25
+    a = G.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
+    b = G.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
+    assert a == b
+
+
+# --- tokenisation -----------------------------------------------------------------------------------
+def test_listops_tokenisation_as_the_lra_pipelines():
+    src = "( ( ( [MAX 2 ) 9 ) ] )"
+    assert listops_tokens(src, "lra") == ["[MAX", "2", "9", "]"]
+    assert listops_tokens(src, "lra_alnum") == ["MAX", "2", "9"]  # the first release dropped brackets
+    vocab = listops_vocab("lra")
+    assert len(vocab) == len(LISTOPS_TOKENS) == 15 and min(vocab.values()) == 1
+    ids = encode_listops(src, vocab)
+    assert ids == [vocab["[MAX"], vocab["2"], vocab["9"], vocab["]"]] and 0 not in ids
+    assert encode_listops("[FIRST 1 ]", vocab)[0] == 16  # out of vocabulary -> the OOV bucket
+
+
+def test_byte_level_tokenisation():
+    ids = encode_bytes("hé!", 10)
+    assert ids.tolist() == [ord("h") + 1, 0xC3 + 1, 0xA9 + 1, ord("!") + 1]  # UTF-8 bytes + 1, 0 = padding
+    assert encode_bytes(b"abcdef", 4).tolist() == [98, 99, 100, 101]
+
+
+def test_rgb_to_grayscale_matches_tensorflow_formula():
+    img = np.array([[[[255, 255, 255], [0, 0, 0], [255, 0, 0], [10, 200, 30]]]], dtype=np.uint8)
+    gray = rgb_to_gray(img)[0, 0]
+    expected = [int(min((0.2989 * r + 0.587 * g + 0.114 * b) / 255 * 255.5, 255)) for r, g, b in img[0, 0].tolist()]
+    assert gray.tolist() == expected and gray.dtype == np.uint8
+
+
+# --- loaders ------------------------------------------------------------------------------------
+def lra_cfg(task: str, **overrides):
+    cfg = compose([f"task={task}", *[f"task.{k}={v}" for k, v in overrides.items()]])
+    return cfg
+
+
+def test_listops_release_loader_pads_masks_and_caches(lra_root, monkeypatch):
+    write_listops(lra_root / "lra_release" / "listops-1000")
+    cfg = lra_cfg("lra_listops", max_len=64, seq_len=64)
+    task = task_class("lra_listops")(cfg.task, lra_root)
+    task.setup("holdout")
+    tr = task.splits["train"].tensors
+    assert set(task.splits) == {"train", "val", "test"} and len(task.splits["val"]) == 10
+    assert tr["x"].shape == (40, 64) and tr["y"].dtype == torch.long
+    with open(lra_root / "lra_release" / "listops-1000" / "basic_train.tsv", newline="") as f:
+        first = list(csv.reader(f, delimiter="\t"))[1]
+    ids = encode_listops(first[0], listops_vocab("lra"))
+    assert tr["x"][0, : len(ids)].tolist() == ids and (tr["x"][0, len(ids):] == 0).all()
+    assert int(tr["y"][0]) == int(first[1])
+    inputs = task.model_inputs({"x": tr["x"][:2]})
+    assert torch.equal(inputs["mask"], tr["x"][:2] != 0)
+    assert list((lra_root / "lra_cache").glob("listops-listops-*.pt"))
+    # the second setup reads the cache, not the TSVs
+    monkeypatch.setattr("tasks.lra.read_listops_tsv", lambda p: (_ for _ in ()).throw(AssertionError("re-read")))
+    again = task_class("lra_listops")(cfg.task, lra_root)
+    again.setup("paper")
+    assert set(again.splits) == {"train", "test"}
+    assert torch.equal(again.splits["train"].tensors["x"], tr["x"])
+
+
+def test_retrieval_loader_reads_the_release_tsv(lra_root):
+    write_aan(lra_root / "lra_release" / "lra_release" / "tsv_data")  # the doubly nested layout works too
+    t1, t2, y = read_aan_tsv(lra_root / "lra_release" / "lra_release" / "tsv_data" / "new_aan_pairs.train.tsv")
+    assert len(t1) == 16 and y.tolist()[:2] == [0, 1]
+    cfg = lra_cfg("lra_retrieval", max_len=32, seq_len=48)
+    task = task_class("lra_retrieval")(cfg.task, lra_root)
+    task.setup("holdout")
+    tr = task.splits["train"].tensors
+    assert tr["x"].shape == (16, 48) and tr["x2"].shape == (16, 48)
+    assert tr["x"][0, :32].tolist() == encode_bytes(t1[0], 32).tolist() and (tr["x"][0, 32:] == 0).all()
+    assert len(task.splits["val"]) == 6 and len(task.splits["test"]) == 6
+
+
+def test_image_loader_grayscale_and_lra_split(lra_root):
+    first = write_cifar(lra_root / "cifar-10-batches-py")
+    cfg = lra_cfg("lra_image")
+    task = task_class("lra_image")(cfg.task, lra_root)
+    task.setup("holdout")
+    assert len(task.splits["train"]) == 45 and len(task.splits["val"]) == 5 and len(task.splits["test"]) == 10
+    x = task.splits["train"].tensors["x"]
+    assert x.shape == (45, 1024) and x.dtype == torch.uint8
+    rgb = first[0].reshape(3, 32, 32).transpose(1, 2, 0)[None]
+    assert x[0].tolist() == rgb_to_gray(rgb).reshape(-1).tolist()
+    none = task_class("lra_image")(lra_cfg("lra_image", pixel_mask="none").task, lra_root)
+    assert none.requires == {"padding_mask": False} and none.model_inputs({"x": x[:1]})["mask"] is None
+
+
+def test_pathfinder_loader_reads_metadata_and_skips_empty_images(lra_root):
+    write_pathfinder(lra_root / "lra_release" / "pathfinder32" / "curv_contour_length_14")
+    task = task_class("lra_pathfinder")(lra_cfg("lra_pathfinder").task, lra_root)
+    task.setup("holdout")
+    sizes = {k: len(v) for k, v in task.splits.items()}
+    assert sizes == {"train": 16, "val": 2, "test": 2}  # 20 images (the empty one skipped), 80/10/10
+    x = torch.cat([v.tensors["x"] for v in task.splits.values()])
+    y = torch.cat([v.tensors["y"] for v in task.splits.values()])
+    assert x.shape == (20, 1024) and set(x.unique().tolist()) <= {0, 128, 255}
+    assert ((x == 255).any(1) == (y == 1)).all()  # label from metadata field 3 matches the drawing
+
+
+def test_text_loader_from_acl_imdb_is_byte_level(lra_root):
+    write_acl_imdb(lra_root / "aclImdb")
+    task = task_class("lra_text")(lra_cfg("lra_text", max_len=20, seq_len=24, val_fraction=0.25).task, lra_root)
+    task.setup("holdout")
+    assert {k: len(v) for k, v in task.splits.items()} == {"train": 9, "val": 3, "test": 12}
+    test = task.splits["test"].tensors
+    text = (lra_root / "aclImdb" / "test" / "neg" / "0_2.txt").read_bytes()
+    assert test["x"][0, :20].tolist() == [b + 1 for b in text[:20]] and (test["x"][0, 20:] == 0).all()
+    assert "test set" in task.describe()["val_split"]
+
+
+def test_missing_data_errors_are_one_line_with_where_and_how(lra_root):
+    for name, needle in (("lra_listops", "attnbench data lra_listops --generate"), ("lra_retrieval", "attnbench data lra"),
+                         ("lra_image", "attnbench data lra_image cifar10"), ("lra_pathfinder", "attnbench data lra"),
+                         ("lra_text", "attnbench data lra_text imdb")):
+        task = task_class(name)(lra_cfg(name).task, lra_root)
+        with pytest.raises(DataNotFoundError) as e:
+            task.check_data()
+        msg = str(e.value)
+        assert len(msg.splitlines()) == 1 and needle in msg and str(lra_root) in msg, msg
+
+
+def test_data_command_generates_listops_offline(workdir, capsys):
+    main(["data", "lra_listops", "--generate", "--num-train=12", "--num-val=3", "--num-test=3", "--min-length=10",
+          "--max-length=40", "--seed=5"])
+    d = workdir / "data" / "lra_generated" / "listops-1000"
+    assert "listops_generated" in capsys.readouterr().out
+    assert len((d / "basic_train.tsv").read_text().splitlines()) == 13
+    assert task_class("lra_listops").dataset_status("listops_generated", workdir / "data") == "local"
+    with pytest.raises(SystemExit):
+        main(["data", "lra_listops", "--generate", "--num-train=abc"])
+
+
+# --- models -------------------------------------------------------------------------------------------
+def test_retrieval_dual_encoder_shares_weights():
+    from models.lra import LRAClassifier, LRADualEncoder, LRAEncoder
+
+    cfg = lra_cfg("lra_retrieval")
+    task = task_class("lra_retrieval")(cfg.task, "/nonexistent")
+    task.setup_synthetic(64)
+    model = task.build_model(cfg.model)
+    assert isinstance(model, LRADualEncoder)
+    assert sum(isinstance(m, LRAEncoder) for m in model.modules()) == 1
+    calls = []
+    model.encoder.register_forward_hook(lambda m, i, o: calls.append(o.detach()))
+    model.eval()
+    batch = task.synthetic_batch(3, 64)
+    out = model(**task.model_inputs(batch))
+    assert out.shape == (3, 2) and len(calls) == 2  # the same encoder encodes both documents
+    u, v = calls
+    expected = model.head(torch.cat([u, v, u * v, u - v], -1))
+    torch.testing.assert_close(out, expected)
+    single = LRAClassifier(model.encoder, 64, 128, 2)
+    n_head_extra = 3 * 64 * 128  # the dual head's first layer is 4x wider; nothing else differs
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in single.parameters()) + n_head_extra
+
+
+def test_lra_architecture_of_the_papers():
+    cfg = lra_cfg("lra_listops")
+    task = task_class("lra_listops")(cfg.task, "/nonexistent")
+    task.setup_synthetic(2048)
+    model = task.build_model(cfg.model)
+    enc = model.encoder
+    assert len(enc.layers) == 2 and enc.layers[0].norm_first and enc.layers[0].attention.n_heads == 2
+    assert enc.layers[0].attention.d_head == 32 and enc.layers[0].ff1.out_features == 128
+    assert enc.embed.positions.weight.shape == (2048, 64) and enc.embed.tokens.weight.shape == (32, 64)
+    # mean pooling over all positions with padding zeroed (the LRA code), not over the real tokens only
+    model.eval()
+    x = torch.zeros(1, 2048, dtype=torch.long)
+    x[0, :10] = 3
+    normed = []
+    enc.norm.register_forward_hook(lambda m, i, o: normed.append(o))
+    pooled = enc(x, x != 0)
+    torch.testing.assert_close(pooled, normed[0][:, :10].sum(1) / 2048)
+    primal_plus = compose(["task=lra_listops", "model=primal_plus"])
+    m = task.build_model(primal_plus.model)
+    names = [type(layer.attention).__name__ for layer in m.encoder.layers]
+    assert names[0] != names[1]  # Primal.+: softmax then Primal (Table 5: LRA 1+[1])
+
+
+def test_retrieval_training_step_at_4096_on_cpu():
+    cfg = lra_cfg("lra_retrieval", **{"backbone.attention_dropout": 0.0, "backbone.dropout": 0.0})
+    task = task_class("lra_retrieval")(cfg.task, "/nonexistent")
+    task.setup_synthetic(4096)
+    model = task.build_model(cfg.model)
+    batch = task.synthetic_batch(1, 4096)
+    assert batch["x"].shape == (1, 4096) and batch["x2"].shape == (1, 4096) and (batch["x"] != 0).all()
+    loss = task.loss(model(**task.model_inputs(batch)), batch)
+    loss.backward()
+    assert torch.isfinite(loss) and model.encoder.embed.positions.weight.grad.abs().sum() > 0
+
+
+# --- end to end ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_every_lra_task_trains_on_fixtures(lra_root, workdir):
+    write_listops(lra_root / "lra_generated" / "listops-1000")
+    write_aan(lra_root / "lra_release" / "tsv_data")
+    write_cifar(lra_root / "cifar-10-batches-py", per_batch=4)
+    write_pathfinder(lra_root / "lra_release" / "pathfinder32" / "curv_contour_length_14")
+    write_acl_imdb(lra_root / "aclImdb")
+    short = ["task.max_len=64", "task.seq_len=64"]
+    row = run("task=lra_listops", "task.dataset=listops_generated", "model=attention_bn_sh", "model.attention.beta=0.2",
+              *short)
+    assert row["status"] == "ok" and row["dataset"] == "listops_generated" and row["attention"] == "attention_bn_sh"
+    assert int(row["steps_run"]) == 4 and int(row["best_step"]) in (2, 4)
+    history = json.loads(row["metrics_json"])["history"]
+    assert [h["step"] for h in history] == [2, 4]  # evaluated every 2 optimiser steps
+    quick = ["trainer.max_steps=2", "trainer.eval_every_steps=1", "task.subset.train=8"]
+    for args in (["task=lra_retrieval", *short], ["task=lra_text", *short], ["task=lra_image"],
+                 ["task=lra_pathfinder", "task.pixel_mask=none"]):
+        row = run(*args, *quick, "model=softmax")
+        assert row["status"] == "ok", row.get("error")
+        assert 0.0 <= float(row["test_accuracy"]) <= 100.0
+
+
+def test_step_based_trainer_with_micro_batches(lra_root, workdir):
+    """max_steps cycles the loader; micro-batches accumulate to the effective batch size."""
+    from bench_cli.trainer import Trainer
+
+    write_listops(lra_root / "lra_generated" / "listops-1000", n=(10, 4, 4))
+    cfg = compose(["task=lra_listops", "task.dataset=listops_generated", "task.max_len=64", "task.seq_len=64",
+                   "trainer.max_steps=5", "trainer.eval_every_steps=3", "trainer.batch_size=4",
+                   "trainer.micro_batch_size=2", "trainer.optimizer.name=adamw", "trainer.scheduler.name=onecycle",
+                   "trainer.scheduler.warmup_steps=2", "trainer.progress=false"])
+    task = task_class("lra_listops")(cfg.task, lra_root)
+    task.setup("holdout")
+    model = task.build_model(cfg.model)
+    calls = []
+    orig = task.loss
+    task.loss = lambda out, batch: (calls.append(len(batch["y"])), orig(out, batch))[1]
+    result = Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0).fit("holdout")
+    assert result.steps_run == 5 and result.epochs_run == 2  # 10 samples / batch 4 = 3 steps per epoch
+    assert [h["step"] for h in result.history] == [3, 5]
+    assert max(calls) == 2 and sum(calls) == 10 + 8  # micro-batches of 2; the 2nd epoch stops after 2 steps
+
+
+def test_release_download_unpacks_and_the_task_finds_it(workdir, tmp_path, monkeypatch):
+    """`attnbench data lra` on a (file://) copy of the release archive: lra_release/... unpacked."""
+    import tarfile
+
+    src = tmp_path / "src"
+    write_listops(src / "lra_release" / "listops-1000", n=(6, 2, 2))
+    archive = tmp_path / "lra_release.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src / "lra_release", arcname="lra_release")
+    monkeypatch.setattr("tasks.lra.LRA_URL", archive.as_uri())
+    main(["data", "lra"])
+    root = workdir / "data"
+    assert task_class("lra").dataset_status("lra_release", root) == "local"
+    assert task_class("lra_listops").dataset_status("listops", root) == "local"
+    task = task_class("lra_listops")(lra_cfg("lra_listops").task, root)
+    task.check_data()
+
+
+def test_generated_set_is_not_silently_replaced(workdir):
+    main(["data", "lra_listops", "--generate", "--num-train=4", "--num-val=2", "--num-test=2", "--min-length=10",
+          "--max-length=40"])
+    with pytest.raises(SystemExit) as e:  # other parameters: refuse without --force
+        main(["data", "lra_listops", "--generate", "--num-train=5", "--num-val=2", "--num-test=2", "--min-length=10",
+              "--max-length=40"])
+    assert e.value.code == 2
+    main(["data", "lra_listops", "--generate", "--force", "--num-train=5", "--num-val=2", "--num-test=2",
+          "--min-length=10", "--max-length=40"])
+    d = workdir / "data" / "lra_generated" / "listops-1000"
+    assert json.loads((d / "generator.json").read_text())["num_train"] == 5
+
+
+def test_text_loader_through_hf_datasets(lra_root, monkeypatch):
+    """The HF `datasets` path (stanfordnlp/imdb), with the hub replaced by an in-memory copy."""
+    from tasks.lra import LRAText
+
+    fake = {"train": {"text": ["good movie", "bad movie", "great", "awful"] * 3, "label": [1, 0, 1, 0] * 3},
+            "test": {"text": ["fine", "poor"], "label": [1, 0]}}
+    calls = []
+    monkeypatch.setattr(LRAText, "load_hf", classmethod(lambda cls, root: calls.append(root) or fake))
+    task = task_class("lra_text")(lra_cfg("lra_text", max_len=8, seq_len=16).task, lra_root)
+    task.setup("paper")  # LRA's own practice for IMDB: no validation split, selection on test
+    assert set(task.splits) == {"train", "test"} and len(task.splits["train"]) == 12
+    assert task.splits["test"].tensors["x"][1, :4].tolist() == [b + 1 for b in b"poor"]
+    assert "HF" in task.describe()["source"] and calls
+    calls.clear()
+    again = task_class("lra_text")(lra_cfg("lra_text", max_len=8, seq_len=16).task, lra_root)
+    again.setup("holdout")  # cached: the hub is not asked again
+    assert not calls and len(again.splits["val"]) == 1 and len(again.splits["train"]) == 11
