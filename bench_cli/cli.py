@@ -27,7 +27,12 @@ commands:
   validate [overrides]   compose the config, check the data, build the model, print the config
   ls [tasks|datasets|models|experiments]
                          list what can be run, and which datasets are available locally
-  data TASK NAME         put a dataset under the data root (copy from a package or download)
+  data TASK [NAME]       put a dataset under the data root (copy from a package, download, --generate)
+  sweep [--force] [overrides]
+                         run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
+                         launchers; resumes: jobs with an ok record are skipped
+  report NAME            paper vs reproduced table of an experiment (results/reproduced/)
+  profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn_sh
