@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 COLUMNS = [
     # identity
     "run_id", "time", "status", "error", "task", "dataset", "model", "attention", "seed", "protocol",
-    "experiment", "config_hash", "job_key",
+    "experiment", "config_hash", "job_key", "variant_key",
     # task metric
     "test_accuracy", "val_accuracy", "best_epoch", "epochs_run", "test_accuracy_last", "test_loss",
     # efficiency
@@ -41,7 +41,7 @@ COLUMNS = [
 STATUSES = ("ok", "failed", "nan", "oom", "timeout")
 
 # Config parts that do not change a result: where things are written and how progress is shown.
-_NON_SEMANTIC = ("paths", "results", "logger", "hydra")
+_NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
 _NON_SEMANTIC_TRAINER = ("progress", "eval_batch_size", "num_threads")
 
 
@@ -64,6 +64,14 @@ def job_key(cfg) -> str:
     """Key of a sweep job for resume: the semantic config (with seed) minus measurement switches."""
     c = semantic_config(cfg)
     c.pop("measure", None)
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def variant_key(cfg) -> str:
+    """``job_key`` without the seed: the runs a report aggregates over seeds share it."""
+    c = semantic_config(cfg)
+    c.pop("measure", None)
+    c.pop("seed", None)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

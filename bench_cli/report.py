@@ -1,0 +1,567 @@
+"""`attnbench report NAME`: the records of an experiment next to the paper's numbers.
+
+For every (dataset, model): mean and sample standard deviation over seeds of the experiment's
+``ok`` records, the paper's mean and std (``results/paper/*.csv``), the difference, whether it is
+within the tolerance max(2 x paper std, 1 point), and Welch's t-test of the two means with their n
+(the gap is "within the paper's spread" when p >= 0.05). Efficiency columns (parameters, FLOPs per
+sample, peak training memory, time per epoch) are ratios to the baseline model (softmax) on the same
+dataset. Missing runs are gaps, never zeros; the average row covers only the datasets where every
+model has results. Output: a rich table, and ``<out>/<NAME>.md`` + ``.csv``; ``logger=wandb`` logs
+the table too.
+
+Which records: those whose ``experiment`` is NAME. Runs that differ only by seed share a
+``variant_key``; when a (dataset, model) cell has records of several variants (say a rerun with
+other epochs) the newest variant is reported and the others are counted as ignored. Per seed the
+newest ok record counts; a seed without any ok record counts as failed.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from bench_cli import compose as C
+from bench_cli import records
+from bench_cli.errors import UserError, unknown_choice
+
+USAGE = """\
+usage: attnbench report NAME [--records PATH] [--out DIR] [--all] [overrides...]
+
+  NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1
+  --records PATH  the records file (default: results.path of the config, results/runs.csv)
+  --out DIR       where NAME.md and NAME.csv go (default: results/reproduced)
+  --all           also list the grid's datasets that have no records (as gaps)
+  --no-write      print only
+  logger=wandb    also log the table to Weights & Biases
+"""
+
+EFFICIENCY = (("params", "params"), ("FLOPs", "flops_forward"), ("mem", "peak_mem_train_bytes"),
+              ("time", "time_per_epoch_s"))
+ALPHA = 0.05
+
+
+# --- paper numbers ------------------------------------------------------------------------------
+def paper_dir() -> Path:
+    """results/paper of the working directory, else of the source checkout."""
+    here = Path("results/paper")
+    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "results" / "paper"
+
+
+@dataclass
+class PaperValue:
+    mean: float
+    std: float | None
+    table: str
+    notes: str = ""
+
+
+def _num(v) -> float | None:
+    try:
+        return float(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+class PaperTable:
+    """The paper's numbers of the listed tables; the first listed table with a value wins."""
+
+    def __init__(self, rows: list[dict], tables: list[str]):
+        self.rows, self.tables = rows, tables
+
+    def get(self, key, notes: str | None = None) -> PaperValue | None:
+        dataset, model = key
+        for t in self.tables:
+            for r in self.rows:
+                if (r["table"] == t and r["dataset"].lower() == dataset and r["model"] == model
+                        and (not notes or notes in r.get("notes", ""))):
+                    return PaperValue(float(r["value"]), _num(r.get("std")), t, r.get("notes", ""))
+        return None
+
+    def __getitem__(self, key) -> PaperValue:
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+
+def load_paper(settings, directory: Path | None = None) -> tuple[PaperTable, dict]:
+    """(PaperTable of the listed tables, {paper_model: printed Average of the first table})."""
+    path = (directory or paper_dir()) / str(settings.paper_csv)
+    if not path.is_file():
+        raise UserError(f"paper results {path} not found (copy ../shared/reference/*.csv to results/paper/)")
+    tables = [str(t) for t in settings.get("paper_tables") or []]
+    metric = str(settings.get("paper_metric") or "accuracy")
+    notes = settings.get("paper_notes")
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["table"] in tables and r["metric"] == metric
+                and _num(r["value"]) is not None and (not notes or notes in r.get("notes", ""))]
+    averages = {}
+    for r in rows:
+        if r["dataset"] == "Average" and r["table"] == tables[0]:
+            averages.setdefault(r["model"], PaperValue(float(r["value"]), _num(r.get("std")), r["table"]))
+    return PaperTable([r for r in rows if r["dataset"] != "Average"], tables), averages
+
+
+# --- aggregation --------------------------------------------------------------------------------
+@dataclass
+class Cell:
+    dataset: str
+    model: str
+    values: dict = field(default_factory=dict)       # seed -> metric
+    failed: dict = field(default_factory=dict)       # seed -> status (no ok record for that seed)
+    efficiency: dict = field(default_factory=dict)   # column -> mean over ok records
+    epochs: set = field(default_factory=set)
+    protocols: set = field(default_factory=set)
+    ignored: int = 0                                 # records of older variants
+    rows: list = field(default_factory=list)         # the records used
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.values.values()) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.values.values()) if self.n >= 2 else None
+
+
+def aggregate(rows: list[dict], metric: str, label=None) -> dict[tuple[str, str], Cell]:
+    """Cells of (dataset, row label) from records (ok ones give values, others count as failed
+    seeds). The label is the model name unless ``label(record)`` says otherwise (variants)."""
+    label = label or (lambda r: r.get("model", ""))
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("dataset", ""), label(r)), []).append(r)
+    cells = {}
+    for (ds, model), rs in groups.items():
+        newest = max(rs, key=lambda r: (r.get("time", ""), rs.index(r)))
+        variant = newest.get("variant_key", "")
+        chosen = [r for r in rs if r.get("variant_key", "") == variant]
+        cell = Cell(ds, model, ignored=len(rs) - len(chosen))
+        by_seed: dict[str, list[dict]] = {}
+        for r in chosen:
+            by_seed.setdefault(str(r.get("seed", "")), []).append(r)
+        for seed, srs in by_seed.items():
+            ok = [r for r in srs if r.get("status") == "ok" and _num(r.get(metric)) is not None]
+            if ok:
+                r = ok[-1]
+                cell.values[seed] = float(r[metric])
+                cell.rows.append(r)
+                cell.protocols.add(r.get("protocol", ""))
+                if _num(r.get("epochs_run")) is not None:
+                    cell.epochs.add(int(float(r["epochs_run"])))
+            else:
+                cell.failed[seed] = srs[-1].get("status") or "failed"
+        for _, col in EFFICIENCY:
+            vals = [_num(r.get(col)) for r in cell.rows]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                cell.efficiency[col] = statistics.fmean(vals)
+        cells[(ds, model)] = cell
+    return cells
+
+
+def welch(m1, s1, n1, m2, s2, n2) -> tuple[float | None, float | None]:
+    """(t, two-sided p) of Welch's t-test from summary statistics; None when undefined."""
+    if None in (m1, s1, m2, s2) or n1 < 2 or n2 < 2:
+        return None, None
+    v1, v2 = s1 * s1 / n1, s2 * s2 / n2
+    if v1 + v2 == 0:
+        return (0.0, 1.0) if m1 == m2 else (math.copysign(math.inf, m1 - m2), 0.0)
+    from scipy import stats
+
+    res = stats.ttest_ind_from_stats(m1, s1, n1, m2, s2, n2, equal_var=False)
+    return float(res.statistic), float(res.pvalue)
+
+
+def average_row(cells: dict, datasets: list[str], labels: list[str], paper_of) -> dict | None:
+    """Average over the datasets where every row label has results ({label: {...}}), else None.
+    ``paper_of(dataset, label)`` gives the paper's value or None."""
+    complete = [d for d in datasets if all((d, m) in cells and cells[(d, m)].n for m in labels)]
+    if not complete or not labels:
+        return None
+    out = {"datasets": complete, "models": {}}
+    for m in labels:
+        means = [cells[(d, m)].mean for d in complete]
+        seeds = set.intersection(*(set(cells[(d, m)].values) for d in complete))
+        per_seed = [statistics.fmean(cells[(d, m)].values[s] for d in complete) for s in sorted(seeds)]
+        std = statistics.stdev(per_seed) if len(per_seed) >= 2 else None
+        pv = [paper_of(d, m) for d in complete]
+        pmean = statistics.fmean(p.mean for p in pv) if all(pv) else None
+        out["models"][m] = {"mean": statistics.fmean(means), "std": std, "n": len(per_seed), "paper_mean": pmean}
+    return out
+
+
+def build_rows(cells, datasets, labels, paper_of, baseline_of, paper_n, paper_model_of=None) -> list[dict]:
+    """One row per (dataset, label): ours, the paper's, the comparison, efficiency ratios to
+    ``baseline_of(dataset)`` (a Cell or None)."""
+    rows = []
+    for d in datasets:
+        base = baseline_of(d)
+        for m in labels:
+            cell = cells.get((d, m))
+            pv = paper_of(d, m)
+            mean, std, n = (cell.mean, cell.std, cell.n) if cell else (None, None, 0)
+            row = {"dataset": d, "model": m, "paper_model": paper_model_of(m) if paper_model_of else m, "n": n,
+                   "n_failed": len(cell.failed) if cell else 0,
+                   "seeds": " ".join(sorted(cell.values, key=lambda s: (len(s), s))) if cell else "",
+                   "epochs": "/".join(str(e) for e in sorted(cell.epochs)) if cell else "",
+                   "mean": mean, "std": std,
+                   "paper_mean": pv.mean if pv else None, "paper_std": pv.std if pv else None,
+                   "paper_table": pv.table if pv else ""}
+            if mean is not None and pv is not None:
+                tol = max(2 * (pv.std or 0.0), 1.0)
+                t, p = welch(mean, std, n, pv.mean, pv.std, int(paper_n))
+                row.update(diff=mean - pv.mean, tolerance=tol, within_tolerance=abs(mean - pv.mean) <= tol,
+                           welch_t=t, welch_p=p, within_spread=None if p is None else p >= ALPHA)
+            for label, col in EFFICIENCY:
+                v = cell.efficiency.get(col) if cell else None
+                b = base.efficiency.get(col) if base else None
+                row[col] = v
+                row[f"{label.lower()}_ratio"] = v / b if v is not None and b else None
+            rows.append(row)
+    return rows
+
+
+def _fmt(v, digits=2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _pm(mean, std, digits=2) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def display_rows(rows: list[dict], avg: dict | None, models: list[str]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        n = str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
+        within = "—" if r.get("within_tolerance") is None else ("yes" if r["within_tolerance"] else "NO")
+        spread = "—" if r.get("welch_p") is None else (f"{'yes' if r['within_spread'] else 'no'} (p={r['welch_p']:.2f})")
+        paper = _pm(r["paper_mean"], r["paper_std"]) + (f" [T{r['paper_table']}]" if r["paper_table"] else "")
+        out.append([r["dataset"], r["model"], n, _pm(r["mean"], r["std"]), paper,
+                    "—" if r.get("diff") is None else f"{r['diff']:+.2f}", within, spread,
+                    *(_fmt(r[f"{label.lower()}_ratio"]) for label, _ in EFFICIENCY)])
+    if avg:
+        for m in models:
+            a = avg["models"][m]
+            diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
+            within = "—" if diff is None else ("yes" if abs(diff) <= 1.0 else "NO")
+            out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), _pm(a["mean"], a["std"]),
+                        _pm(a["paper_mean"], None) + (" [same sets]" if a["paper_mean"] is not None else ""),
+                        "—" if diff is None else f"{diff:+.2f}", within, "—", "", "", "", ""])
+    return out
+
+
+HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)", "Welch (p ≥ 0.05)",
+           "params ×", "FLOPs ×", "mem ×", "time ×"]
+
+
+def markdown(title: str, header_lines: list[str], table: list[list[str]], notes: list[str]) -> str:
+    lines = [f"# {title}", "", *[f"- {h}" for h in header_lines], "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _ in HEADERS) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table]
+    if notes:
+        lines += ["", *[f"{n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+CSV_COLUMNS = ["dataset", "model", "paper_model", "n", "n_failed", "seeds", "epochs", "mean", "std", "paper_mean",
+               "paper_std", "paper_table", "diff", "tolerance", "within_tolerance", "welch_t", "welch_p",
+               "within_spread", "params", "flops_forward", "peak_mem_train_bytes", "time_per_epoch_s",
+               "params_ratio", "flops_ratio", "mem_ratio", "time_ratio"]
+
+
+def to_csv(rows: list[dict], avg: dict | None, models: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+
+    def cell(v):
+        if v is None:
+            return ""
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, float):
+            return f"{v:.6g}" if abs(v) >= 1e6 else f"{v:.4f}"
+        return v
+
+    for r in rows:
+        w.writerow({k: cell(r.get(k)) for k in CSV_COLUMNS})
+    if avg:
+        for m in models:
+            a = avg["models"][m]
+            diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
+            w.writerow({k: cell(v) for k, v in {
+                "dataset": f"Average ({' '.join(avg['datasets'])})", "model": m, "n": a["n"], "mean": a["mean"],
+                "std": a["std"], "paper_mean": a["paper_mean"], "diff": diff, "tolerance": 1.0,
+                "within_tolerance": None if diff is None else abs(diff) <= 1.0}.items()})
+    return buf.getvalue()
+
+
+# --- the command --------------------------------------------------------------------------------
+def _parse(args: list[str]):
+    opts = {"records": None, "out": "results/reproduced", "all": False, "write": True}
+    rest, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--records", "--out"):
+            if i + 1 >= len(args):
+                raise UserError(f"{a} needs a value")
+            opts[a[2:]] = args[i + 1]
+            i += 2
+            continue
+        if a.startswith(("--records=", "--out=")):
+            k, v = a[2:].split("=", 1)
+            opts[k] = v
+        elif a == "--all":
+            opts["all"] = True
+        elif a == "--no-write":
+            opts["write"] = False
+        elif a.startswith("-"):
+            raise UserError(f"unknown option '{a}'; valid: --records PATH, --out DIR, --all, --no-write")
+        else:
+            rest.append(a)
+        i += 1
+    names = [a for a in rest if "=" not in a]
+    overrides = [a for a in rest if "=" in a]
+    return names, overrides, opts
+
+
+def grid_axes(cfg, extra: str | None = None) -> dict[str, list[str]]:
+    """Values of the experiment's sweep axes (task.dataset, model and ``extra``), in grid order."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
+    params = OmegaConf.to_container(params) if params is not None else {}
+    out = {}
+    for k in ("task.dataset", "model", extra):
+        if k and k in params:
+            out[k] = [v.strip() for v in str(params[k]).split(",") if v.strip()]
+    return out
+
+
+def override_value(overrides: str, key: str) -> str | None:
+    """The value ``key`` was given in a record's overrides (``key=v``, ``+key=v``, ``++key=v``)."""
+    for tok in (overrides or "").split():
+        k, _, v = tok.partition("=")
+        if k.lstrip("+~") == key:
+            return v
+    return None
+
+
+def common_overrides(rows: list[dict], axes=("task.dataset", "model", "seed", "experiment")) -> list[str]:
+    """Overrides every used record was run with, other than the grid axes."""
+    sets = [r.get("overrides", "").split() for r in rows]
+    if not sets:
+        return []
+    first = [t for t in sets[0] if t.split("=", 1)[0].lstrip("+~") not in axes]
+    return [t for t in first if all(t in s for s in sets[1:])]
+
+
+BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
+
+
+def _own_budget(name: str, keys: list[str], datasets: list[str], overrides: list[str]) -> str:
+    """The experiment's own values of the budget keys, per dataset ("JapaneseVowels 400, ...")."""
+    from bench_cli.sweep import _compose_one
+
+    parts = []
+    for d in datasets:
+        try:
+            cfg = _compose_one([f"experiment={name}", f"task.dataset={d}", *overrides])
+            vals = [str(OmegaConf.select(cfg, k, default=None)) for k in keys]
+        except Exception:  # noqa: BLE001 - a task without task.dataset: say nothing per dataset
+            continue
+        parts.append(f"{d} {'/'.join(vals)}")
+    return f"({', '.join(parts)})" if parts else "(see the experiment config)"
+
+
+@dataclass
+class RowSpec:
+    """What the 'model' column of a report row is: a model, or a model at one value of a variant key."""
+    label: str
+    model: str
+    value: str | None = None
+
+
+def row_specs(models: list[str], variant_key: str | None, values: list[str]) -> list[RowSpec]:
+    if not variant_key:
+        return [RowSpec(m, m) for m in models]
+    short = variant_key.rsplit(".", 1)[-1]
+    return [RowSpec(f"{m} ({short}={v})", m, v) for m in models for v in values]
+
+
+def cmd_report(args: list[str]) -> None:
+    from bench_cli.ui import console
+
+    if not args or any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return
+    names, overrides, opts = _parse(args)
+    experiments = C.group_options("experiment")
+    if len(names) != 1:
+        raise UserError(f"give one experiment name; valid: {', '.join(experiments)}")
+    name = names[0].removeprefix("experiment=")
+    if name not in experiments:
+        raise unknown_choice("experiment", name, experiments)
+    from bench_cli.sweep import _compose_one
+
+    C.check_group_choices(overrides)
+    cfg = _compose_one([f"experiment={name}", *overrides], with_hydra=True)
+    settings = cfg.get("report")
+    if settings is None or not settings.get("paper_csv"):
+        raise UserError(f"experiment {name} has no report settings (report.paper_csv)")
+    path = Path(opts["records"] or cfg.results.path)
+    all_records = records.read_records(path)
+    rows = [r for r in all_records if r.get("experiment") == name]
+    if not rows:
+        raise UserError(f"no records of experiment {name} in {path}; run `attnbench sweep experiment={name}` first")
+
+    metric = str(settings.get("metric") or "test_accuracy")
+    variants = settings.get("variants") or {}
+    vkey = variants.get("key")
+    vnotes = {str(k).lower(): v for k, v in (variants.get("paper_notes") or {}).items()}
+    axes = grid_axes(cfg, vkey)
+    models = list(axes.get("model") or [])
+    models += sorted({r["model"] for r in rows} - set(models))
+    values = list(axes.get(vkey) or []) if vkey else []
+    if vkey:
+        values += sorted({str(override_value(r.get("overrides", ""), vkey)) for r in rows} - set(values))
+    specs = row_specs(models, vkey, values)
+    by_label = {sp.label: sp for sp in specs}
+    label_of = (lambda r: row_specs([r.get("model", "")], vkey, [str(override_value(r.get("overrides", ""), vkey))])[0].label) \
+        if vkey else None
+
+    with_records = {r["dataset"] for r in rows}
+    grid_ds = axes.get("task.dataset") or []
+    datasets = [d for d in grid_ds if opts["all"] or d in with_records] + sorted(with_records - set(grid_ds))
+    paper, printed_avg = load_paper(settings)
+    paper_models = dict(settings.get("paper_models") or {})
+    paper_datasets = dict(settings.get("paper_datasets") or {})
+
+    def paper_model_of(label: str) -> str:
+        sp = by_label.get(label)
+        return paper_models.get(sp.model, sp.model) if sp else label
+
+    def paper_of(d: str, label: str):
+        sp = by_label.get(label)
+        notes = vnotes.get(str(sp.value).lower()) if sp and sp.value is not None else None
+        return paper.get((str(paper_datasets.get(d, d)).lower(), paper_model_of(label)), notes)
+
+    baseline = str(settings.get("baseline") or "softmax")
+    cells = aggregate(rows, metric, label_of)
+    base_records = rows
+    if settings.get("baseline_experiment"):
+        base_records = [r for r in all_records if r.get("experiment") == settings.baseline_experiment]
+    base_cells = aggregate([r for r in base_records if r.get("model") == baseline], metric)
+
+    def baseline_of(d: str):
+        return base_cells.get((d, baseline))
+
+    labels = [sp.label for sp in specs]
+    table_rows = build_rows(cells, datasets, labels, paper_of, baseline_of, settings.get("paper_n") or 5, paper_model_of)
+    avg = average_row(cells, datasets, labels, paper_of)
+
+    used = [r for c in cells.values() for r in c.rows]
+    protocols = sorted({r.get("protocol", "") for r in used})
+    seeds = sorted({r.get("seed") for r in used}, key=lambda s: (len(str(s)), str(s)))
+    per_cell = sorted({c.n for c in cells.values()})
+    epochs = sorted({e for c in cells.values() for e in c.epochs})
+    commits = sorted({(r.get("git_commit", "")[:10] + (" (dirty)" if r.get("git_dirty") == "true" else "")) for r in used})
+    header = [
+        f"protocol: {', '.join(protocols) or '—'}" + ("  (the test set selects the epoch, as the paper's code did: optimistic)"
+                                                       if "paper" in protocols else ""),
+        f"seeds: {len(seeds)} ({', '.join(map(str, seeds))}); runs per cell: {'/'.join(map(str, per_cell))}"
+        + f"; paper n assumed {settings.get('paper_n') or 5}",
+        f"epochs: {'/'.join(map(str, epochs)) or '—'}; metric: {metric}; paper: results/paper/{settings.paper_csv} "
+        f"table(s) {', '.join(str(t) for t in settings.paper_tables)}",
+        *([f"paper names: {', '.join(f'{k} = {v}' for k, v in paper_models.items())}"] if paper_models else []),
+        f"efficiency: ratios to {baseline} on the same dataset"
+        + (f" (its runs in {settings.baseline_experiment})" if settings.get("baseline_experiment") else "")
+        + ": parameters, FLOPs per sample (forward), peak training-step memory, time per epoch (wall clock, 1 thread per job: noisy on a shared machine)",
+        f"records: {path} ({len(used)} runs; git {', '.join(commits) or '—'}; "
+        f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})",
+    ]
+    axes_keys = ("task.dataset", "model", "seed", "experiment", *((vkey,) if vkey else ()))
+    budget = [t for t in common_overrides(used, axes_keys) if t.split("=", 1)[0].lstrip("+") in BUDGET_KEYS]
+    if budget:
+        header.append(f"budget: {' '.join(budget)} instead of the experiment's own "
+                      f"{_own_budget(name, [t.split('=', 1)[0].lstrip('+') for t in budget], datasets, overrides)}")
+    sweep_cmd = " ".join(["attnbench sweep", f"experiment={name}", *common_overrides(used, axes_keys)]
+                         + ([f"task.dataset={','.join(datasets)}"] if grid_ds and set(datasets) != set(grid_ds) else []))
+    header.append(f"sweep: `{sweep_cmd}`; report: `attnbench report {name}`"
+                  + (f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""))
+    notes = []
+    ignored = sum(c.ignored for c in cells.values())
+    if ignored:
+        notes.append(f"{ignored} older records of other configurations of the same cells were ignored (newest variant shown).")
+    if printed_avg:
+        shown = ", ".join(f"{sp.label} {_pm(printed_avg[paper_model_of(sp.label)].mean, printed_avg[paper_model_of(sp.label)].std)}"
+                          for sp in specs if paper_model_of(sp.label) in printed_avg)
+        if shown:
+            notes.append(f"Paper's printed average over all its datasets (Table {settings.paper_tables[0]}): {shown}.")
+    if avg is None:
+        notes.append("No dataset has results for every model: no average row.")
+    missing = [f"{r['dataset']}/{r['model']}" for r in table_rows if r["n"] == 0]
+    if missing:
+        notes.append(f"Gaps (no ok run): {', '.join(missing)}.")
+    no_paper = sorted({r["dataset"] for r in table_rows if r["paper_mean"] is None})
+    if no_paper:
+        notes.append(f"No paper number for: {', '.join(no_paper)} (not in the paper's table).")
+    for n in settings.get("notes") or []:
+        notes.append(str(n))
+
+    display = display_rows(table_rows, avg, labels)
+    title = str(settings.get("title") or name)
+    _print(console, title, header, display, notes)
+    if opts["write"]:
+        out = Path(opts["out"]) / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(markdown(title, header, display, notes))
+        out.with_suffix(".csv").write_text(to_csv(table_rows, avg, labels))
+        console.print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.csv')}", soft_wrap=True)
+    if cfg.logger.get("name", "none") != "none":
+        _log(cfg, name, table_rows)
+
+
+def wide(console, width: int):
+    """The console itself on a terminal; a console of ``width`` columns on the same stream otherwise
+    (a log file or a pipe gets the whole table instead of one squeezed into 80 columns)."""
+    from rich.console import Console
+
+    return console if console.is_terminal else Console(file=console.file, width=max(console.width, width))
+
+
+def _print(console, title, header, display, notes) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=title, caption="\n".join(header), caption_justify="left")
+    for h in HEADERS:
+        t.add_column(h, justify="left" if h in ("dataset", "model") else "right")
+    for row in display:
+        style = "red" if "NO" in row[6:7] else None
+        t.add_row(*[escape(c) for c in row], style=style)
+    wide(console, 200).print(t)
+    for n in notes:
+        console.print(escape(n), soft_wrap=True)
+
+
+def _log(cfg, name: str, table_rows: list[dict]) -> None:
+    from bench_cli.loggers import make_logger
+
+    run_dir = Path(cfg.paths.output_dir) / "reports" / name.replace("/", "-")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logger = make_logger(cfg.logger, {"experiment": name, "report": OmegaConf.to_container(cfg.report)}, run_dir,
+                         name=f"report-{name}", job_type="report")
+    logger.log_table(f"report/{name}", [{k: v for k, v in r.items()} for r in table_rows])
+    logger.finish("ok")

@@ -1,0 +1,202 @@
+"""`attnbench report`: aggregation over seeds, gaps, averages over complete rows only, the paper's
+numbers side by side, Welch's test, efficiency ratios -- on hand-made records."""
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from bench_cli import report as R
+from bench_cli.cli import main
+from bench_cli.records import append_record
+
+EXP = "primal_dual/table1"
+
+
+def rec(dataset, model, seed, acc=None, status="ok", variant="v1", time="2026-01-01T00:00:00", **extra):
+    row = {"experiment": EXP, "task": "uea", "dataset": dataset, "model": model, "seed": seed, "status": status,
+           "protocol": "paper", "variant_key": f"{dataset}-{model}-{variant}", "job_key": f"{dataset}{model}{seed}{variant}",
+           "time": time, "epochs_run": 100, "params": 1000, "flops_forward": 2000, "peak_mem_train_bytes": 4000,
+           "time_per_epoch_s": 0.5, "git_commit": "abc", "git_dirty": "false", "torch_version": "2.x",
+           "overrides": f"experiment={EXP} task.dataset={dataset} model={model} seed={seed} trainer.max_epochs=100"}
+    if acc is not None:
+        row["test_accuracy"] = acc
+    if status != "ok":
+        row["error"] = "RuntimeError: boom"
+    row.update(extra)
+    return row
+
+
+def as_csv_rows(rows):
+    """What read_records returns: every value a string."""
+    return [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in rows]
+
+
+def test_mean_and_sample_std_over_seeds_and_failed_seeds_are_not_zeros():
+    rows = as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([99.0, 98.0, 100.0])]
+                       + [rec("JapaneseVowels", "softmax", 3, status="nan"), rec("JapaneseVowels", "softmax", 4, status="oom")])
+    cell = R.aggregate(rows, "test_accuracy")[("JapaneseVowels", "softmax")]
+    assert cell.n == 3 and cell.mean == pytest.approx(99.0) and cell.std == pytest.approx(1.0)
+    assert cell.failed == {"3": "nan", "4": "oom"}
+
+
+def test_a_seed_rerun_counts_once_and_older_variants_are_ignored():
+    rows = as_csv_rows([
+        rec("BasicMotions", "softmax", 0, 50.0, variant="old", time="2026-01-01T00:00:00"),
+        rec("BasicMotions", "softmax", 1, 50.0, variant="old", time="2026-01-01T00:00:01"),
+        rec("BasicMotions", "softmax", 0, 90.0, status="failed", time="2026-01-02T00:00:00"),
+        rec("BasicMotions", "softmax", 0, 95.0, time="2026-01-02T00:00:01"),   # --force rerun: the newest ok counts
+        rec("BasicMotions", "softmax", 0, 97.0, time="2026-01-02T00:00:02"),
+        rec("BasicMotions", "softmax", 1, 99.0, time="2026-01-02T00:00:03"),
+    ])
+    cell = R.aggregate(rows, "test_accuracy")[("BasicMotions", "softmax")]
+    assert cell.values == {"0": 97.0, "1": 99.0} and cell.ignored == 2 and not cell.failed
+
+
+def test_average_only_over_datasets_where_every_model_has_results():
+    rows = as_csv_rows(
+        [rec("JapaneseVowels", m, s, a + s) for m, a in (("softmax", 98.0), ("attention_bn", 99.0)) for s in range(2)]
+        + [rec("BasicMotions", m, s, a + 2 * s) for m, a in (("softmax", 90.0), ("attention_bn", 94.0)) for s in range(2)]
+        + [rec("Epilepsy", "softmax", 0, 10.0)])  # attention_bn missing on Epilepsy
+    cells = R.aggregate(rows, "test_accuracy")
+    paper = {("japanesevowels", "softmax"): R.PaperValue(99.0, 0.5, "1"),
+             ("basicmotions", "softmax"): R.PaperValue(95.0, 1.0, "9")}
+    paper_of = lambda d, m: paper.get((d.lower(), m))  # noqa: E731
+    avg = R.average_row(cells, ["JapaneseVowels", "BasicMotions", "Epilepsy"], ["softmax", "attention_bn"], paper_of)
+    assert avg["datasets"] == ["JapaneseVowels", "BasicMotions"]
+    sm = avg["models"]["softmax"]
+    assert sm["mean"] == pytest.approx((98.5 + 91.0) / 2)
+    # std over seeds of the per-seed averages: seed 0 (98+90)/2 = 94, seed 1 (99+92)/2 = 95.5
+    assert sm["std"] == pytest.approx(math.sqrt(((94 - 94.75) ** 2 + (95.5 - 94.75) ** 2) / 1))
+    assert sm["paper_mean"] == pytest.approx(97.0)
+    assert avg["models"]["attention_bn"]["paper_mean"] is None  # the paper lacks a value on these sets
+    assert R.average_row(cells, ["Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
+
+
+def test_welch_and_tolerance():
+    t, p = R.welch(99.0, 0.3, 5, 99.46, 0.27, 5)
+    assert t < 0 and 0.01 < p < 0.1
+    assert R.welch(100.0, 0.0, 5, 100.0, 0.0, 5) == (0.0, 1.0)
+    assert R.welch(99.0, 0.0, 1, 99.0, 0.3, 5) == (None, None)
+    cells = R.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([98.0, 98.2, 98.4])]),
+                        "test_accuracy")
+    paper = {("japanesevowels", "softmax"): R.PaperValue(99.46, 0.27, "1")}
+    (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper.get((d.lower(), m)),
+                          lambda d: cells.get((d, "softmax")), 5)
+    assert row["diff"] == pytest.approx(98.2 - 99.46) and row["tolerance"] == 1.0 and row["within_tolerance"] is False
+    assert row["within_spread"] is False and row["welch_p"] < 0.05
+
+
+def test_gaps_stay_gaps_and_efficiency_is_a_ratio_to_softmax():
+    rows = as_csv_rows([rec("JapaneseVowels", "softmax", 0, 99.0),
+                        rec("JapaneseVowels", "attention_sh", 0, 98.0, flops_forward=1500, peak_mem_train_bytes=3000),
+                        rec("JapaneseVowels", "attention_bn", 0, status="failed")])
+    cells = R.aggregate(rows, "test_accuracy")
+    out = R.build_rows(cells, ["JapaneseVowels"], ["softmax", "attention_bn", "attention_sh", "attention_bn_sh"],
+                       lambda d, m: None, lambda d: cells.get((d, "softmax")), 5)
+    by = {r["model"]: r for r in out}
+    assert by["attention_bn"]["n"] == 0 and by["attention_bn"]["mean"] is None and by["attention_bn"]["n_failed"] == 1
+    assert by["attention_bn_sh"]["n"] == 0 and by["attention_bn_sh"]["mean"] is None
+    assert by["attention_sh"]["flops_ratio"] == pytest.approx(0.75) and by["attention_sh"]["mem_ratio"] == pytest.approx(0.75)
+    assert by["softmax"]["params_ratio"] == 1.0
+    shown = R.display_rows(out, None, [])
+    assert [r[3] for r in shown] == ["99.00", "—", "98.00", "—"]  # a gap is never a 0; one run has no std
+    text = R.to_csv(out, None, [])
+    assert "attention_bn_sh,attention_bn_sh,0,0,,," in text
+
+
+def test_paper_values_from_the_reference_csv():
+    from omegaconf import OmegaConf
+
+    values, avg = R.load_paper(OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["1", "9"],
+                                                 "paper_metric": "accuracy"}))
+    assert values[("japanesevowels", "softmax")].mean == 99.46 and values[("japanesevowels", "softmax")].std == 0.27
+    assert values.get(("japanesevowels", "no_such_model")) is None
+    assert values[("basicmotions", "attention_bn_sh")].table == "9"
+    assert values[("handwriting", "attention_bn")].mean == 33.17  # 'HandWriting' in the paper
+    assert avg["softmax"].mean == 72.07
+    values, _ = R.load_paper(OmegaConf.create({"paper_csv": "primal_attention_main.csv", "paper_tables": ["1"]}))
+    assert values[("japanesevowels", "transformer")].mean == 98.7 and values[("japanesevowels", "transformer")].std is None
+
+
+def test_report_command_writes_markdown_and_csv(workdir, capsys):
+    for m, accs in (("softmax", [99.5, 99.2, 99.7]), ("attention_bn", [99.4, 99.6, 99.5]),
+                    ("attention_sh", [99.1, 99.3, 99.5]), ("attention_bn_sh", [99.6, 99.5, 99.4])):
+        for s, a in enumerate(accs):
+            append_record(workdir / "runs.csv", rec("JapaneseVowels", m, s, a))
+    append_record(workdir / "runs.csv", rec("BasicMotions", "softmax", 0, 100.0))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    out = capsys.readouterr().out
+    assert "protocol: paper" in out and "seeds: 3" in out
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| JapaneseVowels | softmax | 3 | 99.47 ± 0.25 | 99.46 ± 0.27 [T1] | +0.01 | yes |" in md
+    assert "| BasicMotions | attention_bn | 0 | — | 99.38 ± 1.08 [T9] |" in md
+    assert "Average (1 sets)" in md  # BasicMotions lacks three models: not averaged
+    with open(workdir / "rep" / "primal_dual" / "table1.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["dataset"] == "JapaneseVowels" and rows[0]["paper_mean"] == "99.4600"
+
+
+def test_report_errors_are_one_line(workdir, capsys):
+    for args, expected in ((["no/such"], "unknown experiment 'no/such'"),
+                           ([EXP, "--records", str(workdir / "none.csv")], "no records of experiment"),
+                           ([EXP, "--bogus"], "unknown option '--bogus'")):
+        with pytest.raises(SystemExit) as e:
+            main(["report", *args])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, monkeypatch):
+    from omegaconf import OmegaConf
+
+    import bench_cli.sweep as S
+
+    real = S._compose_one
+
+    def compose(overrides, with_hydra=False):  # a Table 11 style experiment: rows by beta_learnable
+        cfg = real(overrides, with_hydra)
+        OmegaConf.set_struct(cfg, False)
+        cfg.report = OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["11"], "paper_n": 5,
+                                       "paper_datasets": {"aan": "Retrieval"}, "baseline": "attention_bn",
+                                       "variants": {"key": "model.attention.beta_learnable",
+                                                    "paper_notes": {"true": "beta learned",
+                                                                    "false": "beta set as hyperparameter"}}})
+        cfg.hydra.sweeper.params = {"model": "attention_bn,attention_bn_sh",
+                                    "model.attention.beta_learnable": "true,false", "seed": "0,1"}
+        return cfg
+
+    monkeypatch.setattr(S, "_compose_one", compose)
+    for m in ("attention_bn", "attention_bn_sh"):
+        for learn, acc in (("true", 80.8), ("false", 81.0)):
+            for s in (0, 1):
+                r = rec("aan", m, s, acc + s / 10, variant=learn)
+                r["overrides"] += f" model.attention.beta_learnable={learn}"
+                append_record(workdir / "runs.csv", r)
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| aan | attention_bn (beta_learnable=true) | 2 | 80.85 ± 0.07 | 80.77 ± 0.23 [T11] |" in md
+    assert "| aan | attention_bn_sh (beta_learnable=false) | 2 | 81.05 ± 0.07 | 81.20 ± 0.11 [T11] |" in md
+
+
+def test_logger_wandb_logs_the_table(workdir, monkeypatch):
+    import bench_cli.loggers as L
+
+    logged = {}
+
+    class Capture(L.NullLogger):
+        def log_table(self, name, rows):
+            logged[name] = rows
+
+        def finish(self, status="ok"):
+            logged["finished"] = status
+
+    monkeypatch.setattr(L, "make_logger", lambda cfg, config, run_dir, name, job_type="run":
+                        logged.setdefault("kind", (cfg.name, job_type)) and Capture())
+    append_record(workdir / "runs.csv", rec("JapaneseVowels", "softmax", 0, 99.0))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--no-write", "logger=wandb"])
+    assert logged["kind"] == ("wandb", "report") and logged["finished"] == "ok"
+    (row,) = [r for r in logged[f"report/{EXP}"] if r["model"] == "softmax"]
+    assert row["mean"] == 99.0 and row["paper_mean"] == 99.46

@@ -1,0 +1,175 @@
+"""`attnbench sweep`: Hydra multirun through the joblib launcher, resume, failures, exit status;
+the experiment configs (grids, per-dataset hyperparameters as the papers print them) and the
+launcher configs shipped in conf/."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from bench_cli import compose as C
+from bench_cli import sweep as S
+from bench_cli.cli import main
+from bench_cli.records import read_records
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "paper"
+
+
+def tiny(workdir: Path) -> list[str]:
+    """A few-second job on the 'Fixture' dataset. Paths are absolute: joblib's worker processes
+    are reused across tests and keep the environment and cwd of the test that started them."""
+    return ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
+            "task.backbone.d_ff=32", "trainer.max_epochs=2", "trainer.batch_size=8", "measure.flops=false",
+            "measure.memory=false", f"paths.data_root={workdir / 'data'}", f"paths.output_dir={workdir / 'outputs'}",
+            f"results.path={workdir / 'res.csv'}"]
+
+
+def sweep(*args: str) -> int:
+    """Run `attnbench sweep` in-process; its exit status."""
+    try:
+        main(["sweep", *args])
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def rewrite(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
+@pytest.mark.slow
+def test_joblib_sweep_resumes_and_records_failures(uea_fixture, workdir, capsys):
+    args = [*tiny(workdir), "model=softmax,attention_bn", "seed=0,1", "hydra/launcher=joblib_cpu"]
+    planned = {j.key for j in S.plan([a for a in args if not a.startswith("hydra/")])}
+    assert len(planned) == 4
+
+    assert sweep(*args) == 0
+    rows = read_records(workdir / "res.csv")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert {r["job_key"] for r in rows} == planned  # the plan composes exactly what Hydra runs
+    assert {(r["model"], r["seed"]) for r in rows} == {("softmax", "0"), ("softmax", "1"),
+                                                       ("attention_bn", "0"), ("attention_bn", "1")}
+    assert len({r["variant_key"] for r in rows}) == 2  # seeds share a variant, models do not
+
+    # A rerun skips every finished job.
+    capsys.readouterr()
+    assert sweep(*args) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert len(read_records(workdir / "res.csv")) == 4
+
+    # A sweep killed midway: one job never recorded, one recorded as failed -> only those two run.
+    rows[1]["status"], rows[1]["error"] = "failed", "KeyboardInterrupt: "
+    rewrite(workdir / "res.csv", [rows[0], rows[1], rows[3]])
+    assert sweep(*args) == 0
+    after = read_records(workdir / "res.csv")
+    assert len(after) == 5
+    assert {r["job_key"] for r in after[3:]} == {rows[1]["job_key"], rows[2]["job_key"]}
+
+    # A job that crashes is recorded with its error; the other job of the sweep still runs and the
+    # exit status counts the failure (batch_size 0: DataLoader raises inside the run).
+    capsys.readouterr()
+    code = sweep(*tiny(workdir), "model=softmax", "seed=5", "trainer.batch_size=0,8", "hydra/launcher=joblib_cpu")
+    out = capsys.readouterr().out
+    assert code == 1, out
+    new = read_records(workdir / "res.csv")[5:]
+    by_bs = {r["overrides"].split("trainer.batch_size=")[1].split()[0]: r for r in new}
+    assert by_bs["0"]["status"] == "failed" and "batch_size" in by_bs["0"]["error"]
+    assert by_bs["8"]["status"] == "ok"
+    assert "1 of 2 jobs did not finish ok" in out
+
+
+def test_dry_run_lists_jobs_and_runs_nothing(uea_fixture, workdir, capsys):
+    assert sweep(*tiny(workdir), "model=softmax,attention_sh", "seed=0,1,2", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "6 jobs, 0 already done, 6 to run" in out
+    assert not (workdir / "res.csv").exists()
+
+
+def test_grid_mistakes_are_one_line_exit_2(uea_fixture, workdir, capsys):
+    for args, expected in (
+        (["model=softmax,no_such_model"], "unknown model 'no_such_model'"),
+        (["task.dataset=Fixture,NotHere"], "NotHere"),
+        (["model=softmax,attention_bn", "++model.attention.beta=0.5"], "cannot build model 'softmax'"),
+        (["--bogus"], "unknown option '--bogus'"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", *tiny(workdir), *args])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, err
+
+
+# --- experiment configs -----------------------------------------------------------------------
+def reference(file: str) -> list[dict]:
+    with open(REFERENCE / file, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+UEA_NAME = {"HandWriting": "Handwriting", "HeartBeat": "Heartbeat"}  # paper spelling -> archive name
+
+
+def grid(*overrides: str) -> list:
+    return S.compose_jobs(S.expand_grid(list(overrides)))
+
+
+def test_every_experiment_composes_and_lists_its_grid():
+    exps = C.group_options("experiment")
+    assert {"primal_dual/table1", "primal_dual/table5", "primal_dual/table9", "primal_dual/table10",
+            "primal_attention/uea"} <= set(exps)
+    assert not [e for e in exps if "/_" in e or e.startswith("_")]  # building blocks are not options
+    for exp in exps:
+        cfg = C.compose([f"experiment={exp}"])
+        assert cfg.experiment_name == exp and cfg.report.paper_csv
+
+
+def test_table1_grid_is_the_papers_protocol_and_datasets_restrict_it():
+    jobs = grid("experiment=primal_dual/table1")
+    assert len(jobs) == 10 * 4 * 5
+    assert {j.cfg.task.protocol for j in jobs} == {"paper"} and {int(j.cfg.seed) for j in jobs} == set(range(5))
+    assert {j.cfg.task.backbone.n_heads for j in jobs} == {8}
+    sub = grid("experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions")
+    assert len(sub) == 2 * 4 * 5 and {j.cfg.task.dataset for j in sub} == {"JapaneseVowels", "BasicMotions"}
+    # Zerveas et al.'s setup for most sets, Flowformer's for PEMS-SF / SCP2 / UWave (Appendix A.1)
+    by_ds = {j.cfg.task.dataset: j.cfg for j in jobs if j.cfg.model.name == "softmax" and j.cfg.seed == 0}
+    assert by_ds["JapaneseVowels"].task.backbone.d_model == 64 and by_ds["JapaneseVowels"].trainer.batch_size == 64
+    assert by_ds["PEMS-SF"].task.backbone.d_model == 512 and by_ds["PEMS-SF"].trainer.max_epochs == 400
+    assert by_ds["UWaveGestureLibrary"].trainer.max_epochs == 100
+
+
+@pytest.mark.parametrize("table,exp", [("13", "primal_dual/table1"), ("13", "primal_dual/table9"),
+                                       ("12", "primal_dual/table5"), ("12", "primal_dual/table10")])
+def test_beta_per_dataset_and_model_is_the_papers_table(table, exp):
+    want = {(UEA_NAME.get(r["dataset"], r["dataset"]), r["model"]): float(r["value"])
+            for r in reference("primal_dual_2023.csv") if r["table"] == table and "UEA" in r["notes"]}
+    jobs = grid(f"experiment={exp}", "seed=0")
+    got = {(j.cfg.task.dataset, j.cfg.model.name): float(j.cfg.model.attention.beta)
+           for j in jobs if "beta" in j.cfg.model.attention}
+    assert got and {k: want[k] for k in got} == got
+    # variants without BN never see a beta (they reject unknown options)
+    assert all("beta" not in j.cfg.model.attention for j in jobs if "_bn" not in j.cfg.model.name)
+
+
+def test_primal_attention_uea_hyperparameters_per_dataset():
+    jobs = {(j.cfg.task.dataset, j.cfg.model.name): j.cfg for j in grid("experiment=primal_attention/uea", "seed=0")}
+    pf, pp = jobs[("JapaneseVowels", "primalformer")], jobs[("JapaneseVowels", "primal_plus")]
+    assert (pf.model.attention.low_rank, pf.model.attention.rank_multi, pf.model.eta) == (40, 5, 0.25)
+    assert (pp.model.final_attention.low_rank, pp.model.final_attention.rank_multi, pp.model.eta) == (30, 5, 0.2)
+    assert jobs[("SpokenArabicDigits", "softmax")].trainer.optimizer.name == "adam"
+    assert jobs[("PEMS-SF", "softmax")].trainer.max_epochs == 400
+    assert {c.task.backbone.n_layers for c in jobs.values()} == {2}
+    assert {c.task.backbone.d_model for c in jobs.values()} == {512}
+    assert "eta" not in jobs[("JapaneseVowels", "softmax")].model
+
+
+@pytest.mark.parametrize("launcher,target", [("joblib_cpu", "JoblibLauncher"), ("joblib", "JoblibLauncher"),
+                                             ("slurm", "SlurmLauncher"), ("local", "LocalLauncher"),
+                                             ("submitit_slurm", "SlurmLauncher")])
+def test_launcher_configs_compose(launcher, target):
+    cfg = S._compose_one([f"hydra/launcher={launcher}"], with_hydra=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    if launcher == "joblib_cpu":
+        assert cfg.hydra.launcher.n_jobs == 2
