@@ -274,7 +274,6 @@ def _flag(option: str) -> str:
 
 
 class LRATask(Task):
-    is_image = False  # pixels as tokens on a square grid (Image, Pathfinder)
     """Shared LRA machinery: cached tokenised splits, protocols, synthetic shapes, the model."""
 
     metric = "accuracy"
@@ -372,7 +371,7 @@ class LRATask(Task):
     def token_grid(self) -> tuple[int, int] | None:
         """The 2D layout of the tokens (images: pixel rows x columns), for Conv2D attention."""
         side = math.isqrt(self.seq_len)
-        return (side, side) if self.is_image and side * side == self.seq_len else None
+        return (side, side) if self.pixel_task and side * side == self.seq_len else None
 
     def _mask(self, x: torch.Tensor):
         return (x != 0) if self.uses_mask else None
@@ -652,7 +651,6 @@ class LRARetrieval(LRATask):
 
 
 class LRAImage(LRATask):
-    is_image = True
     """CIFAR-10 in grayscale, 1024 pixels as tokens, 10 classes (LRA 'Image')."""
 
     name = "lra_image"
@@ -716,7 +714,6 @@ class LRAImage(LRATask):
 
 
 class LRAPathfinder(LRATask):
-    is_image = True
     """Pathfinder (Linsley et al. 2018), 32x32 pixels as tokens, 2 classes."""
 
     name = "lra_pathfinder"

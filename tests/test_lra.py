@@ -447,3 +447,17 @@ def test_text_loader_through_hf_datasets(lra_root, monkeypatch):
     again = task_class("lra_text")(lra_cfg("lra_text", max_len=8, seq_len=16).task, lra_root)
     again.setup("holdout")  # cached: the hub is not asked again
     assert not calls and len(again.splits["val"]) == 1 and len(again.splits["train"]) == 11
+
+
+def test_conv2d_sees_the_pixel_grid_on_image_tasks_and_a_row_on_sequences():
+    from bench_cli.compose import compose
+    from bench_cli.runner import build_task
+
+    grids = {}
+    for task in ("lra_image", "lra_pathfinder", "lra_listops"):
+        cfg = compose([f"task={task}", "model=conv2d"])
+        t = build_task(cfg)
+        t.setup_synthetic(64)
+        net = t.build_model(cfg.model)
+        grids[task] = {m.grid for m in net.modules() if type(m).__name__ == "Conv2dAttention"}
+    assert grids == {"lra_image": {(8, 8)}, "lra_pathfinder": {(8, 8)}, "lra_listops": {(1, 64)}}
