@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,3 +68,14 @@ def uea_fixture(workdir):
         s, y = make(n)
         write_ts(root / f"Fixture_{split}.ts", s, y, ["down", "up"], missing=True)
     return root
+
+
+@pytest.fixture
+def float64_single_thread():
+    """Equation tests compare in float64; tiny shapes run fastest on one thread."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)

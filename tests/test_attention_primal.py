@@ -8,15 +8,7 @@ import torch.nn as nn
 from models.attention import build_attention, collect_auxiliary_loss
 
 
-@pytest.fixture(autouse=True)
-def float64_single_thread():
-    """Equations are compared in float64; tiny shapes run fastest on one thread."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64_single_thread")
 
 
 def reference_primal(m, x, mask, causal):

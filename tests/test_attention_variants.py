@@ -20,15 +20,7 @@ from models.attention.modifiers import KeySet, masked_average_pool
 EPS = 1e-5  # BN epsilon of Eqn. 23
 
 
-@pytest.fixture(autouse=True)
-def float64_single_thread():
-    """Equations are compared in float64; tiny shapes run fastest on one thread."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64_single_thread")
 
 
 def inputs(batch=2, length=13, d_model=8, padded=True, seed=0):
