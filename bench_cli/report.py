@@ -13,6 +13,14 @@ Which records: those whose ``experiment`` is NAME. Runs that differ only by seed
 ``variant_key``; when a (dataset, model) cell has records of several variants (say a rerun with
 other epochs) the newest variant is reported and the others are counted as ignored. Per seed the
 newest ok record counts; a seed without any ok record counts as failed.
+
+The experiment config says how (``report:``, not part of a run's identity):
+  title, metric (record column, test_accuracy), baseline (softmax), baseline_experiment (take the
+  baseline's runs from another experiment with the same setup), paper_csv + paper_tables (the first
+  listed table with a value wins) + paper_metric + paper_notes (substring filter) + paper_n (the
+  paper's runs per mean, for Welch), paper_models / paper_datasets (our name -> the paper's),
+  variants {key: an override swept besides the model, paper_notes: {value: substring of the paper
+  row's notes}} (one row per model and value), notes (a mapping of sentences for the Markdown).
 """
 from __future__ import annotations
 
@@ -197,7 +205,11 @@ def average_row(cells: dict, datasets: list[str], labels: list[str], paper_of) -
         std = statistics.stdev(per_seed) if len(per_seed) >= 2 else None
         pv = [paper_of(d, m) for d in complete]
         pmean = statistics.fmean(p.mean for p in pv) if all(pv) else None
-        out["models"][m] = {"mean": statistics.fmean(means), "std": std, "n": len(per_seed), "paper_mean": pmean}
+        # the spread of a mean of independent per-dataset means: sqrt(sum of variances) / k
+        pstd = (math.sqrt(sum(p.std ** 2 for p in pv)) / len(pv)
+                if all(pv) and all(p.std is not None for p in pv) else None)
+        out["models"][m] = {"mean": statistics.fmean(means), "std": std, "n": len(per_seed), "paper_mean": pmean,
+                            "paper_std": pstd, "tolerance": max(2 * (pstd or 0.0), 1.0)}
     return out
 
 
@@ -256,9 +268,9 @@ def display_rows(rows: list[dict], avg: dict | None, models: list[str]) -> list[
         for m in models:
             a = avg["models"][m]
             diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
-            within = "—" if diff is None else ("yes" if abs(diff) <= 1.0 else "NO")
+            within = "—" if diff is None else ("yes" if abs(diff) <= a["tolerance"] else "NO")
             out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), _pm(a["mean"], a["std"]),
-                        _pm(a["paper_mean"], None) + (" [same sets]" if a["paper_mean"] is not None else ""),
+                        _pm(a["paper_mean"], a["paper_std"]) + (" [same sets]" if a["paper_mean"] is not None else ""),
                         "—" if diff is None else f"{diff:+.2f}", within, "—", "", "", "", ""])
     return out
 
@@ -293,7 +305,7 @@ def to_csv(rows: list[dict], avg: dict | None, models: list[str]) -> str:
         if isinstance(v, bool):
             return str(v).lower()
         if isinstance(v, float):
-            return f"{v:.6g}" if abs(v) >= 1e6 else f"{v:.4f}"
+            return str(int(v)) if v.is_integer() and abs(v) >= 1000 else f"{v:.4f}"
         return v
 
     for r in rows:
@@ -304,8 +316,8 @@ def to_csv(rows: list[dict], avg: dict | None, models: list[str]) -> str:
             diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
             w.writerow({k: cell(v) for k, v in {
                 "dataset": f"Average ({' '.join(avg['datasets'])})", "model": m, "n": a["n"], "mean": a["mean"],
-                "std": a["std"], "paper_mean": a["paper_mean"], "diff": diff, "tolerance": 1.0,
-                "within_tolerance": None if diff is None else abs(diff) <= 1.0}.items()})
+                "std": a["std"], "paper_mean": a["paper_mean"], "paper_std": a["paper_std"], "diff": diff,
+                "tolerance": a["tolerance"], "within_tolerance": None if diff is None else abs(diff) <= a["tolerance"]}.items()})
     return buf.getvalue()
 
 
@@ -517,8 +529,8 @@ def cmd_report(args: list[str]) -> None:
     no_paper = sorted({r["dataset"] for r in table_rows if r["paper_mean"] is None})
     if no_paper:
         notes.append(f"No paper number for: {', '.join(no_paper)} (not in the paper's table).")
-    for n in settings.get("notes") or []:
-        notes.append(str(n))
+    extra = settings.get("notes") or []
+    notes += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra)]
 
     display = display_rows(table_rows, avg, labels)
     title = str(settings.get("title") or name)

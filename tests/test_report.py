@@ -70,6 +70,8 @@ def test_average_only_over_datasets_where_every_model_has_results():
     # std over seeds of the per-seed averages: seed 0 (98+90)/2 = 94, seed 1 (99+92)/2 = 95.5
     assert sm["std"] == pytest.approx(math.sqrt(((94 - 94.75) ** 2 + (95.5 - 94.75) ** 2) / 1))
     assert sm["paper_mean"] == pytest.approx(97.0)
+    assert sm["paper_std"] == pytest.approx(math.sqrt(0.5 ** 2 + 1.0 ** 2) / 2)  # spread of a mean of 2 means
+    assert sm["tolerance"] == pytest.approx(max(2 * sm["paper_std"], 1.0))
     assert avg["models"]["attention_bn"]["paper_mean"] is None  # the paper lacks a value on these sets
     assert R.average_row(cells, ["Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
 
