@@ -71,11 +71,18 @@ def uea_fixture(workdir):
 
 
 @pytest.fixture
-def float64_single_thread():
-    """Equation tests compare in float64; tiny shapes run fastest on one thread."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
+def single_thread():
+    """One intra-op thread: tiny shapes run fastest that way, above all on a busy 2-core machine."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
-    torch.set_default_dtype(dtype)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def float64_single_thread(single_thread):
+    """Equation tests compare in float64, on one thread."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(dtype)

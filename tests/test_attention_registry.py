@@ -15,13 +15,7 @@ EXPECTED = {
 LENGTH = 9  # odd, and a square (3 x 3) for conv2d
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny shapes run fastest on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make(name, **extra):

@@ -90,13 +90,7 @@ def lra_root(workdir):
     return workdir / "data"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: several times faster than two on a shared, busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 TINY = ["task.backbone.d_model=16", "task.backbone.d_ff=32", "trainer.max_steps=4", "trainer.eval_every_steps=2",
