@@ -77,7 +77,9 @@ def _hydra_run(cfg: DictConfig) -> None:
 
 
 def _dispatch_to_hydra(entry, args: list[str]) -> None:
-    os.environ.setdefault("ATTNBENCH_RUN_ID", uuid.uuid4().hex[:6])
+    # A fresh id per invocation: two runs started in the same second (or in one process, as the
+    # tests do) must never share an output folder.
+    os.environ["ATTNBENCH_RUN_ID"] = uuid.uuid4().hex[:6]
     sys.argv = ["attnbench", *args]
     entry()
 

@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -344,7 +343,6 @@ def cmd_sweep(args: list[str]) -> None:
         return
 
     before = {p: len(records.read_records(p)) for p in paths}
-    os.environ["ATTNBENCH_RUN_ID"] = uuid.uuid4().hex[:6]  # a fresh sweep folder per invocation
     os.environ[TOTAL_ENV] = str(len(jobs))
     if force:
         os.environ[FORCE_ENV] = "1"
