@@ -14,10 +14,11 @@ help: ## Show this help
 
 install: $(STAMP) ## Create .venv and install attnbench (torch 2.13.0 CPU build first)
 
+# -qq: errors only (the machines' pip config lists local indexes that warn once per package).
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -qq torch==2.13.0
+	$(BIN)/pip install -qq -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
 run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides

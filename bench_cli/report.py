@@ -379,7 +379,9 @@ def common_overrides(rows: list[dict], axes=("task.dataset", "model", "seed", "e
     return [t for t in first if all(t in s for s in sets[1:])]
 
 
-BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
+BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps", "trainer.step_budget")
+# Budget keys that cut another key: the header shows the experiment's own value of that one.
+BUDGET_OWN = {"trainer.step_budget": "trainer.max_epochs"}
 
 
 def _own_budget(name: str, keys: list[str], datasets: list[str], overrides: list[str]) -> str:
@@ -487,14 +489,17 @@ def cmd_report(args: list[str]) -> None:
     protocols = sorted({r.get("protocol", "") for r in used})
     seeds = sorted({r.get("seed") for r in used}, key=lambda s: (len(str(s)), str(s)))
     per_cell = sorted({c.n for c in cells.values()})
-    epochs = sorted({e for c in cells.values() for e in c.epochs})
+    epochs_of = {d: sorted({e for (cd, _), c in cells.items() if cd == d for e in c.epochs}) for d in datasets}
+    all_epochs = sorted({e for es in epochs_of.values() for e in es})
+    epochs = ("; ".join(f"{d} {'/'.join(map(str, es))}" for d, es in epochs_of.items() if es)
+              if len({tuple(es) for es in epochs_of.values() if es}) > 1 else "/".join(map(str, all_epochs)))
     commits = sorted({(r.get("git_commit", "")[:10] + (" (dirty)" if r.get("git_dirty") == "true" else "")) for r in used})
     header = [
         f"protocol: {', '.join(protocols) or '—'}" + ("  (the test set selects the epoch, as the paper's code did: optimistic)"
                                                        if "paper" in protocols else ""),
         f"seeds: {len(seeds)} ({', '.join(map(str, seeds))}); runs per cell: {'/'.join(map(str, per_cell))}"
         + f"; paper n assumed {settings.get('paper_n') or 5}",
-        f"epochs: {'/'.join(map(str, epochs)) or '—'}; metric: {metric}; paper: results/paper/{settings.paper_csv} "
+        f"epochs: {epochs or '—'}; metric: {metric}; paper: results/paper/{settings.paper_csv} "
         f"table(s) {', '.join(str(t) for t in settings.paper_tables)}",
         *([f"paper names: {', '.join(f'{k} = {v}' for k, v in paper_models.items())}"] if paper_models else []),
         f"efficiency: ratios to {baseline} on the same dataset"
@@ -505,9 +510,12 @@ def cmd_report(args: list[str]) -> None:
     ]
     axes_keys = ("task.dataset", "model", "seed", "experiment", *((vkey,) if vkey else ()))
     budget = [t for t in common_overrides(used, axes_keys) if t.split("=", 1)[0].lstrip("+") in BUDGET_KEYS]
-    if budget:
-        header.append(f"budget: {' '.join(budget)} instead of the experiment's own "
-                      f"{_own_budget(name, [t.split('=', 1)[0].lstrip('+') for t in budget], datasets, overrides)}")
+    for token in budget:
+        key, value = token.lstrip("+").split("=", 1)
+        own = _own_budget(name, [BUDGET_OWN.get(key, key)], datasets, overrides)
+        header.append(f"budget: {token} instead of the experiment's own {own}" if key not in BUDGET_OWN else
+                      f"budget: {token}: the experiment's own {BUDGET_OWN[key]} {own}, cut to at most "
+                      f"ceil({value} / optimiser steps per epoch) whole epochs")
     sweep_cmd = " ".join(["attnbench sweep", f"experiment={name}", *common_overrides(used, axes_keys)]
                          + ([f"task.dataset={','.join(datasets)}"] if grid_ds and set(datasets) != set(grid_ds) else []))
     header.append(f"sweep: `{sweep_cmd}`; report: `attnbench report {name}`"

@@ -164,7 +164,9 @@ class Trainer:
     def fit(self, protocol: str) -> TrainResult:
         """Train, evaluating on the selection split after every epoch or, with
         ``eval_every_steps``, every that many optimiser steps (the LRA code's ``eval_frequency``).
-        ``max_steps`` (optimiser steps; the train loader is cycled) replaces ``max_epochs``."""
+        ``max_steps`` (optimiser steps; the train loader is cycled) replaces ``max_epochs``.
+        ``step_budget`` caps either: at most ceil(budget / steps per epoch) whole epochs, or
+        min(max_steps, budget) steps, so a reduced budget cuts big datasets and spares small ones."""
         cfg, model, metric = self.cfg, self.model, self.task.metric
         select_split = {"holdout": "val", "paper": "test"}[protocol]
         train_loader = self.loader("train", train=True)
@@ -175,6 +177,13 @@ class Trainer:
         max_steps = int(cfg.get("max_steps") or 0) or None
         eval_every = int(cfg.get("eval_every_steps") or 0) or None
         epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
+        budget = int(cfg.get("step_budget") or 0)
+        if budget:  # a reduced (CPU) budget in optimiser steps: small datasets keep their whole schedule
+            if max_steps:
+                max_steps = min(max_steps, budget)
+                epochs = math.ceil(max_steps / steps_per_epoch)
+            else:
+                epochs = min(epochs, math.ceil(budget / steps_per_epoch))
         total_steps = max_steps or epochs * steps_per_epoch
         opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optimizer)
         sched = make_scheduler(opt, cfg.scheduler, total_steps, steps_per_epoch)

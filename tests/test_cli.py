@@ -67,6 +67,16 @@ def test_paper_protocol_is_recorded(uea_fixture, workdir):
 
 
 @pytest.mark.slow
+def test_step_budget_cuts_big_schedules_and_spares_small_ones(uea_fixture, workdir):
+    """40 training series at batch 8 are 5 steps per epoch: a 7-step budget leaves ceil(7/5) = 2 of
+    the 3 epochs; a 100-step budget leaves all 3."""
+    for budget in (7, 100):
+        run_cli(*TINY, "task.protocol=paper", f"trainer.step_budget={budget}", "results.path=res.csv")
+    cut, spared = read_records(workdir / "res.csv")
+    assert (int(cut["epochs_run"]), int(spared["epochs_run"])) == (2, 3)
+
+
+@pytest.mark.slow
 def test_wandb_offline_logs_config_curves_and_summary(uea_fixture, workdir, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(workdir))

@@ -112,7 +112,7 @@ def test_meta_counts_huge_sizes_without_compute():
     start = time.perf_counter()
     fwd = measure.flops_forward(model, inputs, meta=True)
     train = measure.flops_train_step(model, inputs, loss_fn, meta=True)
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 30  # generous: CI shares its cores
     proj, mm = 2 * B * n * D * D, 2 * B * H * n * n * d
     assert fwd == 4 * proj + 2 * mm
     assert train == 9 * proj + 7 * mm
