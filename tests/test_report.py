@@ -140,6 +140,20 @@ def test_report_command_writes_markdown_and_csv(workdir, capsys):
     assert rows[0]["dataset"] == "JapaneseVowels" and rows[0]["paper_mean"] == "99.4600"
 
 
+def test_header_states_the_step_budget_and_the_epochs_run_per_dataset(workdir):
+    budget = {"overrides": "trainer.step_budget=500"}
+    for ds, epochs in (("JapaneseVowels", 100), ("BasicMotions", 400)):
+        for s in range(2):
+            row = rec(ds, "softmax", s, 99.0, epochs_run=epochs)
+            row["overrides"] = f"experiment={EXP} task.dataset={ds} model=softmax seed={s} {budget['overrides']}"
+            append_record(workdir / "runs.csv", row)
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "- epochs: JapaneseVowels 100; BasicMotions 400;" in md
+    assert ("- budget: trainer.step_budget=500: the experiment's own trainer.max_epochs "
+            "(JapaneseVowels 400, BasicMotions 400), cut to at most ceil(500 / optimiser steps per epoch) whole epochs") in md
+
+
 def test_report_errors_are_one_line(workdir, capsys):
     for args, expected in ((["no/such"], "unknown experiment 'no/such'"),
                            ([EXP, "--records", str(workdir / "none.csv")], "no records of experiment"),
