@@ -162,8 +162,9 @@ class Trainer:
         return loss
 
     def fit(self, protocol: str) -> TrainResult:
-        """Train, evaluating on the selection split after every epoch or, with
-        ``eval_every_steps``, every that many optimiser steps (the LRA code's ``eval_frequency``).
+        """Train, evaluating on the selection split after the first, every ``eval_every_epochs``-th
+        and the last epoch or, with ``eval_every_steps``, every that many optimiser steps (the LRA
+        code's ``eval_frequency``).
         ``max_steps`` (optimiser steps; the train loader is cycled) replaces ``max_epochs``.
         ``step_budget`` caps either: at most ceil(budget / steps per epoch) whole epochs, or
         min(max_steps, budget) steps, so a reduced budget cuts big datasets and spares small ones."""
@@ -176,6 +177,7 @@ class Trainer:
         steps_per_epoch = math.ceil(len(train_loader) / accum)
         max_steps = int(cfg.get("max_steps") or 0) or None
         eval_every = int(cfg.get("eval_every_steps") or 0) or None
+        eval_every_epochs = max(1, int(cfg.get("eval_every_epochs") or 1))
         epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
         budget = int(cfg.get("step_budget") or 0)
         if budget:  # a reduced (CPU) budget in optimiser steps: small datasets keep their whole schedule
@@ -248,7 +250,9 @@ class Trainer:
             result.train_time_s += time.perf_counter() - t0
             result.epochs_run = epoch
             if not eval_every:
-                stop = evaluate_and_select(epoch)
+                # mvts_transformer's rule (--val_interval): the first, every k-th and the last epoch
+                if epoch == 1 or epoch % eval_every_epochs == 0 or epoch == epochs:
+                    stop = evaluate_and_select(epoch)
                 if bar is not None and bar_unit == "epochs":
                     self.progress.update(bar, advance=1)
             if stop or step >= total_steps:

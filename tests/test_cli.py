@@ -77,6 +77,17 @@ def test_step_budget_cuts_big_schedules_and_spares_small_ones(uea_fixture, workd
 
 
 @pytest.mark.slow
+def test_eval_every_epochs_follows_the_reference_rule(uea_fixture, workdir):
+    """mvts_transformer's --val_interval: the first, every k-th and the last epoch."""
+    import json
+
+    run_cli(*TINY, "task.protocol=paper", "trainer.max_epochs=5", "trainer.eval_every_epochs=2", "results.path=res.csv")
+    (row,) = read_records(workdir / "res.csv")
+    assert [h["epoch"] for h in json.loads(row["metrics_json"])["history"]] == [1, 2, 4, 5]
+    assert int(row["epochs_run"]) == 5 and int(row["best_epoch"]) in (1, 2, 4, 5)
+
+
+@pytest.mark.slow
 def test_wandb_offline_logs_config_curves_and_summary(uea_fixture, workdir, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(workdir))
