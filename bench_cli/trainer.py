@@ -132,7 +132,10 @@ class Trainer:
         bs = int(self.cfg.batch_size if train else self.cfg.eval_batch_size)
         if train and self.cfg.get("micro_batch_size"):  # the batch is accumulated from micro-batches
             bs = min(bs, int(self.cfg.micro_batch_size))
-        return DataLoader(self.task.splits[split], batch_size=bs, shuffle=train, generator=g if train else None,
+        # Every loader gets its own generator: an iterator without one draws its base seed from the
+        # global stream, so evaluating (how often, on which split) would change the dropout of the
+        # training that follows.
+        return DataLoader(self.task.splits[split], batch_size=bs, shuffle=train, generator=g,
                           num_workers=0, pin_memory=self.device.type == "cuda")
 
     @torch.no_grad()
