@@ -75,13 +75,25 @@ def variant_key(cfg) -> str:
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _git(*args: str) -> str | None:
-    root = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str, root: Path = PROJECT_ROOT) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(root: Path = PROJECT_ROOT) -> tuple[str, str]:
+    """(commit, dirty): dirty is "true" when code or configs differ from the commit, "" outside git.
+    results/ holds generated reports and is ignored: a report written between two sweeps must not
+    mark the second one's records dirty."""
+    commit = _git("rev-parse", "HEAD", root=root)
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results",
+                  root=root) if commit else None
+    return commit or "unknown", "" if status is None else str(bool(status)).lower()
 
 
 @lru_cache(maxsize=1)
@@ -90,11 +102,10 @@ def provenance() -> dict:
 
     from bench_cli import __version__
 
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    commit, dirty = git_state()
     return {
-        "git_commit": commit or "unknown",
-        "git_dirty": "" if status is None else str(bool(status)).lower(),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "torch_version": torch.__version__,
         "attnbench_version": __version__,
         "python_version": platform.python_version(),
