@@ -170,16 +170,17 @@ def cmd_data(args: list[str]) -> None:
     cfg = C.compose([a for a in args if "=" in a and not a.startswith("-")])
     cls = task_class(positional[0])
     task_name, data_root = positional[0], Path(cfg.paths.data_root).expanduser()
+    names = cls.datasets(data_root)
     if len(positional) == 2:
         dataset = positional[1]
     else:  # NAME may be left out when the task has one dataset (or picks one from the options)
-        names, pick = cls.datasets(data_root), getattr(cls, "default_dataset", None)
+        pick = getattr(cls, "default_dataset", None)
         dataset = pick(**options) if pick else (names[0] if len(names) == 1 else None)
         if dataset is None:
             raise UserError(f"{usage}; {task_name} datasets: {', '.join(names)}")
-    if dataset not in cls.datasets(data_root):
-        raise unknown_choice(f"{task_name} dataset", dataset, cls.datasets(data_root))
-    where = cls.fetch(dataset, data_root, force=force, **options) if options else cls.fetch(dataset, data_root, force=force)
+    if dataset not in names:
+        raise unknown_choice(f"{task_name} dataset", dataset, names)
+    where = cls.fetch(dataset, data_root, force=force, **options)
     console.print(f"[green]ok[/]: {task_name}/{dataset} is in {where}")
 
 

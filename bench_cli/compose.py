@@ -6,6 +6,8 @@ multirun and the launcher plugins keep working.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import os
 import re
 from pathlib import Path
@@ -126,20 +128,33 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
                     raise unknown_choice(group, str(v), group_options(group))
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+@contextmanager
+def composer():
+    """A Hydra compose session over conf/: yields ``compose_one(overrides, with_hydra=False)``,
+    which turns composition errors into one-line UserErrors. Compositions inside one session
+    share its initialisation (a sweep composes many jobs)."""
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    def compose_one(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+        try:
+            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=with_hydra)
+        except HydraException as e:
+            raise _explain(e, overrides) from None
+
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="conf", version_base="1.3"):
-            try:
-                return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
-            except HydraException as e:
-                raise _explain(e, overrides) from None
+            yield compose_one
     finally:
         GlobalHydra.instance().clear()
+
+
+def compose_unchecked(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """Compose without the checks of ``compose`` (sweep grids, report lookups, error hints)."""
+    with composer() as compose_one:
+        return compose_one(overrides, with_hydra)
 
 
 def compose(overrides: list[str]) -> DictConfig:
@@ -149,7 +164,7 @@ def compose(overrides: list[str]) -> DictConfig:
     integer, a list a list), so a typo fails here instead of deep inside a run.
     """
     check_group_choices(overrides)
-    cfg = _compose(overrides)
+    cfg = compose_unchecked(overrides)
     check_value_types(cfg, overrides)
     return cfg
 
@@ -164,7 +179,7 @@ def check_value_types(cfg: DictConfig, overrides: list[str]) -> None:
               and not o.key_or_group.startswith("hydra") and o.is_force_add() is False and o.is_add() is False]
     if not values:
         return
-    base = _compose(groups)
+    base = compose_unchecked(groups)
     for o in values:
         key = o.key_or_group
         default = OmegaConf.select(base, key, throw_on_missing=False)
@@ -190,7 +205,7 @@ def _explain(err: Exception, overrides: list[str]) -> UserError:
         hint = ""
         rest = [o for o in overrides if not o.lstrip("+~").startswith(key)]
         try:  # the config without the offending override, to suggest the closest existing key
-            base = _compose(rest) if rest != overrides else None
+            base = compose_unchecked(rest) if rest != overrides else None
             node = (OmegaConf.select(base, parent) if parent else base) if base is not None else None
             if isinstance(node, DictConfig):
                 hint = did_you_mean(leaf, list(node.keys())).replace("'", f"'{parent + '.' if parent else ''}", 1)

@@ -54,17 +54,20 @@ def semantic_config(cfg: DictConfig | dict) -> dict:
     return c
 
 
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def config_hash(cfg) -> str:
     """Hash of the resolved config that determines the result (seed included)."""
-    blob = json.dumps(semantic_config(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _digest(semantic_config(cfg))
 
 
 def job_key(cfg) -> str:
     """Key of a sweep job for resume: the semantic config (with seed) minus measurement switches."""
     c = semantic_config(cfg)
     c.pop("measure", None)
-    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _digest(c)
 
 
 def variant_key(cfg) -> str:
@@ -72,7 +75,7 @@ def variant_key(cfg) -> str:
     c = semantic_config(cfg)
     c.pop("measure", None)
     c.pop("seed", None)
-    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _digest(c)
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -386,12 +386,10 @@ BUDGET_OWN = {"trainer.step_budget": "trainer.max_epochs"}
 
 def _own_budget(name: str, keys: list[str], datasets: list[str], overrides: list[str]) -> str:
     """The experiment's own values of the budget keys, per dataset ("JapaneseVowels 400, ...")."""
-    from bench_cli.sweep import _compose_one
-
     parts = []
     for d in datasets:
         try:
-            cfg = _compose_one([f"experiment={name}", f"task.dataset={d}", *overrides])
+            cfg = C.compose_unchecked([f"experiment={name}", f"task.dataset={d}", *overrides])
             vals = [str(OmegaConf.select(cfg, k, default=None)) for k in keys]
         except Exception:  # noqa: BLE001 - a task without task.dataset: say nothing per dataset
             continue
@@ -427,10 +425,8 @@ def cmd_report(args: list[str]) -> None:
     name = names[0].removeprefix("experiment=")
     if name not in experiments:
         raise unknown_choice("experiment", name, experiments)
-    from bench_cli.sweep import _compose_one
-
     C.check_group_choices(overrides)
-    cfg = _compose_one([f"experiment={name}", *overrides], with_hydra=True)
+    cfg = C.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
     settings = cfg.get("report")
     if settings is None or not settings.get("paper_csv"):
         raise UserError(f"experiment {name} has no report settings (report.paper_csv)")

@@ -91,7 +91,7 @@ def expand_grid(overrides: list[str]) -> list[list[str]]:
     parsed = C.parse_overrides(overrides)
     hydra_ovs = [o.input_line for o in parsed if o.key_or_group.startswith("hydra")]
     fixed = [o.input_line for o in parsed if not o.key_or_group.startswith("hydra") and not o.is_sweep_override()]
-    master = _compose_one(fixed + hydra_ovs, with_hydra=True)
+    master = C.compose_unchecked(fixed + hydra_ovs, with_hydra=True)
     params = OmegaConf.select(master, "hydra.sweeper.params", default=None)
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     lines = [f"{k}={v}" for k, v in params.items()]
@@ -99,22 +99,6 @@ def expand_grid(overrides: list[str]) -> list[list[str]]:
     for o in C.parse_overrides(lines) + [o for o in parsed if not o.key_or_group.startswith("hydra")]:
         axes[o.get_key_element()] = _values(o)
     return [list(combo) for combo in itertools.product(*axes.values())]
-
-
-def _compose_one(overrides: list[str], with_hydra: bool = False) -> DictConfig:
-    from hydra import compose as hydra_compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            try:
-                return hydra_compose(config_name=C.CONFIG_NAME, overrides=overrides, return_hydra_config=with_hydra)
-            except HydraException as e:
-                raise C._explain(e, overrides) from None
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def _is_structural(o) -> bool:
@@ -146,45 +130,30 @@ def compose_jobs(grid: list[list[str]]) -> list[Job]:
     unusual falls back to a full composition. Errors name the job."""
     import copy
 
-    from hydra import compose as hydra_compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-
     if grid:
         C.check_group_choices(grid[0])
-        C.check_value_types(_compose_one(grid[0]), grid[0])
+        C.check_value_types(C.compose_unchecked(grid[0]), grid[0])
     jobs, bases = [], {}
-
-    def full(ovs):
-        try:
-            return hydra_compose(config_name=C.CONFIG_NAME, overrides=ovs)
-        except HydraException as e:
-            raise C._explain(e, ovs) from None
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            for ovs in grid:
-                C.check_group_choices(ovs)
-                parsed = C.parse_overrides(ovs)
-                structural = tuple(o.input_line for o in parsed if _is_structural(o))
-                if structural not in bases:
-                    bases[structural] = full(list(structural))
-                cfg = copy.deepcopy(bases[structural])
-                try:
-                    for o in parsed:
-                        if not _is_structural(o):
-                            _apply_value(cfg, o)
-                except Exception:  # noqa: BLE001 - let Hydra produce its own error or result
-                    cfg = full(ovs)
-                try:
-                    key = records.job_key(cfg)
-                except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
-                    raise UserError(f"job '{' '.join(ovs)}': cannot resolve its config: "
-                                    f"{str(e).splitlines()[0]}") from None
-                jobs.append(Job(ovs, cfg, key))
-    finally:
-        GlobalHydra.instance().clear()
+    with C.composer() as full:
+        for ovs in grid:
+            C.check_group_choices(ovs)
+            parsed = C.parse_overrides(ovs)
+            structural = tuple(o.input_line for o in parsed if _is_structural(o))
+            if structural not in bases:
+                bases[structural] = full(list(structural))
+            cfg = copy.deepcopy(bases[structural])
+            try:
+                for o in parsed:
+                    if not _is_structural(o):
+                        _apply_value(cfg, o)
+            except Exception:  # noqa: BLE001 - let Hydra produce its own error or result
+                cfg = full(ovs)
+            try:
+                key = records.job_key(cfg)
+            except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
+                raise UserError(f"job '{' '.join(ovs)}': cannot resolve its config: "
+                                f"{str(e).splitlines()[0]}") from None
+            jobs.append(Job(ovs, cfg, key))
     return jobs
 
 

@@ -181,14 +181,13 @@ class Trainer:
         max_steps = int(cfg.get("max_steps") or 0) or None
         eval_every = int(cfg.get("eval_every_steps") or 0) or None
         eval_every_epochs = max(1, int(cfg.get("eval_every_epochs") or 1))
-        epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
+        # A reduced (CPU) budget in optimiser steps: small datasets keep their whole schedule.
         budget = int(cfg.get("step_budget") or 0)
-        if budget:  # a reduced (CPU) budget in optimiser steps: small datasets keep their whole schedule
-            if max_steps:
-                max_steps = min(max_steps, budget)
-                epochs = math.ceil(max_steps / steps_per_epoch)
-            else:
-                epochs = min(epochs, math.ceil(budget / steps_per_epoch))
+        if budget and max_steps:
+            max_steps = min(max_steps, budget)
+        epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
+        if budget and not max_steps:
+            epochs = min(epochs, math.ceil(budget / steps_per_epoch))
         total_steps = max_steps or epochs * steps_per_epoch
         opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optimizer)
         sched = make_scheduler(opt, cfg.scheduler, total_steps, steps_per_epoch)

@@ -168,9 +168,9 @@ def test_report_errors_are_one_line(workdir, capsys):
 def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, monkeypatch):
     from omegaconf import OmegaConf
 
-    import bench_cli.sweep as S
+    import bench_cli.compose as C
 
-    real = S._compose_one
+    real = C.compose_unchecked
 
     def compose(overrides, with_hydra=False):  # a Table 11 style experiment: rows by beta_learnable
         cfg = real(overrides, with_hydra)
@@ -184,7 +184,7 @@ def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, mon
                                     "model.attention.beta_learnable": "true,false", "seed": "0,1"}
         return cfg
 
-    monkeypatch.setattr(S, "_compose_one", compose)
+    monkeypatch.setattr(C, "compose_unchecked", compose)
     for m in ("attention_bn", "attention_bn_sh"):
         for learn, acc in (("true", 80.8), ("false", 81.0)):
             for s in (0, 1):

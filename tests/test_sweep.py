@@ -169,7 +169,7 @@ def test_primal_attention_uea_hyperparameters_per_dataset():
                                              ("slurm", "SlurmLauncher"), ("local", "LocalLauncher"),
                                              ("submitit_slurm", "SlurmLauncher")])
 def test_launcher_configs_compose(launcher, target):
-    cfg = S._compose_one([f"hydra/launcher={launcher}"], with_hydra=True)
+    cfg = C.compose_unchecked([f"hydra/launcher={launcher}"], with_hydra=True)
     assert cfg.hydra.launcher._target_.endswith(target)
     if launcher == "joblib_cpu":
         assert cfg.hydra.launcher.n_jobs == 2
