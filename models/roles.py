@@ -1,7 +1,9 @@
 """Which attention each role and layer of a model uses, built from the registry by name.
 
-A model config names ``attention`` (every layer) and, for Primal.+ (Primal-Attention supplement,
-Table 5), ``final_attention`` (the last layer); backbones receive one attention module per layer.
+A model config names ``attention`` (every layer), optionally ``cross_attention`` (the
+cross-attention of a decoder, when it differs) and, for Primal.+ (Primal-Attention supplement,
+Table 5), ``final_attention`` (the last layer); backbones receive one attention module per layer,
+for one role (``build_layer_attentions``) or for every role they have (``build_role_attentions``).
 """
 from __future__ import annotations
 
@@ -65,17 +67,43 @@ def capability_problems(model_cfg, stacks: dict[str, int], requires: dict[str, b
 
 
 def build_layer_attentions(model_cfg, n_layers: int, d_model: int, n_heads: int, seq_len: int | None,
-                           grid: tuple[int, int] | None = None, role: str = "encoder") -> list[nn.Module]:
+                           grid: tuple[int, int] | None = None, role: str = "encoder",
+                           attention_dropout: float | None = None) -> list[nn.Module]:
     """One attention module per layer. ``grid`` is the task's 2D token layout (image patches);
     sequence tasks have none, and a variant that needs one (Conv2D) then sees the sequence as a
-    1 x N grid, where its (k_h, k_w) kernel acts along the sequence only (documented in README)."""
+    1 x N grid, where its (k_h, k_w) kernel acts along the sequence only (documented in README).
+    ``attention_dropout`` (a backbone option; None keeps the model's) sets the attention-probability
+    dropout of every layer, as the LRA code's and mvts_transformer's ``attention_dropout``/``dropout``.
+    Variants sized by the sequence length (Super's W^A, Primal's ``rows: code``) get ``seq_len``
+    as ``max_len`` unless the model sets one."""
     modules = []
     for options in layer_attention_configs(model_cfg, n_layers, role):
         name = options.pop("name")
         caps = attention_spec(name).capabilities
-        if not caps.variable_length and options.get("max_len") is None:
+        if (not caps.variable_length or caps.sized_by_max_len) and options.get("max_len") is None:
             options["max_len"] = seq_len  # Super attention's W^A is l x l for the task's context length
         if caps.needs_grid and options.get("grid") is None:
             options["grid"] = grid if grid is not None else (1, seq_len)
+        if attention_dropout is not None:
+            options["dropout"] = float(attention_dropout)
         modules.append(build_attention(name, d_model=d_model, n_heads=n_heads, **options))
     return modules
+
+
+def build_role_attentions(model_cfg, stacks: dict[str, int], d_model: int, n_heads: int,
+                          seq_len: int | dict[str, int | None] | None, grid: tuple[int, int] | None = None,
+                          requires: dict[str, bool] | None = None) -> dict[str, list[nn.Module]]:
+    """One attention module per layer of every role in ``stacks`` (the task's
+    ``attention_stacks()``), e.g. ``{"encoder": 1, "decoder": 2, "cross": 2}`` for papers/002's
+    translation model (one encoder block; two decoder blocks, each with a cross-attention) or
+    ``{"decoder": n}`` for a causal LM. ``seq_len`` is one length for all roles or one per role
+    (Super's fixed l: the source length for the encoder, the target length for the decoder).
+    What the attentions cannot do is refused here with capability_problems' messages, before
+    anything is built. Modules are built role by role in the order of ``stacks`` (parameter
+    initialisation follows it)."""
+    problems = capability_problems(model_cfg, stacks, requires)
+    if problems:
+        raise ValueError("; ".join(problems))
+    lengths = seq_len if isinstance(seq_len, dict) else {role: seq_len for role in stacks}
+    return {role: build_layer_attentions(model_cfg, n_layers, d_model, n_heads, lengths.get(role), grid, role)
+            for role, n_layers in stacks.items()}

@@ -148,3 +148,17 @@ def test_speed_benchmark_runs_every_variant(capsys):
     assert "x softmax" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--variants", "nope"])
+
+
+def test_speed_benchmark_says_why_a_variant_is_not_timed(capsys):
+    from bench_cli.bench_attention import main
+
+    args = ["--seq-lens", "15", "--d-model", "8", "--heads", "2", "--repeats", "1", "--variants", "conv2d", "linear"]
+    results = main([*args, "--causal"])
+    assert {name for name, *_ in results} == {"softmax", "linear"}
+    out = capsys.readouterr().out
+    assert "n/a: conv2d: not causal" in out
+    main(args)  # bidirectional: conv2d is skipped for the length, not for causality
+    assert "n/a: conv2d: needs a square N (a patch grid), N=15" in capsys.readouterr().out
+    main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--variants", "primal", "--causal"])
+    assert "primal: causal with data_dependent=false" in capsys.readouterr().out

@@ -4,8 +4,14 @@
 ``forward(x, mask=None, causal=False)`` maps (batch, length, d_model) to the same shape;
 ``mask`` is a (batch, length) bool tensor, True for real tokens.
 
+Variants with ``capabilities.cross`` also take ``forward(x, mask, context=C, context_mask=M)``:
+queries from x, keys and values from the context C (batch, length_c, d_model) with its own
+padding mask M (batch, length_c); ``mask`` then only marks padded queries. ``causal=True`` with
+a context is a ValueError (a decoder's cross-attention sees the whole source).
+
 Modules whose capabilities have ``extra_loss=True`` (Primal-Attention) implement
-``auxiliary_loss()``; ``collect_auxiliary_loss(model)`` sums it over a model.
+``auxiliary_loss()``; ``collect_auxiliary_loss(model, layers)`` sums or averages it over a model's
+layers; ``accumulate_auxiliary_losses(model)`` groups the passes of a model that runs shared layers twice.
 """
 from models.attention.registry import (  # noqa: F401
     AttentionSpec,
@@ -16,7 +22,7 @@ from models.attention.registry import (  # noqa: F401
     build_attention,
     register_attention,
 )
-from models.attention.base import collect_auxiliary_loss  # noqa: F401
+from models.attention.base import accumulate_auxiliary_losses, collect_auxiliary_loss  # noqa: F401
 
 # Importing the variant modules registers them.
 from models.attention import softmax  # noqa: F401,E402

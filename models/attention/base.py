@@ -1,6 +1,8 @@
 """Shared pieces of the projected multi-head attentions (Vaswani et al., Eqn. 1-3 of papers/003)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,6 +58,9 @@ class AttentionBase(nn.Module):
 
     # Variants that cannot run causally say why; forward(causal=True) raises this message.
     causal_unsupported_reason: str | None = None
+    # Variants that cannot attend to a second sequence say why; forward(context=...) raises it.
+    # Keep it in step with the registry's Capabilities.cross (tests/test_attention_cross.py checks).
+    cross_unsupported_reason: str | None = None
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, **unused):
         super().__init__()
@@ -74,6 +79,33 @@ class AttentionBase(nn.Module):
         if causal and self.causal_unsupported_reason:
             raise ValueError(f"{type(self).__name__} cannot run causally: {self.causal_unsupported_reason}")
 
+    def key_source(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                   context: torch.Tensor | None, context_mask: torch.Tensor | None):
+        """The sequence keys and values come from, and its padding mask.
+
+        Self-attention (no context): ``(x, mask)`` itself. Cross-attention: ``(context,
+        context_mask)``; queries still come from ``x``, and ``mask`` then only marks padded
+        queries, whose outputs are never read. A decoder's causality lives in its
+        self-attention: its cross-attention sees the whole encoded source, so causal=True with
+        a context is refused rather than given a meaning (query i vs. key i of another sequence).
+        """
+        name = type(self).__name__
+        if context is None:
+            if context_mask is not None:
+                raise ValueError(f"{name}: context_mask given without a context")
+            return x, mask
+        if causal:
+            raise ValueError(f"{name}: causal=True with a context: cross-attention sees the whole context "
+                             "(the causal mask belongs to the decoder's self-attention)")
+        if self.cross_unsupported_reason:
+            raise ValueError(f"{name} cannot attend to a context (cross-attention): {self.cross_unsupported_reason}")
+        if context.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != x.shape[-1]:
+            raise ValueError(f"{name}: context must be (batch={x.shape[0]}, length, d_model={x.shape[-1]}), "
+                             f"got {tuple(context.shape)}")
+        if context_mask is not None and context_mask.shape != context.shape[:2]:
+            raise ValueError(f"{name}: context_mask must be {tuple(context.shape[:2])}, got {tuple(context_mask.shape)}")
+        return context, context_mask
+
 
 class ProjectedAttention(AttentionBase):
     """Multi-head attention with q/k/v/out projections; subclasses choose the kernel."""
@@ -88,27 +120,55 @@ class ProjectedAttention(AttentionBase):
     def kernel(self, q, k, v, mask, causal):
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None) -> torch.Tensor:
+        source, key_mask = self.key_source(x, mask, causal, context, context_mask)
         self.check_causal(causal)
         h = self.n_heads
         q = split_heads(self.q_proj(x), h)
-        k = split_heads(self.k_proj(x), h)
-        v = split_heads(self.v_proj(x), h)
-        return self.out_proj(merge_heads(self.kernel(q, k, v, mask, causal)))
+        k = split_heads(self.k_proj(source), h)
+        v = split_heads(self.v_proj(source), h)
+        return self.out_proj(merge_heads(self.kernel(q, k, v, key_mask, causal)))
 
 
-def collect_auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
-    """Sum of ``auxiliary_loss()`` over every submodule that has one (Primal's KSVD term).
+def collect_auxiliary_loss(model: nn.Module, layers: str = "sum") -> torch.Tensor | None:
+    """``auxiliary_loss()`` of every submodule that has one (Primal's KSVD term), combined over
+    those layers by ``layers``: ``sum`` (the default) or ``mean`` (the Primal-Attention code's
+    ``loss_ksvd / len(score_list)``; model option ``ksvd_layers``).
 
-    The trainer adds ``eta * collect_auxiliary_loss(model)`` to the task loss. Returns None
+    The trainer adds ``eta * collect_auxiliary_loss(model, layers)`` to the task loss. Returns None
     when no module contributes (no Primal layer, or no forward pass yet).
     """
-    total = None
+    if layers not in ("sum", "mean"):
+        raise ValueError(f"auxiliary-loss layers={layers!r} is not one of sum, mean")
+    terms = []
     for module in model.modules():
         fn = getattr(module, "auxiliary_loss", None)
         if not callable(fn):
             continue
         term = fn()
         if term is not None:
-            total = term if total is None else total + term
-    return total
+            terms.append(term)
+    if not terms:
+        return None
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total / len(terms) if layers == "mean" else total
+
+
+@contextmanager
+def accumulate_auxiliary_losses(model: nn.Module):
+    """Within the block, every forward pass of ``model``'s auxiliary-loss layers adds to one
+    auxiliary loss (averaged over the passes before it is squared) instead of replacing the last.
+    For models that run the same layers more than once per forward, e.g. the LRA retrieval dual
+    encoder (both documents through one encoder). Outside such a block each layer keeps only its
+    latest pass, so no term survives into the next step."""
+    layers = [m for m in model.modules() if callable(getattr(m, "accumulate_passes", None))]
+    for m in layers:
+        m.accumulate_passes(True)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.accumulate_passes(False)

@@ -11,12 +11,19 @@ One class; the registered names are presets of which projections exist:
 Self-attention: Q = K = V = X (the layer input). Every projection is an nn.Linear with bias,
 so per layer: standard 4(d^2+d), optimised 3(d^2+d), efficient 2(d^2+d), super 2(d^2+d) + l^2 + l.
 
+Cross-attention (the decoder of papers/002's translation model, Sec. 4 / Appendix B.4.2, built on
+keras-io's neural_machine_translation_with_transformer.py): Q = X, K = V = C, the encoded source.
+Every definition above holds with K, V of the context's length: Optimised takes its values,
+Efficient its keys and values, as column blocks of C. Super cannot (see below).
+
 Super details. ``align`` = nn.Linear(l, l) acting on the token axis: (W^A V)[t] = sum_s W^A[t, s]
 V[s] + b[t]. Padded tokens' values are zeroed before W^A so they cannot leak into real tokens.
 ``causal=True`` uses W^A masked to its lower triangle (Sec. 3.3), so token t only mixes values
 s <= t. The context length is fixed to l = max_len; a shorter input of length N < l uses the
 leading N x N block of W^A and the first N biases, which is exactly the result of right-padding
-it to l with masked (zeroed) tokens. N > l is an error.
+it to l with masked (zeroed) tokens. N > l is an error. No cross-attention: W^A mixes the value
+positions of one sequence of fixed length l, and a source of variable length has no such l
+(papers/002 leaves Super out of its translation experiment, Table 3).
 """
 from __future__ import annotations
 
@@ -60,6 +67,10 @@ class BetterAttention(AttentionBase):
         self.max_len = max_len
         if align:
             self.align = nn.Linear(max_len, max_len, bias=True)  # W^A (Eqn. 22)
+            self.cross_unsupported_reason = (
+                "W^A is tied to one fixed length l, but a context has its own, variable length "
+                "(papers/002 leaves Super Attention out of its translation model, Sec. 4)"
+            )
 
     def _aligned_values(self, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
         """V'_i = W^A V_i (Eqn. 22) for every head at once; v is (B, H, N, d_v)."""
@@ -73,14 +84,16 @@ class BetterAttention(AttentionBase):
             weight = weight.tril()
         return torch.einsum("ts,bhsd->bhtd", weight, v) + self.align.bias[:n, None]
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None) -> torch.Tensor:
+        source, key_mask = self.key_source(x, mask, causal, context, context_mask)  # K = V = X, or the context
         h = self.n_heads
         q = split_heads(self.q_proj(x), h)  # Q W_i^Q
-        k = split_heads(self.k_proj(x) if hasattr(self, "k_proj") else x, h)  # K W_i^K or K_i
-        v = split_heads(self.v_proj(x) if hasattr(self, "v_proj") else x, h)  # V W_i^V or V_i
+        k = split_heads(self.k_proj(source) if hasattr(self, "k_proj") else source, h)  # K W_i^K or K_i
+        v = split_heads(self.v_proj(source) if hasattr(self, "v_proj") else source, h)  # V W_i^V or V_i
         if hasattr(self, "align"):
-            v = self._aligned_values(v, mask, causal)
-        out = softmax_kernel(q, k, v, mask, causal, self.attention_dropout())  # S_i V'_i
+            v = self._aligned_values(v, key_mask, causal)
+        out = softmax_kernel(q, k, v, key_mask, causal, self.attention_dropout())  # S_i V'_i
         return self.out_proj(merge_heads(out))
 
 
@@ -89,6 +102,7 @@ register_attention(
     "standard",
     paper=PAPER,
     equation="Def. 1, Eqn. 1-6",
+    capabilities=Capabilities(cross=True),  # plain cross-attention: K, V from the context
     summary="standard multi-head scaled dot-product attention (same computation as softmax)",
 )(SoftmaxAttention)
 
@@ -96,6 +110,7 @@ register_attention(
     "optimised",
     paper=PAPER,
     equation="Def. 2, Eqn. 8-12",
+    capabilities=Capabilities(cross=True),  # values = column blocks of the context
     summary="no W^V: head i uses input column block i as its values",
     project_values=False,
 )(BetterAttention)
@@ -104,6 +119,7 @@ register_attention(
     "efficient",
     paper=PAPER,
     equation="Def. 3, Eqn. 13-16",
+    capabilities=Capabilities(cross=True),  # keys and values = column blocks of the context
     summary="no W^V, no W^K: head i uses input column block i as keys and values",
     project_keys=False,
     project_values=False,

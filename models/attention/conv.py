@@ -18,6 +18,13 @@ Causal Conv1D pads s-1 before and none after, so q_i, k_j only mix positions <= 
 Conv2D: tokens are laid out row-major on the patch grid, given as ``grid=(H, W)`` or inferred
 as a square; with a cls token (length H*W + 1, assumed first) the cls token's query and key
 are left unconvolved. Conv2D cannot be causal.
+
+Cross-attention (queries from x, keys/values from a context): Eqn. 45 holds as it is with the
+queries convolved along x and the keys along the context, each with its own padding zeroed, so
+Conv1D supports it. The queries of a cross-attention come from a decoder, whose position i must
+not see later targets, so they are convolved causally (s-1 before); the keys see the whole
+context with the centred kernel. Conv2D does not: it needs the patch grid of both sequences, and one
+``grid`` describes one layout (a decoder's queries and an encoded source share none).
 """
 from __future__ import annotations
 
@@ -43,16 +50,22 @@ class ConvolvedQueryKeyAttention(ProjectedAttention):
     def convolve(self, t: torch.Tensor, causal: bool) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None) -> torch.Tensor:
+        source, key_mask = self.key_source(x, mask, causal, context, context_mask)
         self.check_causal(causal)
-        q, k = self.q_proj(x), self.k_proj(x)
-        if mask is not None:  # padded tokens act like the convolution's zero padding
-            keep = mask[..., None].to(q.dtype)
-            q, k = q * keep, k * keep
-        q, k = self.convolve(q, causal), self.convolve(k, causal)  # Eqn. 43 / 45
+        q, k = self.q_proj(x), self.k_proj(source)
+        # padded tokens act like the convolution's zero padding (queries along x, keys along the source)
+        if mask is not None:
+            q = q * mask[..., None].to(q.dtype)
+        if key_mask is not None:
+            k = k * key_mask[..., None].to(k.dtype)
+        # Eqn. 43 / 45; a cross-attention's queries are a decoder's: causal along the target
+        q, k = self.convolve(q, causal or context is not None), self.convolve(k, causal)
         h = self.n_heads
         out = softmax_kernel(
-            split_heads(q, h), split_heads(k, h), split_heads(self.v_proj(x), h), mask, causal, self.attention_dropout()
+            split_heads(q, h), split_heads(k, h), split_heads(self.v_proj(source), h), key_mask, causal,
+            self.attention_dropout(),
         )
         return self.out_proj(merge_heads(out))
 
@@ -61,6 +74,7 @@ class ConvolvedQueryKeyAttention(ProjectedAttention):
     "conv1d",
     paper=PAPER,
     equation="Appendix H, Def. 4, Eqn. 45",
+    capabilities=Capabilities(cross=True),  # Eqn. 45 with Q convolved along x, K along the context
     summary="softmax attention on queries/keys convolved along the sequence (shared depth-wise kernel)",
 )
 class Conv1dAttention(ConvolvedQueryKeyAttention):
@@ -91,6 +105,10 @@ class Conv2dAttention(ConvolvedQueryKeyAttention):
     """Attention-Conv2D: depth-wise 2D convolution of Q and K on the patch grid ((2, 2) for ImageNet, J.3)."""
 
     causal_unsupported_reason = "a 2D convolution over the patch grid mixes in tokens of later rows"
+    cross_unsupported_reason = (
+        "its one grid option lays out a single patch grid, while queries and a context of another "
+        "length would each need their own"
+    )
 
     def __init__(self, d_model: int, n_heads: int, kernel_size=(2, 2), grid=None, **common):
         super().__init__(d_model, n_heads, **common)

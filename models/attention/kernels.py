@@ -102,18 +102,24 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1.0
 
 
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den; den = 0 only for a query that sees no key (num = 0 too), whose output is 0.
+    Dividing those by 1 rather than by a tiny clamp keeps their gradients finite (a fully padded
+    context, or a causal query before its first key); for den > 0 it is the plain division."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))[..., None]
+
+
 def linear_attention(q: torch.Tensor, keys: KeySet, causal: bool, chunk: int = LINEAR_CHUNK) -> torch.Tensor:
     """Eqn. 27: h_i = sum_j Phi(q_i)^T Phi(k_j) v_j / sum_j Phi(q_i)^T Phi(k_j)."""
     phi_q = elu_feature_map(q)
     phi_k = elu_feature_map(keys.k) * keys.key_weights(q.dtype)[:, None, :, None]  # padded keys -> 0
     v = keys.v
-    tiny = torch.finfo(q.dtype).tiny
     if not causal:
         kv = torch.einsum("bgjd,bgje->bgde", phi_k, v)
         z = phi_k.sum(2)
         num = torch.einsum("bgid,bgde->bgie", phi_q, kv)
         den = torch.einsum("bgid,bgd->bgi", phi_q, z)
-        return num / den.clamp(min=tiny)[..., None]  # den = 0 only when no key: num = 0 too
+        return _ratio(num, den)
 
     b, g, n, d = q.shape
     n_keys, factor, dv = keys.n_keys, keys.factor, v.shape[-1]
@@ -140,7 +146,7 @@ def linear_attention(q: torch.Tensor, keys: KeySet, causal: bool, chunk: int = L
     local = torch.einsum("bgnid,bgnjd->bgnij", phi_q, phi_k) * released
     num = num + local @ v
     den = den + local.sum(-1)
-    out = num / den.clamp(min=tiny)[..., None]
+    out = _ratio(num, den)
     return out.reshape(b, g, -1, dv)[:, :, :n]
 
 

@@ -13,6 +13,13 @@ and the heads are concatenated and projected by out_proj (W_O of Eqn. 17/25).
 
 Pooling happens on the input X as Remark 5 says; since the projections are affine and the
 masked mean's weights sum to one, k_proj(pool(X)) is computed only for that group's heads.
+
+Cross-attention (queries from X, keys/values from a context C with its own padding mask): the
+key set is built from C instead of X, and everything above applies to it unchanged. BN's mu is
+the mean of the head's valid context keys, SH pools the context by the head's factor, and the
+softmax and linear kernels are defined for any set of keys. The sparse kernel is not: Child et
+al.'s patterns pick keys by their offset from the query's own position (neighbours, every l-th
+key back), which a second sequence of another length does not share, so sparse refuses a context.
 """
 from __future__ import annotations
 
@@ -107,6 +114,11 @@ class KernelAttention(ProjectedAttention):
             raise ValueError(f"sparse_pattern must be 'strided' or 'fixed', got {self.sparse_pattern!r}")
         self.summary_size = summary_size  # None: max(1, l // 8), i.e. c = 16 for l = 128 (Child et al.)
 
+        if kernel == "sparse":
+            self.cross_unsupported_reason = (
+                "Child et al.'s patterns choose keys by their offset from the query's own position "
+                "(neighbours, every l-th key back), which a second sequence of another length does not share"
+            )
         if bn and kernel not in SHIFT_INVARIANT_KERNELS:
             self.causal_unsupported_reason = (
                 "BN recentres keys by the mean of the keys a query may see; causally that mean changes with "
@@ -151,13 +163,15 @@ class KernelAttention(ProjectedAttention):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None) -> torch.Tensor:
+        source, key_mask = self.key_source(x, mask, causal, context, context_mask)
         self.check_causal(causal)
         q_all = split_heads(self.q_proj(x), self.n_heads)
         outputs = []
         for factor, heads in self.head_groups:
             q = self._heads(q_all, heads)
-            keys = self._keys(x, mask, factor, heads)
+            keys = self._keys(source, key_mask, factor, heads)
             if self.bn:
                 q, k = batch_normalize(q, keys, self.beta, self.bn_scale, causal)
                 keys.k = k
@@ -197,12 +211,13 @@ def _register_family() -> None:
                 continue  # plain softmax is registered as "softmax" (softmax.py)
             name = prefix + suffix
             causal = not (bn and kernel not in SHIFT_INVARIANT_KERNELS)
+            cross = kernel != "sparse"  # see KernelAttention.cross_unsupported_reason
             modifiers = " + ".join(m for m, on in (("BN", bn), ("SH", sh)) if on)
             register_attention(
                 name,
                 paper=PAPER,
                 equation=_EQUATIONS[(kernel, bn, sh)],
-                capabilities=Capabilities(causal=causal),
+                capabilities=Capabilities(causal=causal, cross=cross),
                 summary=f"{_SUMMARIES[kernel]} kernel" + (f" with {modifiers}" if modifiers else ""),
                 kernel=kernel,
                 bn=bn,

@@ -23,6 +23,7 @@ class Capabilities:
     extra_loss: bool = False  # exposes an auxiliary loss (Primal's KSVD objective)
     needs_grid: bool = False  # takes a 2D token layout `grid=(H, W)` (Conv2D attention)
     cross: bool = False  # attends to a second sequence: forward(x, context=..., context_mask=...)
+    sized_by_max_len: bool = False  # takes the task's length as `max_len` to size parameters, runs at any length
 
 
 @dataclass(frozen=True)

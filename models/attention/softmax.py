@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from models.attention.base import ProjectedAttention, softmax_kernel
-from models.attention.registry import register_attention
+from models.attention.registry import Capabilities, register_attention
 
 
-@register_attention("softmax", paper="Vaswani et al. 2017; primal-dual (papers/003)", equation="Eqn. 1-2")
+# Plain cross-attention (Vaswani et al. Sec. 3.2.3): queries from x, keys/values from the context.
+@register_attention("softmax", paper="Vaswani et al. 2017; primal-dual (papers/003)", equation="Eqn. 1-2",
+                    capabilities=Capabilities(cross=True))
 class SoftmaxAttention(ProjectedAttention):
     """softmax(QK^T / sqrt(D)) V per head, fused SDPA kernel."""
 
