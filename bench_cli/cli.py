@@ -56,6 +56,10 @@ def _run_job(cfg: DictConfig) -> None:
                                  run_id=os.environ.get(RUN_ID_ENV))
     except UserError as e:
         fail(str(e))
+    if row.get("_rank"):  # another process of a distributed run: rank 0 reports
+        if row["status"] != "ok":
+            raise SystemExit(1)
+        return
     print_summary(row, str(cfg.results.path))
     if row.get("_append_error"):
         err_console.print(f"[bold red]error:[/] {row['_append_error']}", highlight=False, soft_wrap=True)
@@ -121,9 +125,16 @@ def cmd_run(args: list[str]) -> None:
                         f"Hydra's --cfg job, --info and --help work)")
     cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
-    check_config(cfg)
-    # One id everywhere: the run folder (hydra.run.dir), the record and the summary.
-    os.environ[RUN_ID_ENV] = new_run_id()
+    check_config(cfg, build=True)
+    # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
+    # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
+    run_id = new_run_id()
+    if str(cfg.trainer.get("strategy", "none")) != "none":
+        from bench_cli import distributed as D
+
+        env = D.setup(str(cfg.trainer.strategy), str(cfg.trainer.device))
+        run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
+    os.environ[RUN_ID_ENV] = run_id
     try:
         C.run_job(cfg, _run_job)
     except KeyboardInterrupt:
@@ -175,9 +186,9 @@ def cmd_ls(args: list[str]) -> None:
 
     if what == "summary":
         tasks = available_tasks()
-        console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}", soft_wrap=True)
-        console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}", soft_wrap=True)
-        console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}", soft_wrap=True)
+        console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
+        console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
+        console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}")  # wrapped between names
         console.print(f"data root: {data_root}", soft_wrap=True)
         console.print("more: attnbench ls tasks | datasets | models | experiments | runs", soft_wrap=True)
         return
@@ -308,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         COMMANDS[cmd](rest)
     except UserError as e:
         fail(str(e))
+    except KeyboardInterrupt:  # any command: one line, no traceback (run records it first)
+        fail(f"interrupted: attnbench {cmd} stopped (Ctrl-C)", code=130)
 
 
 if __name__ == "__main__":

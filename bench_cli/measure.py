@@ -57,6 +57,7 @@ import gc
 import math
 import resource
 import sys
+import time
 from typing import Any, Callable, Iterator
 
 import torch

@@ -55,22 +55,27 @@ class Metric:
 @dataclass(frozen=True)
 class Accuracy(Metric):
     """Percentage of samples whose top-k classes contain the target (k = 1: accuracy). Soft
-    targets (mixup) count by their argmax, as timm does."""
+    targets (mixup) count by their argmax, as timm does. With ``ignore_index``, targets equal to
+    it are not counted (token accuracy of padded sequences)."""
 
     name: str = "accuracy"
     k: int = 1
     target: str = "y"
+    ignore_index: int | None = None
 
     def update(self, output, batch):
         y = batch[self.target]
         if y.dim() == output.dim():  # soft / one-hot targets
             y = y.argmax(-1)
         if self.k == 1:
-            correct = (output.argmax(-1) == y).sum()
+            hit = output.argmax(-1) == y
         else:
             top = output.topk(min(self.k, output.shape[-1]), dim=-1).indices
-            correct = (top == y.unsqueeze(-1)).any(-1).sum()
-        return {self.stat("correct"): float(correct), self.stat("n"): float(y.numel())}
+            hit = (top == y.unsqueeze(-1)).any(-1)
+        if self.ignore_index is None:
+            return {self.stat("correct"): float(hit.sum()), self.stat("n"): float(y.numel())}
+        valid = y != self.ignore_index
+        return {self.stat("correct"): float((hit & valid).sum()), self.stat("n"): float(valid.sum())}
 
     def compute(self, stats):
         return 100.0 * stats[self.stat("correct")] / max(stats[self.stat("n")], 1.0)
@@ -170,6 +175,55 @@ class Mean(Metric):
 
     def compute(self, stats):
         return stats[self.stat("sum")] / max(stats[self.stat("n")], 1.0)
+
+
+@dataclass(frozen=True)
+class BLEU(Metric):
+    """Corpus BLEU (sacrebleu, 0-100) of decoded hypotheses against one reference each.
+
+    ``update`` reads ``batch['hypotheses']`` and ``batch['references']`` (lists of strings) and
+    returns sacrebleu's sufficient statistics (matching and total n-grams of each order, system
+    and reference lengths). They add up over batches exactly as sacrebleu sums them over
+    sentences, so ``compute`` of the sums is the corpus BLEU of the whole split
+    (``sacrebleu.corpus_bleu``, same tokeniser and its default exponential smoothing)."""
+
+    name: str = "bleu"
+    tokenize: str = "13a"
+    max_order: int = 4
+
+    def scorer(self):
+        from sacrebleu.metrics import BLEU as SacreBLEU
+
+        return SacreBLEU(tokenize=self.tokenize, max_ngram_order=self.max_order)
+
+    def signature(self) -> str:
+        """sacrebleu's signature of the scorer (one reference, tokeniser, smoothing, version)."""
+        scorer = self.scorer()
+        scorer.corpus_score(["a"], [["a"]])  # the signature needs the number of references
+        return str(scorer.get_signature())
+
+    def update(self, output, batch):
+        hyps, refs = list(batch["hypotheses"]), list(batch["references"])
+        if len(hyps) != len(refs):
+            raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+        if not hyps:
+            return {}
+        score = self.scorer().corpus_score(hyps, [refs])
+        stats = {self.stat("sys_len"): float(score.sys_len), self.stat("ref_len"): float(score.ref_len)}
+        for n in range(self.max_order):
+            stats[self.stat(f"correct_{n + 1}")] = float(score.counts[n])
+            stats[self.stat(f"total_{n + 1}")] = float(score.totals[n])
+        return stats
+
+    def compute(self, stats):
+        from sacrebleu.metrics import BLEU as SacreBLEU
+
+        orders = range(1, self.max_order + 1)
+        return float(SacreBLEU.compute_bleu(
+            correct=[int(stats[self.stat(f"correct_{n}")]) for n in orders],
+            total=[int(stats[self.stat(f"total_{n}")]) for n in orders],
+            sys_len=int(stats[self.stat("sys_len")]), ref_len=int(stats[self.stat("ref_len")]),
+            smooth_method="exp", max_ngram_order=self.max_order).score)
 
 
 def compute_all(metrics, stats: dict[str, float]) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 The file is never modified in place: each append writes the old rows plus the new one to a
 temporary file in the same directory and atomically renames it over the original, under a
-lock, so a crash mid-write (or two parallel jobs) cannot corrupt earlier rows.
+lock, so a crash mid-write (or two parallel jobs) cannot corrupt earlier rows. The same writer
+(:func:`write_rows`) writes the CSVs of `attnbench profile`.
 """
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import io
 import json
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -53,6 +56,27 @@ _NON_SEMANTIC_TRAINER = ("progress", "eval_batch_size", "num_threads")
 # use them keeps its job key and its earlier records still count as done. Append, never edit.
 ADDED_KEYS: dict[str, object] = {
     "trainer.num_workers": 0,
+    # issue 11: the Primal-Attention options of the authors' code (models/attention/primal.py) ...
+    **{f"model.{role}.{option}": neutral for role in ("attention", "final_attention")
+       for option, neutral in (("ksvd_form", "paper"), ("ksvd_square", "per_sample_head"), ("rows", "full"),
+                               ("init", "per_head"), ("padding", "valid"), ("row_positions", "floor"))},
+    "model.ksvd_layers": "sum",
+    # ... and the UEA backbone options of their time-series code (models/timeseries.py)
+    "task.backbone.attention_dropout": None,
+    "task.backbone.final_norm": False,
+    "task.backbone.attention_mask": True,
+    "trainer.scheduler.warmup_init_lr": 0.0,
+    "measure.inference_samples": None,
+    "trainer.optimizer.lr_reference_batch": None,
+    "trainer.optimizer.no_decay_1d": False,
+    "trainer.scheduler.warmup_epochs": None,
+    "trainer.scheduler.warmup_lr": None,
+    "trainer.scheduler.min_lr": 0.0,
+    "trainer.drop_last": False,
+    "trainer.train_metrics": False,
+    "trainer.strategy": "none",
+    "trainer.precision": "32",
+    "measure.inference_time": False,
 }
 
 
@@ -142,11 +166,28 @@ def provenance() -> dict:
     }
 
 
+LOCK_NOTICE_AFTER_S = 2.0  # a lock held longer than this is announced (another process writes)
+
+
 @contextmanager
 def _locked(path: Path):
+    """The CSV's lock file held exclusively. When another process holds it for more than a moment,
+    one line on stderr says what is waiting for what, instead of a silent pause."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock_path = path.with_name(path.name + ".lock")
+    with open(lock_path, "w") as lock:
+        deadline = time.monotonic() + LOCK_NOTICE_AFTER_S
+        while True:  # poll briefly; past the deadline say so once, then block
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    print(f"waiting for {lock_path} (another process is writing {path.name}; "
+                          f"the record is written when it lets go)", file=sys.stderr, flush=True)
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    break
+                time.sleep(0.05)
         try:
             yield
         finally:
@@ -231,21 +272,29 @@ def read_records(path: str | Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def append_record(path: str | Path, row: dict) -> None:
-    """Append ``row`` atomically; unknown keys become new columns (old rows get blanks)."""
+def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS, *, append: bool = True) -> None:
+    """Write ``rows`` to the CSV at ``path``, after its rows (``append``) or instead of them.
+
+    The one CSV writer (run records, profile points). Under the lock, the whole file is written to a
+    temporary file in the same directory and renamed over the original, so a crash mid-write or a
+    parallel writer cannot corrupt earlier rows. The header is ``columns``, then every other key in
+    the order it first appears: unknown keys become new columns, older rows get blanks.
+    """
     path = Path(path)
     with _locked(path):
-        rows = read_records(path)
-        header = list(COLUMNS)
-        for r in rows + [row]:
+        rows = (read_records(path) if append else []) + list(rows)
+        header = list(columns)
+        for r in rows:
             header += [k for k in r if k not in header]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=header, extrasaction="raise", lineterminator="\n")
         writer.writeheader()
-        for r in rows + [row]:
+        for r in rows:
             writer.writerow({k: _cell(r.get(k)) for k in header})
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
+            # mkstemp creates 0600: keep the existing file's mode, or the umask's for a new file
+            os.fchmod(fd, _file_mode(path))
             with os.fdopen(fd, "w", newline="") as f:
                 f.write(buf.getvalue())
                 f.flush()
@@ -254,6 +303,20 @@ def append_record(path: str | Path, row: dict) -> None:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _file_mode(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def append_record(path: str | Path, row: dict) -> None:
+    """Append one run record (``COLUMNS`` first)."""
+    write_rows(path, [row])
 
 
 def _cell(v) -> str:

@@ -18,10 +18,18 @@ newest ok record counts; a seed without any ok record counts as failed.
 The experiment config says how (``report:``, not part of a run's identity):
   title, metric (record column, test_accuracy), baseline (softmax), baseline_experiment (take the
   baseline's runs from another experiment with the same setup), paper_csv + paper_tables (the first
-  listed table with a value wins) + paper_metric + paper_notes (substring filter) + paper_n (the
-  paper's runs per mean, for Welch), paper_models / paper_datasets (our name -> the paper's),
-  variants {key: an override swept besides the model, paper_notes: {value: substring of the paper
-  row's notes}} (one row per model and value), notes (a mapping of sentences for the Markdown).
+  listed table with a value wins) + paper_metric + paper_split (the CSV's split column: train or
+  test, where a table prints both) + paper_notes (substring filter) + paper_n (the paper's runs
+  per mean, for Welch), paper_models / paper_datasets (our name -> the paper's), variants {key: an
+  override swept besides the model, paper_notes: {value: substring of the paper row's notes} or
+  paper_column: the CSV column holding the value (e.g. heads)} (one row per model and value),
+  paper_filter {column: value} (paper rows must match, e.g. heads: 4; paper_split: test is short for
+  split: test), compare (extra columns: a record column next to a paper metric -- {label, column,
+  paper_metric, paper_filter, ratio: to the baseline model on both sides, digits}),
+  also (a list of further {metric, paper_metric, paper_split, paper_tables?}: one more table each,
+  in the Markdown and in ``<NAME>.<metric>.csv``), paper_efficiency {label: paper metric} (the
+  paper's own time / memory columns, shown as ratios to the paper's baseline beside ours), notes (a mapping of sentences for the Markdown).
+The header states the metric's direction (the records' higher_is_better).
 """
 from __future__ import annotations
 
@@ -78,18 +86,25 @@ def _num(v) -> float | None:
         return None
 
 
+def _same(a, b) -> bool:
+    x, y = _num(a), _num(b)
+    return x == y if x is not None and y is not None else str(a) == str(b)
+
+
 class PaperTable:
     """The paper's numbers of the listed tables; the first listed table with a value wins."""
 
     def __init__(self, rows: list[dict], tables: list[str]):
         self.rows, self.tables = rows, tables
 
-    def get(self, key, notes: str | None = None) -> PaperValue | None:
+    def get(self, key, notes: str | None = None, where: dict | None = None) -> PaperValue | None:
+        """The value of (dataset, model); ``notes`` a substring of the row's notes, ``where``
+        {CSV column: value} the row must have (e.g. {"heads": 4}; numbers compare as numbers)."""
         dataset, model = key
         for t in self.tables:
             for r in self.rows:
                 if (r["table"] == t and r["dataset"].lower() == dataset and r["model"] == model
-                        and (not notes or notes in r.get("notes", ""))):
+                        and (not notes or notes in r.get("notes", "")) and matches(r, where)):
                     return PaperValue(float(r["value"]), _num(r.get("std")), t, r.get("notes", ""))
         return None
 
@@ -100,17 +115,35 @@ class PaperTable:
         return v
 
 
-def load_paper(settings, directory: Path | None = None) -> tuple[PaperTable, dict]:
-    """(PaperTable of the listed tables, {paper_model: printed Average of the first table})."""
+def _same(a, b) -> bool:
+    """Equal as numbers when both are numbers ('4' and '4.0'), else as text."""
+    x, y = _num(a), _num(b)
+    return x == y if x is not None and y is not None else str(a).strip() == str(b).strip()
+
+
+def matches(row: dict, where: dict | None) -> bool:
+    """The paper row has every ``column: value`` of ``where``."""
+    return all(_same(row.get(str(k), ""), v) for k, v in (where or {}).items())
+
+
+def load_paper(settings, directory: Path | None = None, metric: str | None = None,
+               where: dict | None = None) -> tuple[PaperTable, dict]:
+    """(PaperTable of the listed tables, {paper_model: printed Average of the first table}); rows
+    of ``metric`` (default ``paper_metric``) matching ``where`` (default ``paper_filter``, with
+    ``paper_split`` as its ``split``)."""
     path = (directory or paper_dir()) / str(settings.paper_csv)
     if not path.is_file():
         raise UserError(f"paper results {path} not found (copy ../shared/reference/*.csv to results/paper/)")
     tables = [str(t) for t in settings.get("paper_tables") or []]
-    metric = str(settings.get("paper_metric") or "accuracy")
+    metric = metric or str(settings.get("paper_metric") or "accuracy")
+    if where is None:
+        where = dict(settings.get("paper_filter") or {})
+        if settings.get("paper_split"):
+            where["split"] = settings.paper_split
     notes = settings.get("paper_notes")
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["table"] in tables and r["metric"] == metric
-                and _num(r["value"]) is not None and (not notes or notes in r.get("notes", ""))]
+                and _num(r["value"]) is not None and (not notes or notes in r.get("notes", "")) and matches(r, where)]
     averages = {}
     for r in rows:
         if r["dataset"] == "Average" and r["table"] == tables[0]:
@@ -266,13 +299,17 @@ def _fmt(v, digits=2) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
-def _pm(mean, std, digits=2) -> str:
+def _pm(mean, std, digits=None) -> str:
+    """mean ± std with 2 decimals, or 3 significant digits for values below 1 (an RMSE of 0.0543)."""
     if mean is None:
         return "—"
+    if digits is None:
+        digits = 2 if abs(mean) >= 1 or mean == 0 else 2 - math.floor(math.log10(abs(mean)))
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
-def display_rows(rows: list[dict], avg: dict | None, models: list[str]) -> list[list[str]]:
+def display_rows(rows: list[dict], avg: dict | None, models: list[str], extra=()) -> list[list[str]]:
+    """Table cells; ``extra``: (header, row key) ratio columns appended (the paper's efficiency ratios)."""
     out = []
     for r in rows:
         n = str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
@@ -281,7 +318,8 @@ def display_rows(rows: list[dict], avg: dict | None, models: list[str]) -> list[
         paper = _pm(r["paper_mean"], r["paper_std"]) + (f" [T{r['paper_table']}]" if r["paper_table"] else "")
         out.append([r["dataset"], r["model"], n, _pm(r["mean"], r["std"]), paper,
                     "—" if r.get("diff") is None else f"{r['diff']:+.2f}", within, spread,
-                    *(_fmt(r[f"{label.lower()}_ratio"]) for label, _ in EFFICIENCY)])
+                    *(_fmt(r[f"{label.lower()}_ratio"]) for label, _ in EFFICIENCY),
+                    *(_fmt(r.get(key)) for _, key in extra)])
     if avg:
         for m in models:
             a = avg["models"][m]
@@ -289,7 +327,7 @@ def display_rows(rows: list[dict], avg: dict | None, models: list[str]) -> list[
             within = "—" if diff is None else ("yes" if abs(diff) <= a["tolerance"] else "NO")
             out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), _pm(a["mean"], a["std"]),
                         _pm(a["paper_mean"], a["paper_std"]) + (" [same sets]" if a["paper_mean"] is not None else ""),
-                        "—" if diff is None else f"{diff:+.2f}", within, "—", "", "", "", ""])
+                        "—" if diff is None else f"{diff:+.2f}", within, "—", "", "", "", "", *("" for _ in extra)])
     return out
 
 
@@ -301,13 +339,20 @@ def headers(floor: float = 1.0) -> list[str]:
     return [f"within max(2σ, {floor:g})" if h.startswith("within") else h for h in HEADERS]
 
 
-def markdown(title: str, header_lines: list[str], table: list[list[str]], notes: list[str], floor: float = 1.0) -> str:
-    cols = headers(floor)
-    lines = [f"# {title}", "", *[f"- {h}" for h in header_lines], "",
-             "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table]
+def _markdown_table(table: list[list[str]], cols: list[str]) -> list[str]:
+    return (["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+            + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table])
+
+
+def markdown(title: str, header_lines: list[str], table: list[list[str]], notes: list[str], cols: list[str],
+             sections: list[tuple[str, list[list[str]]]] = ()) -> str:
+    """The report; ``sections`` are further (subtitle, table) pairs (``report.also``) in the columns of
+    ``headers()``."""
+    lines = [f"# {title}", "", *[f"- {h}" for h in header_lines], "", *_markdown_table(table, cols)]
     if notes:
         lines += ["", *[f"{n}" for n in notes]]
+    for subtitle, rows in sections:
+        lines += ["", f"## {subtitle}", "", *_markdown_table(rows, cols[:len(HEADERS)])]
     return "\n".join(lines) + "\n"
 
 
@@ -317,9 +362,10 @@ CSV_COLUMNS = ["dataset", "model", "paper_model", "n", "n_failed", "seeds", "epo
                "params_ratio", "flops_ratio", "mem_ratio", "time_ratio"]
 
 
-def to_csv(rows: list[dict], avg: dict | None, models: list[str]) -> str:
+def to_csv(rows: list[dict], avg: dict | None, models: list[str], extra_columns=()) -> str:
+    columns = CSV_COLUMNS + list(extra_columns)
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
 
     def cell(v):
@@ -332,7 +378,7 @@ def to_csv(rows: list[dict], avg: dict | None, models: list[str]) -> str:
         return v
 
     for r in rows:
-        w.writerow({k: cell(r.get(k)) for k in CSV_COLUMNS})
+        w.writerow({k: cell(r.get(k)) for k in columns})
     if avg:
         for m in models:
             a = avg["models"][m]
@@ -342,6 +388,47 @@ def to_csv(rows: list[dict], avg: dict | None, models: list[str]) -> str:
                 "std": a["std"], "paper_mean": a["paper_mean"], "paper_std": a["paper_std"], "diff": diff,
                 "tolerance": a["tolerance"], "within_tolerance": None if diff is None else abs(diff) <= a["tolerance"]}.items()})
     return buf.getvalue()
+
+
+def compare_column(spec, settings, cells, table_rows, paper_model_of, paper_datasets, baseline_label, paper_where,
+                   base_cells) -> dict:
+    """One ``compare`` column: the mean of a record column over a cell's runs next to a paper metric
+    (both as ratios to the baseline model of the same dataset with ``ratio``). Writes
+    ``<label>`` / ``paper_<label>`` into the table rows; returns the header, the shown cells, the
+    CSV columns and a note saying what the column is."""
+    label, column = str(spec.label), str(spec.column)
+    where = dict(spec.get("paper_filter") or {})
+    paper, _ = load_paper(settings, metric=str(spec.paper_metric), where=where)
+    digits, ratio = int(spec.get("digits", 2)), bool(spec.get("ratio", False))
+
+    def ours(cell) -> float | None:
+        vals = [_num(r.get(column)) for r in (cell.rows if cell else [])]
+        vals = [v for v in vals if v is not None]
+        return statistics.fmean(vals) if vals else None
+
+    def theirs(d: str, lab: str) -> float | None:
+        v = paper.get((str(paper_datasets.get(d, d)).lower(), paper_model_of(lab)), None,
+                      {**where, **(paper_where(lab) or {})})
+        return v.mean if v else None
+
+    shown = []
+    for row in table_rows:
+        d, lab = row["dataset"], row["model"]
+        mine, printed = ours(cells.get((d, lab))), theirs(d, lab)
+        if ratio:
+            base_lab = baseline_label(lab)
+            b_mine = ours(cells.get((d, base_lab)) or base_cells.get((d, base_lab)))
+            b_printed = theirs(d, base_lab)
+            mine = mine / b_mine if mine is not None and b_mine else None
+            printed = printed / b_printed if printed is not None and b_printed else None
+        row[label], row[f"paper_{label}"] = mine, printed
+        fmt = (lambda v: "—" if v is None else f"{v:,.{digits}f}")  # noqa: E731
+        shown.append(f"{fmt(mine)} ({fmt(printed)})")
+    what = f"ratio to {baseline_label('')}, " if ratio else ""
+    filt = ", ".join(f"{k} {v}" for k, v in where.items())
+    note = (f"{label}: {what}ours `{column}` (mean over the runs) and, in parentheses, the paper's "
+            f"`{spec.paper_metric}`" + (f" ({filt})" if filt else "") + ".")
+    return {"header": f"{label} (paper)", "shown": shown, "csv": [label, f"paper_{label}"], "note": note}
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -357,14 +444,32 @@ def _parse(args: list[str]):
     return p.positional, p.overrides, opts
 
 
+def wall_clock(rows: list[dict]) -> str | None:
+    """The time from the first run's start to the last run's end, with the summed run times: what
+    the sweep cost on the machine that ran it (runs of several sittings make the span longer)."""
+    from datetime import datetime, timedelta
+
+    spans = []
+    for r in rows:
+        try:
+            start = datetime.fromisoformat(str(r.get("time")))
+            spans.append((start, start + timedelta(seconds=float(r.get("wall_time_s") or 0))))
+        except (TypeError, ValueError):
+            continue
+    if not spans:
+        return None
+    total = sum((end - start).total_seconds() for start, end in spans)
+    span = (max(e for _, e in spans) - min(s for s, _ in spans)).total_seconds()
+    return f"{span / 60:.1f} min from the first run's start to the last run's end ({total / 60:.1f} min of runs)"
+
+
 def direction_note(rows: list[dict], settings) -> str:
-    """" (lower is better)" when the records' selection metric (or ``report.higher_is_better``)
-    says so; nothing for the usual higher-is-better accuracy."""
+    """The direction of the records' selection metric (or ``report.higher_is_better``), when known."""
     flags = {str(r.get("higher_is_better", "")).lower() for r in rows} - {""}
     higher = settings.get("higher_is_better")
     if higher is None and len(flags) == 1:
         higher = flags.pop() == "true"
-    return " (lower is better)" if higher is False else ""
+    return {True: " (higher is better)", False: " (lower is better)"}.get(higher, "")
 
 
 def grid_axes(cfg, extra: str | None = None) -> dict[str, list[str]]:
@@ -460,6 +565,7 @@ def cmd_report(args: list[str]) -> None:
     variants = settings.get("variants") or {}
     vkey = variants.get("key")
     vnotes = {str(k).lower(): v for k, v in (variants.get("paper_notes") or {}).items()}
+    vcolumn = variants.get("paper_column")
     axes = grid_axes(cfg, vkey)
     models = list(axes.get("model") or [])
     models += sorted({r["model"] for r in rows} - set(models))
@@ -482,25 +588,65 @@ def cmd_report(args: list[str]) -> None:
         sp = by_label.get(label)
         return paper_models.get(sp.model, sp.model) if sp else label
 
-    def paper_of(d: str, label: str):
-        sp = by_label.get(label)
-        notes = vnotes.get(str(sp.value).lower()) if sp and sp.value is not None else None
-        return paper.get((str(paper_datasets.get(d, d)).lower(), paper_model_of(label)), notes)
+    def lookup(table: PaperTable):
+        def paper_of(d: str, label: str):
+            sp = by_label.get(label)
+            value = sp.value if sp and sp.value is not None else None
+            notes = vnotes.get(str(value).lower()) if value is not None else None
+            where = {str(vcolumn): value} if vcolumn and value is not None else None
+            return table.get((str(paper_datasets.get(d, d)).lower(), paper_model_of(label)), notes, where)
+        return paper_of
 
+    paper_of = lookup(paper)
     baseline = str(settings.get("baseline") or "softmax")
-    cells = aggregate(rows, metric, label_of)
     base_records = rows
     if settings.get("baseline_experiment"):
         base_records = [r for r in all_records if r.get("experiment") == settings.baseline_experiment]
-    base_cells = aggregate([r for r in base_records if r.get("model") == baseline], metric)
-
-    def baseline_of(d: str):
-        return base_cells.get((d, baseline))
-
+    base_rows = [r for r in base_records if r.get("model") == baseline]
     labels = [sp.label for sp in specs]
-    table_rows = build_rows(cells, datasets, labels, paper_of, baseline_of, settings.get("paper_n") or 5, paper_model_of,
-                            floor)
-    avg = average_row(cells, datasets, labels, paper_of, floor)
+
+    def section(column: str, paper_of):
+        """(cells, table rows, average row) of one record column against the paper."""
+        cells = aggregate(rows, column, label_of)
+        base_cells = aggregate(base_rows, column)
+        table_rows = build_rows(cells, datasets, labels, paper_of, lambda d: base_cells.get((d, baseline)),
+                                settings.get("paper_n") or 5, paper_model_of, floor)
+        return cells, table_rows, average_row(cells, datasets, labels, paper_of, floor)
+
+    cells, table_rows, avg = section(metric, paper_of)
+    # The paper's own efficiency columns (report.paper_efficiency {label: paper metric}, e.g. time:
+    # train_time_s_per_1k_steps) as ratios to the paper's baseline on the same dataset.
+    paper_ratios = []
+    for label, paper_metric in dict(settings.get("paper_efficiency") or {}).items():
+        efficiency, _ = load_paper(settings, metric=str(paper_metric))
+        key = f"paper_{label}_ratio"
+        paper_ratios.append((f"paper {label} ×", key))
+        efficiency_of = lookup(efficiency)
+        for r in table_rows:
+            v = efficiency_of(r["dataset"], r["model"])
+            b = efficiency.get((str(paper_datasets.get(r["dataset"], r["dataset"])).lower(),
+                            paper_models.get(baseline, baseline)))
+            r[key] = v.mean / b.mean if v and b and b.mean else None
+    sections = []  # the further metrics of `report.also`
+    for extra_spec in settings.get("also") or []:
+        extra_settings = OmegaConf.merge(settings, extra_spec)
+        extra_paper, _ = load_paper(extra_settings)
+        _, extra_rows, extra_avg = section(str(extra_spec.metric), lookup(extra_paper))
+        subtitle = (f"{extra_spec.metric} (paper: {extra_settings.get('paper_metric')}"
+                    + (f", {extra_settings.paper_split}" if extra_settings.get("paper_split") else "") + ")")
+        sections.append((str(extra_spec.metric), subtitle, extra_rows, extra_avg))
+
+    def paper_where(label: str) -> dict | None:
+        sp = by_label.get(label)
+        return {vcolumn: sp.value} if vcolumn and sp and sp.value is not None else None
+
+    def baseline_label(label: str) -> str:
+        """The baseline's row label at the same variant value as ``label``."""
+        sp = by_label.get(label)
+        return row_specs([baseline], vkey, [sp.value])[0].label if vkey and sp else baseline
+
+    compared = [compare_column(c, settings, cells, table_rows, paper_model_of, paper_datasets, baseline_label,
+                               paper_where, aggregate(base_rows, metric)) for c in settings.get("compare") or []]
 
     used = [r for c in cells.values() for r in c.rows]
     protocols = sorted({r.get("protocol", "") for r in used})
@@ -524,6 +670,7 @@ def cmd_report(args: list[str]) -> None:
         + ": parameters, FLOPs per sample (forward), peak training-step memory, time per epoch (wall clock, 1 thread per job: noisy on a shared machine)",
         f"records: {path} ({len(used)} runs; git {', '.join(commits) or '—'}; "
         f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})",
+        *([f"wall clock: {span}"] if (span := wall_clock(used)) else []),
     ]
     axes_keys = ("task.dataset", "model", "seed", "experiment", *((vkey,) if vkey else ()))
     budget = [t for t in common_overrides(used, axes_keys) if t.split("=", 1)[0].lstrip("+") in BUDGET_KEYS]
@@ -559,9 +706,18 @@ def cmd_report(args: list[str]) -> None:
     extra = settings.get("notes") or []
     notes += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra)]
 
-    display = display_rows(table_rows, avg, labels)
+    display = display_rows(table_rows, avg, labels, paper_ratios)
+    cols = headers(floor) + [h for h, _ in paper_ratios]
+    for column in compared:  # "ours (paper)" per row; the average rows leave them empty
+        cols.append(column["header"])
+        for row, shown in zip(display, column["shown"] + [""] * (len(display) - len(column["shown"]))):
+            row.append(shown)
+        notes.append(column["note"])
     title = str(settings.get("title") or name)
-    _print(console, title, header, display, notes, floor)
+    _print(console, title, header, display, notes, cols)
+    extra_tables = [(subtitle, display_rows(r, a, labels)) for _, subtitle, r, a in sections]
+    for subtitle, extra_display in extra_tables:
+        _print(console, f"{title}: {subtitle}", [], extra_display, [], headers(floor))
     if opts["write"]:
         # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/.
         out = Path(opts["out"] or path.parent / "reproduced") / name
@@ -571,9 +727,13 @@ def cmd_report(args: list[str]) -> None:
             console.print(f"[yellow]note[/]: {out.with_suffix('.md')} is committed and was made from other records "
                           f"({replaced}); it is replaced (git diff shows the change, git checkout restores it)",
                           soft_wrap=True)
-        out.with_suffix(".md").write_text(markdown(title, header, display, notes, floor))
-        out.with_suffix(".csv").write_text(to_csv(table_rows, avg, labels))
-        console.print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.csv')}", soft_wrap=True)
+        out.with_suffix(".md").write_text(markdown(title, header, display, notes, cols, extra_tables))
+        out.with_suffix(".csv").write_text(to_csv(table_rows, avg, labels, [k for _, k in paper_ratios] + [c for x in compared for c in x["csv"]]))
+        written = [out.with_suffix(".md"), out.with_suffix(".csv")]
+        for column, _, extra_rows, extra_avg in sections:
+            written.append(out.parent / f"{out.name}.{column}.csv")
+            written[-1].write_text(to_csv(extra_rows, extra_avg, labels))
+        console.print(f"wrote {', '.join(map(str, written))}", soft_wrap=True)
     if cfg.logger.get("name", "none") != "none":
         _log(cfg, name, table_rows)
 
@@ -598,17 +758,15 @@ def wide(console, width: int):
     return console if console.is_terminal else Console(file=console.file, width=max(console.width, width))
 
 
-def _print(console, title, header, display, notes, floor: float = 1.0) -> None:
+def _print(console, title, header, display, notes, cols: list[str]) -> None:
+    """The table as wide as its cells on a pipe or log (``wide``); on a narrower terminal one block
+    per row instead of squeezed, wrapped cells (ui.show_table). Rows that miss the tolerance are red."""
     from rich.markup import escape
-    from rich.table import Table
 
-    t = Table(title=title, caption="\n".join(header), caption_justify="left")
-    for h in headers(floor):
-        t.add_column(h, justify="left" if h in ("dataset", "model") else "right")
-    for row in display:
-        style = "red" if "NO" in row[6:7] else None
-        t.add_row(*[escape(c) for c in row], style=style)
-    wide(console, 200).print(t)
+    from bench_cli.ui import show_table
+
+    show_table(title, cols, [[escape(c) for c in row] for row in display], caption="\n".join(header) or None,
+               row_styles=["red" if "NO" in row[6:7] else None for row in display], out=wide(console, 200))
     for n in notes:
         console.print(escape(n), soft_wrap=True)
 

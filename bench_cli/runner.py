@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from bench_cli import distributed as D
 from bench_cli import records
 from bench_cli.errors import UserError
 from bench_cli.loggers import LineLogger, Loggers, make_logger
@@ -57,7 +58,10 @@ def measure(task, model, cfg: DictConfig, device) -> dict:
     from bench_cli import measure as M
 
     out = {"params": M.count_parameters(model), **M.attention_parameters(model)}
-    batch = example_batch(task, "train", int(cfg.trainer.batch_size), device)
+    # one forward/backward of training: a micro-batch when the batch is accumulated (a 64 x 512-token
+    # batch of the 267,744-word LM would need 35 GB of logits; training never holds it at once)
+    size = min(int(cfg.trainer.batch_size), int(cfg.trainer.get("micro_batch_size") or cfg.trainer.batch_size))
+    batch = example_batch(task, "train", size, device)
     inputs = task.model_inputs(batch)
     n = task.batch_len(batch)
 
@@ -71,8 +75,57 @@ def measure(task, model, cfg: DictConfig, device) -> dict:
     if cfg.measure.memory:
         out["peak_mem_train_bytes"] = M.peak_memory_train_step(model, inputs, loss_fn)
         out["peak_mem_infer_bytes"] = M.peak_memory_inference(model, inputs)
+    samples = int(cfg.measure.get("inference_samples") or 0)
+    if samples:
+        out.update(inference_time(task, model, cfg, device, samples))
     out["peak_rss_bytes"] = M.process_peak_rss_bytes()
     return out
+
+
+def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
+    """Inference (eval mode, no gradients, ``trainer.precision``) over the first ``samples`` test
+    samples in batches of ``eval_batch_size``, after one warm-up batch; data loading excluded.
+    Pay-better-attention Table 4 reports the total over 5,000 samples (on an Apple M2):
+    ``infer_time_s`` is that total (scaled to ``samples`` when the test split is smaller),
+    ``infer_time_per_batch_s`` the median batch. Ratios between attentions are what compares."""
+    from torch.utils.data import DataLoader
+
+    from bench_cli.trainer import autocast, to_device
+
+    loader = DataLoader(task.dataset("test"), batch_size=int(cfg.trainer.eval_batch_size), shuffle=False,
+                        collate_fn=task.collate("test"))
+    was_training = model.training
+    model.eval()
+    times, seen, warm = [], 0, False
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    try:
+        with torch.no_grad(), autocast(device, str(cfg.trainer.get("precision", "32"))):
+            for batch in loader:
+                keep = min(task.batch_len(batch), samples - seen)
+                batch = {k: v[:keep] for k, v in batch.items()}  # the last batch holds only what is missing
+                inputs = task.model_inputs(to_device(batch, device))
+                if not warm:
+                    model(**inputs)
+                    warm = True
+                sync()
+                t0 = time.perf_counter()
+                model(**inputs)
+                sync()
+                times.append(time.perf_counter() - t0)
+                seen += task.batch_len(batch)
+                if seen >= samples:
+                    break
+    finally:
+        model.train(was_training)
+    if not times:
+        return {}
+    return {"infer_time_s": round(sum(times) * samples / seen, 6), "infer_samples": seen,
+            "infer_batch_size": int(cfg.trainer.eval_batch_size),
+            "infer_time_per_batch_s": round(sorted(times)[len(times) // 2], 6)}
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
@@ -90,7 +143,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
-    OmegaConf.save(cfg, config_path, resolve=True)
+    # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
+    env = D.setup(str(cfg.trainer.get("strategy", "none")), str(cfg.trainer.device))
+    if env.is_main:
+        OmegaConf.save(cfg, config_path, resolve=True)
     protocol = str(cfg.task.get("protocol", "holdout"))
     row = {
         "run_id": run_id,
@@ -112,11 +168,12 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         "command": records.invocation(),
         **records.provenance(),
     }
-    records.write_run_marker(run_dir, row)
+    if env.is_main:
+        records.write_run_marker(run_dir, row)
     logger, result, error = None, None, None
     try:
-        device = select_device(str(cfg.trainer.device))
-        row["device"] = str(device)
+        device = D.device_for(env, select_device(str(cfg.trainer.device)))
+        row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
         if cfg.trainer.get("num_threads"):
             torch.set_num_threads(int(cfg.trainer.num_threads))
         task = build_task(cfg)
@@ -124,18 +181,23 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         task.setup(protocol)
         seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
         model = task.build_model(cfg.model).to(device)
-        tracker = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir,
-                              name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
-        logger = Loggers(tracker, LineLogger(task.selection_metric(), "val" if protocol == "holdout" else "test",
-                                             prefix=line_prefix))
+        if env.world_size > 1:  # same initial weights everywhere; each process its own dropout
+            torch.manual_seed(int(cfg.seed) + env.rank)
+        if env.is_main:
+            tracker = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir,
+                                  name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
+            logger = Loggers(tracker, LineLogger(task.selection_metric(), "val" if protocol == "holdout" else "test",
+                                                 prefix=line_prefix))
         trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), eta=cfg.model.get("eta", 0.0),
-                          logger=logger, progress=progress)
+                          logger=logger, progress=progress if env.is_main else None, dist=env,
+                          auxiliary_layers=cfg.model.get("ksvd_layers", "sum"))
         result = trainer.fit(protocol)
         row.update(result.metrics)
         row.update(best_epoch=result.best_epoch, epochs_run=result.epochs_run,
                    train_time_s=round(result.train_time_s, 3),
                    time_per_epoch_s=round(result.train_time_s / max(result.epochs_run, 1), 4))
-        row.update(measure(task, model, cfg, device))
+        if env.is_main:
+            row.update(measure(task, model, cfg, device))
         row["metrics_json"] = {"data": task.describe(), "history": result.history}
         row["status"] = "ok"
     except DivergedError as e:
@@ -149,18 +211,21 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
             row["error"] = (f"{type(error).__name__}: {error}".splitlines()[0][:500]
                             if not isinstance(error, KeyboardInterrupt) else "interrupted (Ctrl-C)")
             if not isinstance(error, (UserError, KeyboardInterrupt)):
-                (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+                name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
+                (run_dir / name).write_text("".join(traceback.format_exception(error)))
         row["wall_time_s"] = round(time.perf_counter() - started, 3)
-        (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
-        try:
-            records.append_record(cfg.results.path, row)
-        except OSError as e:  # the record is safe in the run folder; say where
-            row["_append_error"] = (f"could not append to {cfg.results.path} ({e.strerror or e}); the record is in "
-                                    f"{run_dir / 'record.json'}")
+        if env.is_main:
+            (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
+            try:
+                records.append_record(cfg.results.path, row)
+            except OSError as e:  # the record is safe in the run folder; say where
+                row["_append_error"] = (f"could not append to {cfg.results.path} ({e.strerror or e}); the record is "
+                                        f"in {run_dir / 'record.json'}")
         if logger is not None:
             logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
             logger.finish(row["status"])
+        D.shutdown()
     if isinstance(error, (UserError, KeyboardInterrupt)):
         raise error
-    row["_error"] = error
+    row["_error"], row["_rank"] = error, env.rank
     return row

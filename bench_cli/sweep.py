@@ -164,7 +164,7 @@ def validate_jobs(jobs: list[Job]) -> None:
     from bench_cli.validate import check_config, check_model_builds
 
     seen_data, seen_model = set(), set()
-    missing = []
+    missing, present = [], []
     for job in jobs:
         cfg = job.cfg
         data_id = (cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), cfg.model.name)
@@ -173,6 +173,7 @@ def validate_jobs(jobs: list[Job]) -> None:
                 continue
             seen_data.add(data_id)
             task = check_config(cfg)
+            present.append(data_id[1])
             model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
                                    OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
             if model_id not in seen_model:
@@ -185,7 +186,9 @@ def validate_jobs(jobs: list[Job]) -> None:
     if missing:
         uniq = list(dict.fromkeys(missing))
         more = f" (and {len(uniq) - 1} more datasets)" if len(uniq) > 1 else ""
-        raise UserError(f"{uniq[0]}{more}; or restrict the dataset axis, e.g. task.dataset=JapaneseVowels,BasicMotions")
+        here = sorted({str(d) for d in present if d is not None})
+        hint = f"; or restrict the dataset axis to what is here: task.dataset={','.join(here)}" if here else ""
+        raise UserError(f"{uniq[0]}{more}{hint}")
 
 
 def done_keys(path) -> dict[str, dict]:
@@ -274,6 +277,8 @@ def _hydra_sweep_job(cfg: DictConfig) -> str:
     except UserError as e:  # recorded by the runner; the sweep goes on
         console.print(f"{head} [red]failed[/]  {label}: {escape(str(e))}", highlight=False, soft_wrap=True)
         return "failed"
+    if row.get("_rank"):  # another process of a distributed job: rank 0 reports
+        return row["status"]
     value = row.get("test_score")
     shown = (f"test {row['metric']} {float(value):.{_digits(value)}f}" if isinstance(value, (int, float))
              else escape(str(row.get("error", ""))))

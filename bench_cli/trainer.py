@@ -3,7 +3,9 @@
 
 The trainer knows no dataset and no metric by name: batches come from the task's loaders, the
 loss from ``task.loss``, evaluations from ``task.evaluate`` and the direction of the selection
-metric from ``task.selection_metric()`` (bench_cli.metrics).
+metric from ``task.selection_metric()`` (bench_cli.metrics). The same loop runs data-parallel over
+several processes (``strategy: ddp``, bench_cli/distributed.py) and in mixed precision
+(``precision: bf16 | fp16``).
 
 Protocols (recorded in every result):
 - ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of the
@@ -13,6 +15,7 @@ Protocols (recorded in every result):
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from bench_cli import distributed as D
 from bench_cli import metrics as M
 from bench_cli.errors import UserError, unknown_choice
 from models.attention import collect_auxiliary_loss
@@ -54,12 +58,26 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
-SCHEDULERS = ("none", "linear_warmup", "cosine", "step", "onecycle")
+OPTIMIZERS = ("adam", "adamw", "radam", "rmsprop", "sgd")
+SCHEDULERS = ("none", "linear_warmup", "cosine", "step", "onecycle", "inverse_sqrt")
 
 
-def make_optimizer(params, cfg) -> torch.optim.Optimizer:
-    name, lr, wd = cfg.name, float(cfg.lr), float(cfg.get("weight_decay", 0.0))
+def parameter_groups(model: torch.nn.Module, weight_decay: float, no_decay_1d: bool = False):
+    """The trainable parameters; with ``no_decay_1d`` (``optimizer.no_decay_1d``), timm's
+    ``param_groups_weight_decay`` as DeiT uses it: 1-D parameters (norms, biases) and the names the
+    model lists in ``no_weight_decay()`` (e.g. position embedding, cls token) get weight decay 0."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not no_decay_1d or not weight_decay:
+        return [p for _, p in named]
+    hook = getattr(model, "no_weight_decay", None)
+    skip = set(hook()) if callable(hook) else set()
+    plain = [p for n, p in named if p.ndim <= 1 or n.endswith(".bias") or n in skip]
+    decayed = [p for n, p in named if not (p.ndim <= 1 or n.endswith(".bias") or n in skip)]
+    return [{"params": plain, "weight_decay": 0.0}, {"params": decayed, "weight_decay": weight_decay}]
+
+
+def make_optimizer(params, cfg, lr_scale: float = 1.0) -> torch.optim.Optimizer:
+    name, lr, wd = cfg.name, float(cfg.lr) * lr_scale, float(cfg.get("weight_decay", 0.0))
     betas = tuple(cfg.get("betas", (0.9, 0.999)))
     eps = float(cfg.get("eps", 1e-8) or 1e-8)  # the LRA PyTorch code uses AdamW eps 1e-6
     makers = {
@@ -67,6 +85,9 @@ def make_optimizer(params, cfg) -> torch.optim.Optimizer:
         "adamw": lambda: torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
         "radam": lambda: torch.optim.RAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
         "sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=float(cfg.get("momentum", 0.9)), weight_decay=wd),
+        # keras' RMSprop (the keras-io translation example): rho 0.9, epsilon 1e-7, no momentum
+        "rmsprop": lambda: torch.optim.RMSprop(params, lr=lr, alpha=float(cfg.get("rho", 0.9)), eps=eps,
+                                               weight_decay=wd, momentum=float(cfg.get("momentum", 0.0) or 0.0)),
     }
     if name not in makers:
         raise unknown_choice("optimizer", name, makers)
@@ -75,9 +96,19 @@ def make_optimizer(params, cfg) -> torch.optim.Optimizer:
 
 def make_scheduler(opt, cfg, total_steps: int, steps_per_epoch: int):
     name, warm = cfg.name, int(cfg.get("warmup_steps", 0) or 0)
+    warm = warm or int(cfg.get("warmup_epochs") or 0) * steps_per_epoch
+    base_lr = opt.param_groups[0]["lr"]
+    # Absolute start (warmup_lr) and floor (min_lr) of timm's CosineLRScheduler (DeiT: 1e-6, 1e-5);
+    # left unset, the warm-up starts at lr / warmup_steps and the cosine decays to 0.
+    start = float(cfg.get("warmup_lr")) / base_lr if cfg.get("warmup_lr") is not None else None
+    floor = float(cfg.get("min_lr") or 0.0) / base_lr
 
     def warmup(step):
-        return min(1.0, (step + 1) / warm) if warm else 1.0
+        if not warm:
+            return 1.0
+        if start is not None:  # timm: warmup_lr + step * (lr - warmup_lr) / warmup_t
+            return start + (1.0 - start) * min(1.0, step / warm)
+        return min(1.0, (step + 1) / warm)
 
     if name == "none":
         return None
@@ -88,7 +119,7 @@ def make_scheduler(opt, cfg, total_steps: int, steps_per_epoch: int):
             if step < warm:
                 return warmup(step)
             progress = (step - warm) / max(1, total_steps - warm)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+            return floor + (1.0 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return torch.optim.lr_scheduler.LambdaLR(opt, cosine)
     if name == "step":
         every = int(cfg.step_size) * steps_per_epoch
@@ -102,6 +133,14 @@ def make_scheduler(opt, cfg, total_steps: int, steps_per_epoch: int):
             opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total,
             pct_start=float(w) / total, anneal_strategy=str(cfg.get("anneal", "linear")),
             cycle_momentum=bool(cfg.get("cycle_momentum", True)))
+    if name == "inverse_sqrt":  # fairseq's inverse_square_root_schedule (Vaswani et al. 2017, Sec. 5.3)
+        # lr(n) after n updates: linear from warmup_init_lr to lr over the warm-up, then lr * sqrt(warm / n).
+        def inverse_sqrt(step):
+            if step < warm:
+                start = float(cfg.get("warmup_init_lr") or 0.0) / float(opt.defaults["lr"])
+                return start + step * (1.0 - start) / warm
+            return math.sqrt(max(warm, 1) / max(step, 1))
+        return torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt)
     raise unknown_choice("scheduler", name, SCHEDULERS)
 
 
@@ -127,15 +166,49 @@ class TrainResult:
     train_time_s: float = 0.0
 
 
+PRECISIONS = ("32", "bf16", "fp16")
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed precision of ``trainer.precision``: bf16/fp16 autocast (fp16 with a GradScaler, see
+    ``Trainer``); ``32`` does nothing. fp16 needs CUDA (bench_cli.validate refuses it on the CPU)."""
+    if str(precision) == "32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if str(precision) == "bf16" else torch.float16)
+
+
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
-                 eta: float = 0.0, logger=None, progress=None):
+                 eta: float = 0.0, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
+                 auxiliary_layers: str = "sum"):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
         self.model, self.eta, self.logger, self.progress = model, float(eta or 0.0), logger, progress
+        self.auxiliary_layers = auxiliary_layers  # model.ksvd_layers: sum | mean over the Primal layers
+        self.dist, self.precision = dist, str(cfg.get("precision", "32"))
+        self.train_model = model  # what the training step calls: the model, or its DDP wrapper
+        if dist.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def autocast(self):
+        return autocast(self.device, self.precision)
+
+    def batch_size(self, train: bool) -> int:
+        """Samples per loader batch of this process: ``batch_size`` is the global batch, split over
+        the processes of a distributed run (bench_cli.distributed)."""
+        bs = int(self.cfg.batch_size if train else self.cfg.eval_batch_size)
+        if self.dist.world_size > 1:
+            if train and bs % self.dist.world_size:
+                raise UserError(f"trainer.batch_size={bs} is not divisible by the {self.dist.world_size} processes")
+            bs = max(1, bs // self.dist.world_size)
+        return bs
 
     def loader(self, split: str, train: bool) -> DataLoader:
-        g = torch.Generator().manual_seed(self.seed)
-        bs = int(self.cfg.batch_size if train else self.cfg.eval_batch_size)
+        # Every process of a distributed run gets its own augmentation stream (rank 0's is the
+        # single-process one).
+        g = torch.Generator().manual_seed(self.seed + self.dist.rank)
+        bs = self.batch_size(train)
         if train and self.cfg.get("micro_batch_size"):  # the batch is accumulated from micro-batches
             bs = min(bs, int(self.cfg.micro_batch_size))
         # Every loader gets its own generator: an iterator without one draws its base seed from the
@@ -144,33 +217,48 @@ class Trainer:
         # ``g`` + worker id), so augmentation is the same for a seed whatever the worker count.
         dataset = self.task.dataset(split)
         sampler = self.task.sampler(split, dataset, g)
+        drop_last = train and bool(self.cfg.get("drop_last", False))
+        if sampler is None and self.dist.active:  # shard the split over the processes
+            from torch.utils.data.distributed import DistributedSampler
+
+            sampler = (DistributedSampler(dataset, self.dist.world_size, self.dist.rank, shuffle=True, seed=self.seed,
+                                          drop_last=drop_last) if train
+                       else D.ShardSampler(len(dataset), self.dist.rank, self.dist.world_size))
         workers = int(self.cfg.get("num_workers") or 0)
         return DataLoader(dataset, batch_size=bs, shuffle=train and sampler is None, sampler=sampler, generator=g,
-                          collate_fn=self.task.collate(split), num_workers=workers,
+                          collate_fn=self.task.collate(split), num_workers=workers, drop_last=drop_last,
                           worker_init_fn=seed_worker if workers else None, persistent_workers=False,
                           pin_memory=self.device.type == "cuda")
 
     def evaluate(self, split: str) -> dict:
-        """The task's evaluation of ``split`` (a progress bar per batch on a terminal)."""
+        """The task's evaluation of ``split`` (a progress bar per batch on a terminal); in a
+        distributed run each process evaluates its shard and the statistics are summed."""
         bar = None
         if self.progress:
             bar = self.progress.add_task(f"eval {split}", total=None, transient=True)
         ctx = EvalContext(loader=lambda s: self.loader(s, train=False), device=self.device,
-                          advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None))
+                          advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None),
+                          reduce=D.all_reduce_sums)
         try:
-            return self.task.evaluate(self.model, split, ctx)
+            with self.autocast():
+                return self.task.evaluate(self.model, split, ctx)
         finally:
             if bar is not None:
                 self.progress.remove_task(bar)
 
+    def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, model output) of a training batch: the task's loss plus eta x the auxiliary loss."""
+        with self.autocast():
+            out = self.train_model(**self.task.model_inputs(batch))
+            loss = self.task.loss(out, batch)
+            if self.eta:
+                j = collect_auxiliary_loss(self.model, self.auxiliary_layers)
+                if j is not None:
+                    loss = loss + self.eta * j
+        return loss, out
+
     def training_loss(self, batch: dict) -> torch.Tensor:
-        out = self.model(**self.task.model_inputs(batch))
-        loss = self.task.loss(out, batch)
-        if self.eta:
-            j = collect_auxiliary_loss(self.model)
-            if j is not None:
-                loss = loss + self.eta * j
-        return loss
+        return self.forward_loss(batch)[0]
 
     def fit(self, protocol: str) -> TrainResult:
         """Train, evaluating on the selection split after the first, every ``eval_every_epochs``-th
@@ -185,7 +273,7 @@ class Trainer:
         train_loader = self.loader("train", train=True)
         accum = max(1, int(cfg.get("accumulate_grad_batches", 1)))
         if cfg.get("micro_batch_size"):  # keep the effective batch_size on a small machine
-            accum *= math.ceil(int(cfg.batch_size) / train_loader.batch_size)
+            accum *= math.ceil(self.batch_size(True) / train_loader.batch_size)
         steps_per_epoch = math.ceil(len(train_loader) / accum)
         max_steps = int(cfg.get("max_steps") or 0) or None
         eval_every = int(cfg.get("eval_every_steps") or 0) or None
@@ -198,27 +286,41 @@ class Trainer:
         if budget and not max_steps:
             epochs = min(epochs, math.ceil(budget / steps_per_epoch))
         total_steps = max_steps or epochs * steps_per_epoch
-        opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optimizer)
+        # optimizer.lr_reference_batch: the lr is given for that batch and scaled linearly to the
+        # (global) batch_size (DeiT: 5e-4 x batch / 512).
+        reference = cfg.optimizer.get("lr_reference_batch")
+        lr_scale = int(cfg.batch_size) / float(reference) if reference else 1.0
+        params = parameter_groups(model, float(cfg.optimizer.get("weight_decay", 0.0)),
+                                  bool(cfg.optimizer.get("no_decay_1d", False)))
+        opt = make_optimizer(params, cfg.optimizer, lr_scale)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        train_metrics, train_stats = bool(cfg.get("train_metrics", False)), {}
         sched = make_scheduler(opt, cfg.scheduler, total_steps, steps_per_epoch)
         clip = cfg.get("grad_clip")
         patience = cfg.early_stopping.get("patience")
         result, best_key, best_state, since_best = TrainResult(), None, None, 0
+        report_splits = tuple(self.task.report_splits())  # evaluated at the end with the reported weights
+        keep_best = protocol == "holdout" or bool(report_splits)
         bar_total, bar_unit = (total_steps, "steps") if (max_steps or eval_every) else (epochs, "epochs")
         bar = self.progress.add_task("train", total=bar_total, status="") if self.progress else None
         step, loss_sum, n_batches, stop = 0, 0.0, 0, False
 
         def evaluate_and_select(epoch: int) -> bool:
             """One evaluation (a history row); True when early stopping says stop."""
-            nonlocal best_key, best_state, since_best, loss_sum, n_batches
-            row = {"epoch": epoch, "step": step, "train_loss": loss_sum / max(n_batches, 1),
+            nonlocal best_key, best_state, since_best, loss_sum, n_batches, train_stats
+            sums = D.all_reduce_sums({"loss": loss_sum, "batches": float(n_batches)}, same_keys=True)
+            row = {"epoch": epoch, "step": step, "train_loss": sums["loss"] / max(sums["batches"], 1),
                    "lr": opt.param_groups[0]["lr"]}
-            loss_sum, n_batches = 0.0, 0
+            if train_metrics:  # the task's metrics over the training batches since the last evaluation
+                # (dropout and augmentation on, as keras reports them); its loss metric is train_loss
+                row.update({f"train_{k}": v for k, v in M.compute_all(self.task.metrics, D.all_reduce_sums(train_stats)).items()})
+            loss_sum, n_batches, train_stats = 0.0, 0, {}
             selected = self.evaluate(select_split)
             row.update({f"{select_split}_{k}": v for k, v in selected.items()})
             key = M.selection_key(metric, selected, tie)
             if best_key is None or key > best_key:
                 best_key, result.best_epoch, result.best_step, since_best = key, epoch, step, 0
-                best_state = copy.deepcopy(model.state_dict()) if protocol == "holdout" else None
+                best_state = copy.deepcopy(model.state_dict()) if keep_best else None
             else:
                 since_best += 1
             result.history.append(row)
@@ -232,20 +334,34 @@ class Trainer:
             return patience is not None and since_best >= int(patience)
 
         for epoch in range(1, epochs + 1):
-            model.train()
+            self.train_model.train()
+            if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
+                train_loader.sampler.set_epoch(epoch - 1)
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             for i, batch in enumerate(train_loader):
                 batch = to_device(batch, self.device)
-                loss = self.training_loss(batch)
-                if not torch.isfinite(loss):
-                    raise DivergedError(f"loss is {loss.item()} at epoch {epoch}, batch {i}")
-                (loss / accum).backward()
-                loss_sum, n_batches = loss_sum + loss.item(), n_batches + 1
-                if (i + 1) % accum == 0 or i + 1 == len(train_loader):
+                last_micro = (i + 1) % accum == 0 or i + 1 == len(train_loader)
+                # DDP averages the gradients on the last micro-batch of a step only
+                sync = contextlib.nullcontext() if last_micro or not self.dist.active else self.train_model.no_sync()
+                with sync:
+                    loss, out = self.forward_loss(batch)
+                    value = local = loss.item()
+                    if self.dist.active:  # every process stops together when one diverges
+                        value = D.all_reduce_sums({"loss": local}, same_keys=True)["loss"]
+                    if not math.isfinite(value):
+                        raise DivergedError(f"loss is {value} at epoch {epoch}, batch {i}")
+                    scaler.scale(loss / accum).backward()
+                loss_sum, n_batches = loss_sum + local, n_batches + 1
+                if train_metrics:
+                    with torch.no_grad():
+                        M.accumulate(train_stats, self.task.batch_stats(out.detach().float(), batch))
+                if last_micro:
                     if clip:
+                        scaler.unscale_(opt)
                         torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
-                    opt.step()
+                    scaler.step(opt)
+                    scaler.update()
                     opt.zero_grad(set_to_none=True)
                     step += 1
                     if sched is not None and step < total_steps:  # the lr after the last step is never used
@@ -255,7 +371,7 @@ class Trainer:
                     if eval_every and (step % eval_every == 0 or step == total_steps):
                         result.train_time_s += time.perf_counter() - t0
                         stop = evaluate_and_select(epoch)
-                        model.train()
+                        self.train_model.train()
                         t0 = time.perf_counter()
                     if stop or step >= total_steps:
                         break
@@ -276,8 +392,12 @@ class Trainer:
         if max_steps or eval_every:
             m["best_step"], m["steps_run"] = result.best_step, result.steps_run
         if protocol == "holdout":
-            model.load_state_dict(best_state)
-            test = self.evaluate("test")
+            final = result.history[-1]
+            if (final["epoch"], final["step"]) == (result.best_epoch, result.best_step) and final["step"] == step:
+                test = last  # the selected weights are the final ones: evaluated once (rollouts are costly)
+            else:
+                model.load_state_dict(best_state)
+                test = self.evaluate("test")
             selected_row = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
             m[f"val_{metric.name}"] = m["val_score"] = selected_row[f"val_{metric.name}"]
         else:  # the best evaluation on TEST is the reported number (optimistic by construction)
@@ -288,4 +408,11 @@ class Trainer:
                  test_score_last=last[metric.name])
         m[f"test_{metric.name}_last"] = last[metric.name]
         m.update({f"test_{k}": v for k, v in test.items()})
+        if report_splits:
+            model.load_state_dict(best_state)  # the weights whose test metrics are reported
+            for split in report_splits:
+                m.update({f"{split}_{k}": v for k, v in self.evaluate(split).items()})
+        if train_metrics:  # the training metrics of the reported (selected) evaluation
+            chosen = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
+            m.update({k: v for k, v in chosen.items() if k.startswith("train_")})
         return result

@@ -54,7 +54,19 @@ def check_settings(cfg: DictConfig) -> None:
         raise unknown_choice("trainer.optimizer.name", t.optimizer.name, OPTIMIZERS)
     if str(t.scheduler.name) not in SCHEDULERS:
         raise unknown_choice("trainer.scheduler.name", t.scheduler.name, SCHEDULERS)
-    select_device(str(t.device))
+    device = select_device(str(t.device))
+    from bench_cli.distributed import STRATEGIES
+    from bench_cli.trainer import PRECISIONS
+
+    if str(t.get("strategy", "none")) not in STRATEGIES:
+        raise unknown_choice("trainer.strategy", t.strategy, STRATEGIES)
+    precision = str(t.get("precision", "32"))
+    if precision not in PRECISIONS:
+        raise unknown_choice("trainer.precision", precision, PRECISIONS)
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("trainer.precision=fp16 needs CUDA (autocast + GradScaler); on the CPU use 32 or bf16")
+    _number(cfg, "trainer.optimizer.lr_reference_batch", minimum=1, optional=True)
+    _number(cfg, "trainer.scheduler.warmup_epochs", minimum=0, integer=True, optional=True)
     check_results_path(cfg.results.path)
     if protocol == "holdout" and OmegaConf.select(cfg, "task.val_fraction", default=None) is not None:
         _number(cfg, "task.val_fraction", minimum=0, maximum=1, exclusive=True)
@@ -67,20 +79,28 @@ def check_config(cfg: DictConfig, build: bool = False):
 
     check_settings(cfg)
     task = build_task(cfg)
+    check_model_fits_task(task, cfg)  # an impossible (task, attention) pair needs no data to be refused
     task.check_data()
-    check_model_fits_task(task, cfg)
     if build:
         check_model_builds(task, cfg)
     return task
 
 
 def check_model_builds(task, cfg: DictConfig) -> None:
-    """Build the model on the task's synthetic shapes (skipped for tasks without them)."""
+    """Build the model on the task's synthetic shapes and run one tiny forward pass (skipped for
+    tasks without synthetic shapes): options an attention refuses only when it runs (e.g. causal
+    Primal-Attention with data-dependent weights) become one line too."""
+    import torch
+
+    seq_len = int(OmegaConf.select(cfg, "task.max_len", default=None) or 16)
     try:
-        task.setup_synthetic(int(OmegaConf.select(cfg, "task.max_len", default=None) or 16))
+        task.setup_synthetic(seq_len)
     except NotImplementedError:
         return
     try:
-        task.build_model(cfg.model)
+        model = task.build_model(cfg.model)
+        batch = task.synthetic_batch(1, seq_len)
+        with torch.no_grad():
+            model.eval()(**task.model_inputs(batch))
     except (TypeError, ValueError) as e:
         raise UserError(f"cannot build model '{cfg.model.name}': {str(e).splitlines()[0]}") from None

@@ -67,11 +67,14 @@ class TransformedDataset(Dataset):
 @dataclass
 class EvalContext:
     """What an evaluator may use: the split's loader (the task's collate and transforms), the
-    device, and a progress callback (one call per batch)."""
+    device, a progress callback (one call per batch) and ``reduce``, which sums the metrics'
+    statistics over the processes of a distributed run (each process sees its shard of the split;
+    identity otherwise): an evaluator calls it on its sums before computing the metrics."""
 
     loader: Callable[[str], Any]
     device: torch.device
     advance: Callable[[], None] = lambda: None
+    reduce: Callable[[dict], dict] = lambda stats: stats
 
 
 class Task:
@@ -129,7 +132,10 @@ class Task:
         return None
 
     def sampler(self, split: str, dataset: Dataset, generator: torch.Generator):
-        """A sampler for ``split`` (e.g. repeated augmentation); None = shuffle the training split."""
+        """A sampler for ``split`` (e.g. repeated augmentation); None = shuffle the training split
+        (in a distributed run: the trainer's DistributedSampler / evaluation shards). A sampler
+        returned during a distributed run must shard over the processes itself
+        (``torch.distributed`` rank and world size), as DeiT's repeated-augmentation sampler does."""
         return None
 
     def dataset(self, split: str) -> Dataset:
@@ -194,7 +200,13 @@ class Task:
             batch = to_device(batch, ctx.device)
             M.accumulate(stats, self.batch_stats(model(**self.model_inputs(batch)), batch))
             ctx.advance()
-        return M.compute_all(self.metrics, stats)
+        return M.compute_all(self.metrics, ctx.reduce(stats))
+
+    def report_splits(self) -> tuple[str, ...]:
+        """Splits besides 'test' whose metrics the record also carries (``<split>_<metric>``, e.g.
+        ``train_accuracy``), evaluated once at the end with the reported weights: papers/002 prints
+        train accuracy, loss and BLEU next to the test ones (Tables 2, 3, 8-10)."""
+        return ()
 
     def describe(self) -> dict:
         """Facts about the loaded data for the summary and the record (shapes, classes...)."""

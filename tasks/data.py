@@ -121,6 +121,15 @@ def hf_offline() -> bool:
     return any(os.environ.get(v, "").lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+def hf_cache_folders(repo: str) -> list[Path]:
+    """Where a cached copy of the hub dataset ``repo`` would be: the datasets cache
+    (``<org>___<name>``) and the hub cache (``datasets--<org>--<name>``), after HF's variables."""
+    home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets")
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or home / "hub")
+    return [datasets_cache / repo.replace("/", "___"), hub_cache / f"datasets--{repo.replace('/', '--')}"]
+
+
 def load_hf_dataset(path: str, config: str | None = None, *, missing: str, **kwargs):
     """``datasets.load_dataset(path, config)`` from the HF cache or the hub. When offline mode is
     set, or the hub does not answer within seconds, only the local cache is tried, so a missing
@@ -129,6 +138,9 @@ def load_hf_dataset(path: str, config: str | None = None, *, missing: str, **kwa
 
     from bench_cli.net import reachable
 
+    if hf_offline() and not any(p.is_dir() for p in hf_cache_folders(path)):  # answer at once, no import
+        raise DataNotFoundError(f"{missing} (offline: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE are set and the "
+                                f"HF cache has no copy of {path})")
     offline = hf_offline() or not reachable(os.environ.get("HF_ENDPOINT", HF_ENDPOINT))
     if offline:
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -158,11 +170,20 @@ def file_signature(paths) -> list:
     return out
 
 
+def _cache_blob(key: dict) -> str:
+    return json.dumps({"version": CACHE_VERSION, **key}, sort_keys=True, default=str)
+
+
+def cache_path(cache_root: Path, name: str, key: dict) -> Path:
+    """The file ``cached`` uses for ``key`` (to ask whether a dataset is cached without loading it)."""
+    return Path(cache_root).expanduser() / f"{name}-{hashlib.sha256(_cache_blob(key).encode()).hexdigest()[:16]}.pt"
+
+
 def cached(cache_root: Path, name: str, key: dict, build: Callable[[], object]):
     """Load what ``build()`` made for ``key`` from ``cache_root``, or build and store it (atomically,
     readable by the group like the data root). Returns (data, path)."""
-    blob = json.dumps({"version": CACHE_VERSION, **key}, sort_keys=True, default=str)
-    path = Path(cache_root).expanduser() / f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.pt"
+    blob = _cache_blob(key)
+    path = cache_path(cache_root, name, key)
     if path.is_file():
         try:
             return torch.load(path, weights_only=True), path
@@ -248,3 +269,5 @@ def collate_padded(items: list[dict], pad_values: dict | None = None) -> dict:
             padded[i, : v.shape[0]], mask[i, : v.shape[0]] = v, True
         out[key], out[f"{key}_mask"] = padded, mask
     return out
+
+

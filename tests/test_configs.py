@@ -6,11 +6,18 @@ import pytest
 import torch
 
 from bench_cli.compose import compose, group_options
+from bench_cli.errors import UserError
 from bench_cli.runner import build_task, check_model_fits_task
+from bench_cli.validate import check_model_builds
 from models.attention import collect_auxiliary_loss
+from models.roles import capability_problems, layer_attention_configs
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny shapes: 2 threads only spin on a busy machine
 
 TASKS = group_options("task")
 MODELS = group_options("model")
+# Tasks whose paper-size model is too big for a smoke step on 2 cores: smaller widths, same code.
+SMALL = {"nmt": ["task.backbone.d_model=32", "task.backbone.d_ff=64", "task.vocab_size=64"]}
 
 
 def test_groups_are_not_empty():
@@ -20,10 +27,29 @@ def test_groups_are_not_empty():
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("task", TASKS)
 def test_task_model_preset_builds_and_trains_one_step(task, model):
-    cfg = compose([f"task={task}", f"model={model}"])
+    overrides = [f"task={task}", f"model={model}", *SMALL.get(task, [])]
+    cfg = compose(overrides)
+    backbone = cfg.task.get("backbone") or {}
+    if backbone.get("d_model", 0) > 128:  # paper-size widths are slow here: 16 per head
+        width = 16 * int(backbone.get("n_heads") or 4)
+        overrides += [f"task.backbone.d_model={width}", f"task.backbone.d_ff={2 * width}"]
+        cfg = compose(overrides)
     assert cfg.model.name == model and cfg.task.name == task
     t = build_task(cfg)
+    if capability_problems(cfg.model, t.attention_stacks(), t.requires):  # e.g. a non-causal variant, causal task
+        with pytest.raises(UserError) as refused:  # refused before anything is built, in one line
+            check_model_fits_task(t, cfg)
+        assert "\n" not in str(refused.value) and "cannot run task" in str(refused.value)
+        return
     check_model_fits_task(t, cfg)
+    stacks = t.attention_stacks()
+    if "decoder" in stacks and any(c.get("data_dependent") for c in layer_attention_configs(cfg.model, stacks["decoder"], "decoder")):
+        # causal Primal-Attention needs data-independent weights (Listing 1): refused in one line,
+        # runs once the experiment's per_dataset table says so
+        with pytest.raises(UserError, match="data_dependent=false"):
+            check_model_builds(t, cfg)
+        cfg = compose([*overrides, f"+per_dataset.data_dependent.{model}.{cfg.task.dataset}=false"])
+        t = build_task(cfg)
     seq_len = 16
     t.setup_synthetic(seq_len)
     net = t.build_model(cfg.model)

@@ -79,6 +79,17 @@ def test_ctrl_c_is_one_line_and_an_interrupted_record(uea_fixture, workdir, caps
     assert row["status"] == "interrupted"
 
 
+def test_ctrl_c_in_any_other_command_is_one_line(workdir, capsys, monkeypatch):
+    from bench_cli import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "data", interrupted)
+    err = exit_line(capsys, "data", "uea", "JapaneseVowels", code=130)
+    assert "interrupted" in err and "data" in err
+
+
 def test_a_killed_run_shows_as_started_and_not_finished(uea_fixture, workdir, capsys):
     main(["run", *TINY, "results.path=res.csv"])
     (folder,) = (workdir / "outputs").glob("runs/*/*")
@@ -124,7 +135,7 @@ def test_cuda_on_a_cpu_machine_is_refused(uea_fixture, workdir, capsys):
 
 def test_conv2d_grid_that_does_not_fit_is_refused_by_validate(uea_fixture, workdir, capsys):
     err = exit_line(capsys, "validate", *TINY, "model=conv2d", "model.attention.grid=[2,2]")
-    assert "cannot run on uea/Fixture" in err and "grid 2x2" in err
+    assert "conv2d" in err and "grid 2x2" in err and "\n" not in err.strip()
 
 
 def test_an_experiment_grid_is_not_run_as_one_job(capsys, workdir):

@@ -41,3 +41,67 @@ def test_job_keys_survive_added_config_keys():
     assert job_key(compose(["trainer.num_workers=0"])) == job_key(cfg)
     assert job_key(compose(["trainer.num_workers=2"])) != job_key(cfg)
     assert "trainer.num_workers" in ADDED_KEYS
+
+
+def test_one_writer_for_records_and_profile_rows(tmp_path):
+    """write_rows: the given columns first, unknown keys become new columns (older rows blank),
+    append keeps the rows, append=False replaces them; append_record is the records' use of it."""
+    import csv
+
+    from bench_cli.records import COLUMNS, append_record, write_rows
+
+    def read(path):
+        with open(path, newline="") as f:
+            return list(csv.reader(f))
+
+    path = tmp_path / "sub" / "p.csv"
+    write_rows(path, [{"b": 1, "a": 0.5}], ["a", "b"])
+    write_rows(path, [{"a": None, "c": [1, 2]}], ["a", "b"])
+    assert read(path) == [["a", "b", "c"], ["0.5", "1", ""], ["", "", "[1, 2]"]]
+    write_rows(path, [{"b": 2}], ["a", "b"], append=False)
+    assert read(path) == [["a", "b"], ["", "2"]]
+    assert not list(path.parent.glob("*.tmp"))
+    runs = tmp_path / "runs.csv"
+    append_record(runs, {"run_id": "r1", "extra": 1})
+    append_record(runs, {"run_id": "r2"})
+    header, *rows = read(runs)
+    assert header == [*COLUMNS, "extra"] and [r[0] for r in rows] == ["r1", "r2"] and rows[0][-1] == "1"
+
+
+def test_append_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
+    """Issue 10 item 3: the atomic rewrite's temporary file (0600) must not change the CSV's mode."""
+    import os
+    import stat
+
+    from bench_cli.records import append_record
+
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "new.csv"
+        append_record(fresh, {"run_id": "a"})
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+        shared = tmp_path / "shared.csv"
+        append_record(shared, {"run_id": "a"})
+        shared.chmod(0o664)
+        append_record(shared, {"run_id": "b"})
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o664
+    finally:
+        os.umask(old)
+
+
+def test_a_held_lock_is_announced_then_the_record_is_written(tmp_path, monkeypatch, capsys):
+    """Issue 10 item 6: waiting on another process's lock says so, once, then appends."""
+    import fcntl
+    import threading
+
+    from bench_cli import records
+
+    monkeypatch.setattr(records, "LOCK_NOTICE_AFTER_S", 0.1)
+    path = tmp_path / "runs.csv"
+    holder = open(path.with_name(path.name + ".lock"), "w")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    threading.Timer(0.5, lambda: (fcntl.flock(holder, fcntl.LOCK_UN), holder.close())).start()
+    records.append_record(path, {"run_id": "a"})
+    err = capsys.readouterr().err
+    assert err.count("waiting for") == 1 and "runs.csv.lock" in err
+    assert [r["run_id"] for r in records.read_records(path)] == ["a"]

@@ -216,3 +216,12 @@ def test_logger_wandb_logs_the_table(workdir, monkeypatch):
     assert logged["kind"] == ("wandb", "report") and logged["finished"] == "ok"
     (row,) = [r for r in logged[f"report/{EXP}"] if r["model"] == "softmax"]
     assert row["mean"] == 99.0 and row["paper_mean"] == 99.46
+
+
+def test_small_values_keep_three_significant_digits():
+    """An RMSE of 0.05 must not print as 0.05 ± 0.00; accuracies keep two decimals."""
+    from bench_cli.report import _pm
+
+    assert _pm(0.05432, 0.00311) == "0.0543 ± 0.0031"
+    assert _pm(98.8108, 0.3111) == "98.81 ± 0.31"
+    assert _pm(6.2617, None) == "6.26"
