@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from models.attention import accumulate_auxiliary_losses
 from models.layers import EncoderLayer
 
 
@@ -83,7 +84,7 @@ class LRAClassifier(nn.Module):
 
 class LRADualEncoder(nn.Module):
     """Retrieval: both documents through the same encoder (shared weights), then an MLP on
-    ``[u, v, u * v, u - v]``."""
+    ``[u, v, u * v, u - v]``; auxiliary losses (Primal's KSVD) cover both passes."""
 
     def __init__(self, encoder: LRAEncoder, d_model: int, d_ff: int, n_classes: int = 2):
         super().__init__()
@@ -92,8 +93,11 @@ class LRADualEncoder(nn.Module):
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, mask1: torch.Tensor | None = None,
                 mask2: torch.Tensor | None = None) -> torch.Tensor:
-        u = self.encoder(x1, mask1)
-        v = self.encoder(x2, mask2)
+        # Both passes feed one auxiliary loss (Primal's KSVD terms averaged over the two documents
+        # before the square, as the LRA code's ModelForSCDual); otherwise the second would replace the first.
+        with accumulate_auxiliary_losses(self.encoder):
+            u = self.encoder(x1, mask1)
+            v = self.encoder(x2, mask2)
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
 
 
@@ -111,16 +115,12 @@ def build_lra_model(model_cfg, backbone, vocab_size: int, max_len: int, n_classe
     b = dict(OmegaConf.to_container(backbone, resolve=True)) if not isinstance(backbone, dict) else dict(backbone)
     n_layers, n_heads = int(b.pop("n_layers")), int(b.pop("n_heads"))
     attention_dropout = b.pop("attention_dropout", None)
-    if attention_dropout is not None:
-        model_cfg = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
-        model_cfg.attention.dropout = float(attention_dropout)
-        if model_cfg.get("final_attention"):
-            model_cfg.final_attention.dropout = float(attention_dropout)
     d_model, d_ff = int(b.pop("d_model")), int(b.pop("d_ff"))
     options = {k: b.pop(k) for k in ("dropout", "activation", "norm_first", "pooling") if k in b}
     if b:
         raise TypeError(f"unknown LRA backbone options: {', '.join(sorted(b))}")
-    attentions = build_layer_attentions(model_cfg, n_layers, d_model, n_heads, max_len, grid=grid)
+    attentions = build_layer_attentions(model_cfg, n_layers, d_model, n_heads, max_len, grid=grid,
+                                        attention_dropout=attention_dropout)
     encoder = LRAEncoder(vocab_size, max_len, attentions, d_model, d_ff, **options)
     if dual:
         return LRADualEncoder(encoder, d_model, d_ff, n_classes)

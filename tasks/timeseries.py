@@ -82,6 +82,22 @@ def read_ts(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
     return series, labels.astype(str)
 
 
+def read_ts_cached(path: Path, data_root: Path) -> tuple[list[np.ndarray], np.ndarray]:
+    """``read_ts`` through the cache under ``<data root>/ts_cache/`` (keyed by the file's path,
+    size and mtime): a sweep parses each file (and imports sktime) once, not once per job. The
+    values round-trip exactly (float64 tensors)."""
+    from tasks.data import cached, file_signature
+
+    def build():
+        series, labels = read_ts(path)
+        return {"series": [torch.from_numpy(s) for s in series], "labels": labels.tolist(),
+                "numeric": labels.dtype.kind == "f"}
+
+    data, _ = cached(Path(data_root).expanduser() / "ts_cache", Path(path).stem, {"file": file_signature([path])}, build)
+    labels = np.asarray(data["labels"], dtype=np.float64 if data["numeric"] else str)
+    return [s.numpy() for s in data["series"]], labels
+
+
 def interpolate_missing(x: np.ndarray) -> np.ndarray:
     """Linear interpolation per channel, constant extrapolation at the ends (mvts_transformer's
     ``interpolate_missing``: pandas ``interpolate(limit_direction='both')``); an all-missing channel is 0."""
@@ -217,8 +233,8 @@ class TimeSeriesTask(Task):
         name, cfg = self.dataset_name, self.cfg
         self.source = self.source_fetcher.require(name, self.data_root)
         train_path, test_path = split_files(self.source, name)
-        train_x, train_labels = read_ts(train_path)
-        test_x, test_labels = read_ts(test_path)
+        train_x, train_labels = read_ts_cached(train_path, self.data_root)
+        test_x, test_labels = read_ts_cached(test_path, self.data_root)
         train_t, test_t = self.targets(train_labels, test_labels, test_path)
         train_x = [interpolate_missing(s) for s in train_x]
         test_x = [interpolate_missing(s) for s in test_x]
@@ -265,8 +281,9 @@ class TimeSeriesTask(Task):
         from models.timeseries import TimeSeriesTransformer
 
         b = self.cfg.backbone
-        attentions = build_layer_attentions(model_cfg, int(b.n_layers), int(b.d_model), int(b.n_heads), self.max_len)
-        options = {k: v for k, v in b.items() if k not in ("n_layers", "n_heads")}
+        attentions = build_layer_attentions(model_cfg, int(b.n_layers), int(b.d_model), int(b.n_heads), self.max_len,
+                                            attention_dropout=b.get("attention_dropout"))
+        options = {k: v for k, v in b.items() if k not in ("n_layers", "n_heads", "attention_dropout")}
         return TimeSeriesTransformer(self.n_channels, self.n_outputs, self.max_len, attentions, **options)
 
     def model_inputs(self, batch: dict) -> dict:

@@ -18,6 +18,7 @@ from bench_cli.compose import compose
 from bench_cli.errors import DataNotFoundError
 from bench_cli.records import read_records
 from tasks import task_class
+from image_data import write_cifar10
 from tasks.lra import listops_generator as G
 from tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
                        rgb_to_gray)
@@ -45,16 +46,8 @@ def write_aan(directory: Path) -> None:
 
 
 def write_cifar(directory: Path, per_batch: int = 10) -> np.ndarray:
-    """torchvision's cifar-10-batches-py: pickled dicts with b'data' (n, 3072) and b'labels'."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.RandomState(0)
-    first = None
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        data = rng.randint(0, 256, size=(per_batch, 3072)).astype(np.uint8)
-        first = data if first is None else first
-        with open(directory / name, "wb") as f:
-            pickle.dump({b"data": data, b"labels": [int(v) for v in rng.randint(0, 10, per_batch)]}, f)
-    return first
+    """torchvision's cifar-10-batches-py in the real (Python 2 pickle) format; the first batch's rows."""
+    return write_cifar10(directory, per_batch)["data_batch_1"][0]
 
 
 def write_pathfinder(directory: Path, n: int = 20) -> None:
@@ -137,13 +130,12 @@ def test_generated_listops_parses_and_labels_are_the_evaluated_values(tmp_path):
     assert len(seen) == 80  # de-duplicated across splits
 
 
-def test_generator_trees_depth_arity_and_to_value():
+def test_generator_trees_depth_arity_and_value():
     rng = random.Random(0)
     checked = 0
     while checked < 200:
-        tree, length = G.generate_tree(rng, 1, 4, 5)
-        source = G.to_string(tree)
-        assert G.to_value(tree) == G.evaluate_source(source)
+        source, value, length = G.sample_tree(rng, 4, 5)
+        assert value == G.evaluate_source(source)
         depth, best, n_ops = 0, 0, 0
         for t in source.split():
             if t.startswith("["):
@@ -161,6 +153,91 @@ def test_generator_is_seeded_and_uses_the_official_defaults(tmp_path):
     a = G.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
     b = G.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
     assert a == b
+
+
+# The official generator (lra_benchmarks/data/listops.py: generate_tree, to_string, to_value and the
+# main loop over a set of trees), transcribed with a seeded RNG and an insertion-ordered set: the
+# reference the streamed, parallel generator must reproduce draw for draw and byte for byte.
+def official_tree(rng, depth, max_depth, max_args):
+    r = rng.random() if depth < max_depth else 1
+    if r > G.VALUE_P:
+        return rng.choice(G.VALUES), 1
+    length, args = 2, []
+    for _ in range(rng.randint(2, max_args)):
+        sub, sub_len = official_tree(rng, depth + 1, max_depth, max_args)
+        args.append(sub)
+        length += sub_len
+    tree = (rng.choice(G.OPERATORS), args[0])
+    for a in args[1:]:
+        tree = (tree, a)
+    return (tree, G.END), length
+
+
+def official_string(t):
+    return str(t) if not isinstance(t, tuple) else "( " + official_string(t[0]) + " " + official_string(t[1]) + " )"
+
+
+def official_rows(n, seed, max_depth, max_args, min_length, max_length):
+    rng, trees = random.Random(seed), {}
+    while len(trees) < n:
+        tree, length = official_tree(rng, 1, max_depth, max_args)
+        if min_length < length < max_length and tree not in trees:
+            trees[tree] = None
+    return [(official_string(t), G.evaluate_source(official_string(t))) for t in trees]
+
+
+@pytest.mark.parametrize("max_depth, max_args", [(6, 7), (2, 3), (1, 10), (10, 10)])
+def test_generator_draws_as_the_official_one(max_depth, max_args):
+    ours, official = random.Random(11), random.Random(11)
+    words = 0
+    for _ in range(300):
+        out = []
+        length, value, used = G._tree(ours.random, ours.getrandbits, max_depth, max_args, out)
+        tree, official_length = official_tree(official, 1, max_depth, max_args)
+        source = " ".join(out)
+        assert (source, length) == (official_string(tree), official_length) and value == G.evaluate_source(source)
+        words += used
+    assert ours.getstate() == official.getstate()  # the same draws
+    counted = random.Random(11)
+    G._skip(counted, words)
+    assert counted.getstate() == ours.getstate()  # and the words counted are the words drawn
+
+
+def test_generator_deduplicates_in_generation_order():
+    small = dict(max_depth=3, max_args=3, min_length=3, max_length=5)  # length 4: 400 distinct trees
+    rows = G.generate(num_train=150, num_val=25, num_test=25, seed=2, **small)
+    flat = rows["train"] + rows["val"] + rows["test"]
+    assert flat == official_rows(200, 2, **small)
+    assert len({s for s, _ in flat}) == 200  # distinct, although the stream repeats trees
+    stream = G.candidates(2, small)
+    first = [next(stream)[1] for _ in range(250)]
+    assert len(set(first)) < 250
+
+
+def read_bytes(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_generated_files_are_the_same_for_any_run_and_worker_count(tmp_path, monkeypatch):
+    params = dict(num_train=40, num_val=8, num_test=8, seed=4, max_depth=6, max_args=6, min_length=20, max_length=80)
+    G.write_dataset(tmp_path / "a", workers=1, **params)
+    once = read_bytes(tmp_path / "a")
+    G.write_dataset(tmp_path / "b", workers=1, **params)
+    assert read_bytes(tmp_path / "b") == once
+    expected = official_rows(56, 4, **{k: params[k] for k in ("max_depth", "max_args", "min_length", "max_length")})
+    with open(tmp_path / "a" / "basic_val.tsv", newline="") as f:
+        assert [(s, int(t)) for s, t in list(csv.reader(f, delimiter="\t"))[1:]] == expected[40:48]
+    # Many small segments, workers starting right at their segment (no burn-in): most chains have
+    # not met the true one there, so the main process re-reads those; the bytes do not change.
+    monkeypatch.setattr(G, "FIRST_SEGMENT", 256)
+    monkeypatch.setattr(G, "MAX_SEGMENT", 1024)
+    for workers, burn_in in ((2, 0), (3, 4096)):
+        monkeypatch.setattr(G, "BURN_IN", burn_in)
+        stats = {}
+        G.write_dataset(tmp_path / f"w{workers}", workers=workers, stats=stats, **params)
+        assert read_bytes(tmp_path / f"w{workers}") == once, workers
+        assert stats["segments"] > 10 and (stats["reread"] > 0) == (burn_in == 0), stats
+    assert not list(tmp_path.glob("*/*.part"))
 
 
 # --- tokenisation -----------------------------------------------------------------------------------
@@ -281,9 +358,14 @@ def test_missing_data_errors_are_one_line_with_where_and_how(lra_root):
 
 def test_data_command_generates_listops_offline(workdir, capsys):
     main(["data", "lra_listops", "--generate", "--num-train=12", "--num-val=3", "--num-test=3", "--min-length=10",
-          "--max-length=40", "--seed=5"])
+          "--max-length=40", "--seed=5", "--workers=2"])
     d = workdir / "data" / "lra_generated" / "listops-1000"
-    assert "listops_generated" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "listops_generated" in out
+    # stderr is not a terminal here: one plain progress line per 10%, not a bar
+    progress = [line for line in err.splitlines() if line.startswith("generating ListOps: ")]
+    assert progress[0].startswith("generating ListOps: 0% (1/18") and progress[-1].startswith("generating ListOps: 100% (18/18")
+    assert len(progress) == 11 and "\r" not in err and "\x1b" not in err
     assert len((d / "basic_train.tsv").read_text().splitlines()) == 13
     assert task_class("lra_listops").dataset_status("listops_generated", workdir / "data") == "local"
     with pytest.raises(SystemExit):

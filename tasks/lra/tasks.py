@@ -12,8 +12,8 @@ Data come in the official formats, from the data root (``paths.data_root``, belo
   used as the dataset ``listops_generated`` so records never mistake it for the release;
 - IMDB (text) through HF ``datasets`` (``stanfordnlp/imdb``, in the HF cache) or the original
   ``aclImdb_v1.tar.gz`` unpacked to ``DATA/aclImdb/``;
-- CIFAR-10 (image) in torchvision's folder format ``DATA/cifar-10-batches-py/`` (read with pickle,
-  torchvision is not needed).
+- CIFAR-10 (image) in torchvision's folder format ``DATA/cifar-10-batches-py/``, read with
+  torchvision's CIFAR10 (through tasks/vision/torchvision_shim.py).
 
 Preprocessing follows the LRA input pipelines as the PyTorch LRA code (Nystromformer, Transformer-LS:
 primal-dual Appendix A.2) ran them: token 0 is padding and the mask is ``ids != 0``; ListOps is
@@ -34,10 +34,8 @@ from __future__ import annotations
 import math
 
 import csv
-import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import sys
@@ -52,8 +50,8 @@ import torch
 from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
 from tasks.base import Task, TensorDictDataset
-from tasks.data import (CACHE_VERSION, cached as _cached, download, file_signature as _signature, load_hf_dataset,
-                        pad_rows, random_split, unpack)
+from tasks.data import (CACHE_VERSION, cache_path, cached as _cached, download, file_signature as _signature,
+                        load_hf_dataset, pad_rows, random_split, unpack)
 from tasks.fetch import Fetcher, register_fetcher
 
 LRA_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
@@ -438,8 +436,7 @@ class LRAText(LRATask):
         self._hf = self.load_hf(self.data_root)
 
     def _cache_path(self, key: dict) -> Path:
-        blob = json.dumps({"version": CACHE_VERSION, **key}, sort_keys=True, default=str)
-        return cache_dir(self.data_root) / f"text-imdb-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.pt"
+        return cache_path(cache_dir(self.data_root), "text-imdb", key)
 
     @staticmethod
     def read_acl(directory: Path) -> dict[str, tuple[list[bytes], np.ndarray]]:
@@ -538,11 +535,9 @@ class LRAImage(LRATask):
 
     @classmethod
     def batches_dir(cls, data_root: Path) -> Path | None:
-        root = Path(data_root).expanduser()
-        for d in (root / "cifar-10-batches-py", root / "cifar10" / "cifar-10-batches-py"):
-            if all((d / f).is_file() for f in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
-                return d
-        return None
+        from tasks.vision.datasets import cifar_dir
+
+        return cifar_dir("cifar10", data_root)
 
     @classmethod
     def dataset_status(cls, dataset: str, data_root: Path) -> str:
@@ -552,26 +547,20 @@ class LRAImage(LRATask):
         self.check_name()
         if self.batches_dir(self.data_root) is None:
             raise DataNotFoundError(
-                f"CIFAR-10 not found: put the python version (data_batch_1..5, test_batch) in "
+                f"CIFAR-10 not found: put the python version (data_batch_1..5, test_batch, batches.meta) in "
                 f"{self.data_root}/cifar-10-batches-py/ or run `attnbench data lra_image cifar10`")
 
-    @staticmethod
-    def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-        with open(path, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
-        data = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        return data, np.asarray(d[b"labels"], dtype=np.int64)
-
     def load(self):
+        from tasks.vision.datasets import read_cifar
+
         d = self.batches_dir(self.data_root)
         self.source = d
         files = [d / f"data_batch_{i}" for i in range(1, 6)]
 
         def build():
-            parts = [self.read_batch(p) for p in files]
-            x = rgb_to_gray(np.concatenate([p[0] for p in parts])).reshape(-1, 1024)
-            y = np.concatenate([p[1] for p in parts])
-            tx, ty = self.read_batch(d / "test_batch")
+            x, y = read_cifar("cifar10", self.data_root, train=True)  # (N, 32, 32, 3), batches 1-5 in order
+            x = rgb_to_gray(x).reshape(-1, 1024)
+            tx, ty = read_cifar("cifar10", self.data_root, train=False)
             tx = rgb_to_gray(tx).reshape(-1, 1024)
             n_fit = int(len(x) * 0.9)  # LRA: train[:90%] / train[90%:] in file order
             to = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
@@ -684,7 +673,8 @@ class ListOpsFetcher(Fetcher):
     name = "lra_listops"
     summary = "ListOps from the LRA release, or --generate (the official generator, offline)"
     options = {"generate": "write listops_generated with the official generator",
-               **{o: "generator parameter (integer)" for o in GENERATOR_OPTIONS}}
+               **{o: "generator parameter (integer)" for o in GENERATOR_OPTIONS},
+               "workers": "generator processes (default: the CPUs, at most 8); the files are the same for any number"}
 
     def datasets(self, data_root=None) -> list[str]:
         return list(LRAListOps.DATASETS)
@@ -697,14 +687,15 @@ class ListOpsFetcher(Fetcher):
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, generate: bool = False, **options) -> Path:
         """``generate`` (``--generate``): write ``listops_generated`` with the official generator
-        (options ``--num-train=96000 --num-val=2000 --num-test=2000 --seed=0 ...``); otherwise
-        download the LRA release."""
+        (options ``--num-train=96000 --num-val=2000 --num-test=2000 --seed=0 ...``, ``--workers=N``
+        processes); otherwise download the LRA release."""
+        from bench_cli.ui import count_progress
         from tasks.lra.listops_generator import write_dataset
 
-        unknown = set(options) - set(GENERATOR_OPTIONS)
+        unknown = set(options) - set(GENERATOR_OPTIONS) - {"workers"}
         if unknown or (options and not generate):
             raise UserError(f"unknown options for `attnbench data lra_listops`: {', '.join(sorted(unknown or options))} "
-                            f"(generator options, with --generate: {', '.join(_flag(o) for o in GENERATOR_OPTIONS)})")
+                            f"(generator options, with --generate: {', '.join(_flag(o) for o in (*GENERATOR_OPTIONS, 'workers'))})")
         if generate or dataset == "listops_generated":
             from tasks.lra.listops_generator import DEFAULTS
 
@@ -713,6 +704,9 @@ class ListOpsFetcher(Fetcher):
                 params = {k: int(v) for k, v in options.items()}
             except ValueError as e:
                 raise UserError(f"generator options must be integers: {e}") from None
+            workers = params.pop("workers", None)
+            if workers is not None and workers < 1:
+                raise UserError(f"--workers must be a positive integer, got {workers}")
             if LRAListOps.files("listops_generated", data_root) and not force:
                 meta_path = target / "generator.json"
                 meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -722,9 +716,13 @@ class ListOpsFetcher(Fetcher):
                     return target
                 raise UserError(f"{target} already holds a generated ListOps set with other parameters "
                                 f"({', '.join(f'{k}={v}' for k, v in differ.items())}); add --force to replace it")
-            total = sum(params.get(k, d) for k, d in (("num_train", 96000), ("num_val", 2000), ("num_test", 2000)))
+            total = sum(params.get(k, DEFAULTS[k]) for k in ("num_train", "num_val", "num_test"))
             print(f"generating {total} ListOps samples into {target} ...", file=sys.stderr)
-            return write_dataset(target, **params)
+            try:
+                with count_progress("generating ListOps", total) as progress:
+                    return write_dataset(target, progress=progress, workers=workers, **params)
+            except ValueError as e:  # parameters no tree can satisfy
+                raise UserError(f"ListOps generator: {e}") from None
         base = fetch_release(data_root, force)
         return base / "listops-1000"
 
