@@ -1,0 +1,196 @@
+"""D4RL with a Decision Transformer (task=d4rl): trajectory split, returns-to-go, padding and
+standardisation on a hand-made HDF5 in D4RL's layout, the normalised score, the rollout loop
+against gymnasium stepped by hand, causality of every causal variant in the DT, the fetcher, and
+an end-to-end run on a dataset recorded from a real MuJoCo environment."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from bench_cli.cli import main
+from bench_cli.compose import compose, group_options
+from bench_cli.records import read_records
+from models.roles import capability_problems
+from tasks import task_class
+from tasks.d4rl.data import TrajectoryWindows, d4rl_filename, normalized_score, read_hdf5, trajectory_bounds
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def write_hdf5(path, **arrays):
+    import h5py
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f[k] = v
+    return path
+
+
+def hand_made(path):
+    """Trajectories of 3 (terminal), 25 (timeout) and 2 (terminal) steps, then 2 steps without an
+    end (dropped). State dim 2, action dim 1; rewards = global step index."""
+    n = 32
+    obs = np.stack([np.arange(n), 10.0 * np.arange(n) ** 2], 1).astype(np.float32)
+    terminals, timeouts = np.zeros(n, bool), np.zeros(n, bool)
+    terminals[[2, 29]] = True
+    timeouts[27] = True
+    return write_hdf5(path, observations=obs, actions=(np.arange(n, dtype=np.float32) / 100)[:, None],
+                      rewards=np.arange(n, dtype=np.float32), terminals=terminals, timeouts=timeouts)
+
+
+def test_trajectories_rtg_padding_and_standardisation(tmp_path):
+    data = read_hdf5(hand_made(tmp_path / "toy.hdf5"))
+    assert trajectory_bounds(data["terminals"], data["timeouts"]) == [(0, 3), (3, 28), (28, 30)]
+    w = TrajectoryWindows(data, context_len=20, max_ep_len=1000, reward_scale=1000.0)
+    assert len(w) == 30 and w.info["trajectories"] == 3  # one sample per kept step
+    kept = data["observations"][:30]
+    assert np.allclose(w.state_mean, kept.mean(0)) and np.allclose(w.state_std, kept.std(0) + 1e-6)
+    standard = lambda s: (s - kept.mean(0)) / (kept.std(0) + 1e-6)  # noqa: E731
+
+    s = w[3 + 23]  # trajectory 2 from its step 23: 2 real steps (global 26, 27), 18 padded
+    assert s["mask"].tolist() == [True] * 2 + [False] * 18
+    assert np.allclose(s["states"][:2], standard(data["observations"][26:28]), atol=1e-5)
+    assert np.allclose(s["states"][2:], standard(np.zeros(2)), atol=1e-5)  # zero-padded, then standardised
+    assert s["actions"][:2, 0].tolist() == pytest.approx([0.26, 0.27]) and (s["actions"][2:] == -10).all()
+    # returns-to-go: K + 1 values, sums of the rewards to the trajectory's end, 0 past it, / 1000
+    assert s["rtg"][:, 0].tolist() == pytest.approx([(26 + 27) / 1000, 27 / 1000] + [0.0] * 19)
+    assert s["timesteps"].tolist() == [23, 24] + [0] * 18
+
+    s = w[3]  # trajectory 2 from its start: a full window, the (K+1)-th return-to-go is the next step's
+    assert s["mask"].all() and s["timesteps"].tolist() == list(range(20))
+    assert s["rtg"][0, 0].item() == pytest.approx(sum(range(3, 28)) / 1000)
+    assert s["rtg"][20, 0].item() == pytest.approx(sum(range(23, 28)) / 1000)
+
+    s = w[1]  # trajectory 1, from step 1: rewards 1, 2
+    assert s["rtg"][:3, 0].tolist() == pytest.approx([3 / 1000, 2 / 1000, 0.0]) and s["mask"].sum() == 2
+
+    clipped = TrajectoryWindows(data, context_len=20, max_ep_len=10)
+    assert clipped[3]["timesteps"].tolist() == list(range(10)) + [9] * 10  # clipped at max_ep_len - 1
+
+
+def test_normalised_score_uses_d4rl_reference_returns():
+    assert normalized_score("hopper", [-20.272305, 3234.3]).tolist() == pytest.approx([0.0, 100.0])
+    assert normalized_score("halfcheetah", [(12135.0 - 280.178953) / 2]).item() == pytest.approx(50.0)
+    assert normalized_score("walker2d", [4592.3]).item() == pytest.approx(100.0)
+    assert d4rl_filename("halfcheetah-medium-replay-v2") == "halfcheetah_medium_replay-v2.hdf5"
+
+
+def test_loss_ignores_padded_steps(tmp_path):
+    hand_made(tmp_path / "d4rl" / "hopper-toy-v2.hdf5")
+    task = task_class("d4rl")(compose(["task=d4rl", "task.dataset=hopper-toy-v2"]).task, tmp_path)
+    task.setup("holdout")
+    batch = {k: v[None] for k, v in task.splits["train"][3 + 23].items()}
+    perfect = batch["actions"].clone()
+    perfect[~batch["mask"]] = 123.0  # whatever is predicted at padded steps does not count
+    assert task.loss(perfect, batch).item() == 0.0
+
+
+class ZeroPolicy(torch.nn.Module):
+    def forward(self, states, actions, returns_to_go, timesteps):
+        self.seen = getattr(self, "seen", []) + [(states.shape[1], returns_to_go[0, -1, 0].item(), timesteps[0, -1].item())]
+        return torch.zeros(states.shape[0], states.shape[1], 3)
+
+
+def test_rollouts_match_gymnasium_stepped_by_hand():
+    import gymnasium as gym
+
+    from tasks.d4rl.rollout import rollouts
+
+    model = ZeroPolicy()
+    returns, lengths = rollouts(model, "hopper", [7, 8], 3600.0, state_mean=np.zeros(11), state_std=np.ones(11),
+                                context_len=4, max_episode_steps=25)
+    for seed, ret, length in zip([7, 8], returns, lengths):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env = gym.make("Hopper-v4", max_episode_steps=25)
+        env.reset(seed=seed)
+        total, steps, done = 0.0, 0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(np.zeros(3, np.float32))
+            total, steps, done = total + r, steps + 1, term or trunc
+        assert ret == pytest.approx(total) and length == steps
+    # the context grows to K = 4; the return-to-go starts at 3600 / 1000 and falls by reward / 1000
+    assert [s[0] for s in model.seen[:6]] == [1, 2, 3, 4, 4, 4] and model.seen[0][1:] == pytest.approx((3.6, 0))
+    assert model.seen[1][1] < 3.6 and model.seen[5][2] == 5
+
+
+def causal_models() -> list[str]:
+    return [m for m in group_options("model") if not capability_problems(compose([f"model={m}"]).model, {"decoder": 3})]
+
+
+@pytest.mark.parametrize("model", causal_models())
+def test_every_causal_variant_is_causal_in_the_decision_transformer(model, tmp_path):
+    cfg = compose(["task=d4rl", f"model={model}", "task.backbone.d_model=16", "task.backbone.d_ff=32",
+                   "task.backbone.n_heads=2", "task.context_len=6", f"+per_dataset.data_dependent.{model}.hopper-medium-v2=false"])
+    task = task_class("d4rl")(cfg.task, tmp_path)
+    task.setup_synthetic(18)
+    torch.manual_seed(0)
+    net = task.build_model(cfg.model).eval()
+    batch = task.synthetic_batch(2, 18)
+    changed = {k: v.clone() for k, v in batch.items()}
+    changed["actions"][:, 3:] = torch.rand(2, 3, 3)  # a_3.. come after the tokens R_3, s_3
+    changed["states"][:, 4:] = torch.randn(2, 2, 11)
+    changed["rtg"][:, 4:] = torch.rand(2, 3, 1)
+    with torch.no_grad():
+        a, b = net(**task.model_inputs(batch)), net(**task.model_inputs(changed))
+    assert torch.allclose(a[:, :4], b[:, :4], atol=1e-5), "a later token changed an earlier action"
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+def test_fetcher_downloads_to_d4rl_file_name_with_checksum(workdir, monkeypatch, tmp_path):
+    import tasks.d4rl as D
+
+    src = hand_made(tmp_path / "src" / "hopper_medium-v2.hdf5")
+    monkeypatch.setattr(D, "D4RL_URL", src.parent.as_uri() + "/{file}")
+    main(["data", "d4rl", "hopper-medium-v2"])
+    target = workdir / "data" / "d4rl" / "hopper_medium-v2.hdf5"
+    assert target.is_file() and (target.parent / "hopper_medium-v2.hdf5.sha256").is_file()
+    assert task_class("d4rl").dataset_status("hopper-medium-v2", workdir / "data") == "local"
+
+
+def record_d4rl_layout(path, env_name="Hopper-v4", episodes=12, steps=60):
+    """A small dataset in D4RL's HDF5 layout, recorded from a real gymnasium MuJoCo environment."""
+    import gymnasium as gym
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = gym.make(env_name, max_episode_steps=steps)
+    rng = np.random.RandomState(0)
+    cols = {k: [] for k in ("observations", "actions", "rewards", "terminals", "timeouts")}
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=ep)
+        done = False
+        while not done:
+            a = np.clip(0.5 * rng.randn(env.action_space.shape[0]), -1, 1).astype(np.float32)
+            nxt, r, term, trunc, _ = env.step(a)
+            for k, v in zip(cols, (obs, a, r, term, trunc)):
+                cols[k].append(v)
+            obs, done = nxt, term or trunc
+    return write_hdf5(path, **{k: np.asarray(v, dtype=np.float32 if k in ("observations", "actions", "rewards") else bool)
+                               for k, v in cols.items()})
+
+
+@pytest.mark.slow
+def test_end_to_end_on_a_dataset_recorded_from_mujoco(workdir):
+    record_d4rl_layout(workdir / "data" / "d4rl" / "hopper-recorded-v2.hdf5")
+    main(["run", "task=d4rl", "task.dataset=hopper-recorded-v2", "model=primal_plus",
+          "+per_dataset.data_dependent.primal_plus.hopper-recorded-v2=false", "task.backbone.d_model=16",
+          "task.backbone.d_ff=32", "task.backbone.n_heads=2", "trainer.max_steps=200", "trainer.batch_size=16",
+          "trainer.scheduler.warmup_steps=20", "task.eval.test_episodes=2", "task.eval.val_episodes=1",
+          "task.eval.max_episode_steps=30", "trainer.progress=false", "results.path=res.csv", "measure.flops=false",
+          "measure.memory=false"])
+    row = read_records("res.csv")[-1]
+    assert row["status"] == "ok" and row["metric"] == "normalized_return" and row["higher_is_better"] == "True"
+    assert int(row["steps_run"]) == 200 and int(float(row["test_episodes"])) == 2
+    assert float(row["test_normalized_return"]) == float(row["test_normalized_return_3600"]) == float(row["test_score"])
+    assert float(row["test_normalized_return"]) == pytest.approx(float(normalized_score("hopper", float(row["test_return"]))))
+    assert "test_normalized_return_1800" in row and 0 < float(row["test_episode_length_3600"]) <= 30
+    facts = json.loads(row["metrics_json"])["data"]
+    assert facts["environment"].startswith("gymnasium Hopper-v4") and facts["trajectories"] == 12
+    history = json.loads(row["metrics_json"])["history"]
+    assert [h["step"] for h in history] == [200]  # one evaluation, at the end (the code's final evaluation)
