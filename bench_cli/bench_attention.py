@@ -9,7 +9,7 @@ same N (< 1 = faster). On a machine shared with other jobs, --threads 1 gives st
 SH variants use the papers' factors for the head count ([1, 2] for 2 heads), super uses
 max_len = N, conv2d needs a square N (a 32 x 32 or 64 x 64 patch grid at the defaults) and is
 skipped otherwise, and with --causal the variants that cannot be causal are skipped (primal runs
-data-independent, Listing 1).
+data-independent, Listing 1); lines under the table say why a variant shows n/a.
 """
 from __future__ import annotations
 
@@ -40,13 +40,24 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
+def skip_reason(name: str, n: int, args) -> str | None:
+    """Why ``name`` is not timed at length n (shown under the table), or None."""
+    if args.causal and not attention_spec(name).capabilities.causal:
+        return "not causal"
+    if variant_options(name, n, args.heads) is None:
+        return f"needs a square N (a patch grid), N={n}"
+    return None
+
+
+# Said under the table when a variant runs with other options than its preset's.
+CAUSAL_NOTES = {"primal": "causal with data_dependent=false (Listing 1: the sampled rows would see the future)"}
+
+
 def build_runners(name, n, args):
     """(forward, forward_backward) closures for ``name`` at length n, or None if it cannot run."""
+    if skip_reason(name, n, args):
+        return None
     options = variant_options(name, n, args.heads)
-    if options is None:
-        return None
-    if args.causal and not attention_spec(name).capabilities.causal:
-        return None
     if args.causal and name == "primal":
         options["data_dependent"] = False
     torch.manual_seed(0)
@@ -93,24 +104,28 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def render(rows, title: str) -> None:
+def render(rows, title: str, notes: list[str] = ()) -> None:
+    """The table, then one line per note (why a variant shows n/a, options that differ)."""
     headers = ["variant", "N", "forward ms", "x softmax", "fwd+bwd ms", "x softmax"]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-        print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-        for r in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-        return
-    table = Table(title=title)
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    from bench_cli.ui import console, show_table
+
+    show_table(title, headers, rows)  # blocks instead of folded numbers at 80 columns
+    for note in notes:
+        console.print(note, highlight=False)
+
+
+def notes_for(names, seq_lens, args) -> list[str]:
+    """'n/a: conv2d, linear_bn: not causal' per reason, and the options changed for causal runs."""
+    skipped: dict[str, list[str]] = {}
+    for name in names:
+        for n in seq_lens:
+            reason = skip_reason(name, n, args)
+            if reason and name not in skipped.setdefault(reason, []):
+                skipped[reason].append(name)
+    notes = [f"n/a: {', '.join(skipped_names)}: {reason}" for reason, skipped_names in skipped.items() if skipped_names]
+    if args.causal:
+        notes += [f"{name}: {note}" for name, note in CAUSAL_NOTES.items() if name in names]
+    return notes
 
 
 def main(argv=None) -> list[tuple]:
@@ -138,7 +153,7 @@ def main(argv=None) -> list[tuple]:
             ])
     mode = "causal" if args.causal else "bidirectional"
     render(rows, f"attention speed ({mode}, d_model={args.d_model}, heads={args.heads}, batch={args.batch}, "
-                 f"median of {args.repeats}, {torch.get_num_threads()} threads)")
+                 f"median of {args.repeats}, {torch.get_num_threads()} threads)", notes_for(names, args.seq_lens, args))
     return results
 
 

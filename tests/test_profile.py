@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli import profile as P
+from bench_cli.profile import config, grid, harness
+from bench_cli.reproduce import pba
 from bench_cli.cli import main
 
 # A tiny UEA model (synthetic shapes: 12 channels, 9 classes; no data read).
@@ -45,7 +46,7 @@ def fail_line(capsys, *args: str) -> str:
 def test_softmax_layer_flops_equal_the_analytic_count(meta):
     B, N, D, H = 2, 64, 32, 4
     d = D // H
-    m = P.profile_layer("softmax", B, N, D, H, meta=meta)
+    m = harness.profile_layer("softmax", B, N, D, H, meta=meta)
     projections = 4 * 2 * B * N * D * D  # q, k, v, out: (B*N, D) x (D, D)
     assert m["flops_forward"] == projections + 4 * B * H * N * N * d  # + QK^T and AV
     # Training step (input requires grad): 3 matmuls per projection; fused SDPA backward 10*B*H*N^2*d.
@@ -57,27 +58,27 @@ def test_softmax_layer_flops_equal_the_analytic_count(meta):
 @pytest.mark.parametrize("backend", ["auto", "math"])
 def test_pba_layer_flops_equal_the_analytic_count(variant, backend):
     B, N, D, H = 1, 32, 64, 2
-    m = P.profile_layer(variant, B, N, D, H, backend=backend)
-    assert m["flops_forward"] == P.analytic_layer_flops(variant, B, N, D, train=False, backend=backend)
-    assert m["flops_train_step"] == P.analytic_layer_flops(variant, B, N, D, train=True, backend=backend)
+    m = harness.profile_layer(variant, B, N, D, H, backend=backend)
+    assert m["flops_forward"] == pba.analytic_layer_flops(variant, B, N, D, train=False, backend=backend)
+    assert m["flops_train_step"] == pba.analytic_layer_flops(variant, B, N, D, train=True, backend=backend)
 
 
 def test_eqn24_is_the_papers_formula():
     c = {"standard": 15, "optimised": 12, "efficient": 9, "super": 12, "head_term": 15}
-    assert P.eqn24_flops("standard", 64, 128, 1, c) == 15 * 64 * 128 + 15 * 64 * 64
-    assert P.eqn24_flops("efficient", 64, 128, 8, c) == 9 * 64 * 128 + 15 * 8 * 64 * 64
+    assert pba.eqn24_flops("standard", 64, 128, 1, c) == 15 * 64 * 128 + 15 * 64 * 64
+    assert pba.eqn24_flops("efficient", 64, 128, 8, c) == 9 * 64 * 128 + 15 * 8 * 64 * 64
     # Figure 3's "up to 67% more": the ratio tends to 15/9 as d_m >> l.
-    assert P.eqn24_flops("standard", 1, 10**6, 1, c) / P.eqn24_flops("efficient", 1, 10**6, 1, c) == pytest.approx(15 / 9, rel=1e-5)
+    assert pba.eqn24_flops("standard", 1, 10**6, 1, c) / pba.eqn24_flops("efficient", 1, 10**6, 1, c) == pytest.approx(15 / 9, rel=1e-5)
 
 
 @pytest.mark.parametrize("attention", ["linear", "primal"])
 def test_linear_and_primal_flops_grow_linearly_in_n(attention):
     def flops(n):
-        return P.profile_layer(attention, 1, n, 32, 2)
+        return harness.profile_layer(attention, 1, n, 32, 2)
     f1, f2, f4 = flops(256), flops(512), flops(1024)  # primal samples min(200, N) rows: affine in N
     for key in ("flops_forward", "flops_train_step"):
         assert f4[key] - f2[key] == 2 * (f2[key] - f1[key]), key
-    soft = [P.profile_layer("softmax", 1, n, 32, 2)["flops_forward"] for n in (256, 512, 1024)]
+    soft = [harness.profile_layer("softmax", 1, n, 32, 2)["flops_forward"] for n in (256, 512, 1024)]
     assert soft[2] - soft[1] > 2 * (soft[1] - soft[0])  # quadratic, for contrast
 
 
@@ -88,7 +89,7 @@ def test_profile_csv_columns_ratios_and_plot(workdir):
     run_profile("model=attention_sh", "baseline=softmax", "profile.seq_lens=[8]", "profile.d_models=[16,32]",
                 "profile.output=prof.csv", "profile.plot=prof.png")
     rows = read_csv(workdir / "prof.csv")
-    assert list(rows[0])[: len(P.PROFILE_COLUMNS)] == P.PROFILE_COLUMNS
+    assert list(rows[0])[: len(grid.PROFILE_COLUMNS)] == grid.PROFILE_COLUMNS
     assert [(r["d_model"], r["seq_len"]) for r in rows] == [("16", "8"), ("32", "8")]
     for r in rows:
         assert r["status"] == "ok" and r["model"] == "attention_sh" and r["baseline"] == "softmax"
@@ -155,14 +156,14 @@ def test_forced_oom_point_is_recorded_and_the_grid_goes_on(workdir):
 
 
 def test_forced_timeout_point_is_recorded_and_the_grid_goes_on(workdir, monkeypatch):
-    real_step = P.train_step
+    real_step = harness.train_step
 
     def slow_step(side):
         if next(iter(side.inputs.values())).shape[1] == 16:
             time.sleep(30)
         real_step(side)
 
-    monkeypatch.setattr(P, "train_step", slow_step)
+    monkeypatch.setattr(harness, "train_step", slow_step)
     started = time.perf_counter()
     run_profile("profile.seq_lens=[8,16,12]", "profile.timeout_s=2", "profile.output=t.csv", *NO_FLOPS, *NO_MEMORY)
     assert time.perf_counter() - started < 20  # the sleeping steps (model and baseline) were interrupted
@@ -179,7 +180,7 @@ def test_failed_side_is_recorded(workdir, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(P, "measure_static", broken)
+    monkeypatch.setattr(harness, "measure_static", broken)
     run_profile("profile.seq_lens=[8]", "profile.output=f.csv")
     (row,) = read_csv(workdir / "f.csv")
     assert row["status"] == "failed" and "kaboom" in row["error"] and row["model_time_train_s"] == ""
@@ -200,13 +201,25 @@ def test_user_mistakes_are_one_line(workdir, capsys):
 
 @pytest.mark.parametrize("preset", ["default", "figure1", "figure2", "figure3", "figure4", "pba"])
 def test_presets_compose(preset):
-    cfg = P.load_config([f"profile={preset}"])
+    cfg = config.load_config([f"profile={preset}"])
     assert cfg.profile.mode == ("pba" if preset == "pba" else "task")
     if preset.startswith("figure"):
         assert cfg.task.name == "lra_retrieval" and cfg.task.backbone.d_model == 64 and cfg.task.backbone.n_heads == 2
         assert cfg.profile.output == f"results/reproduced/{preset}.csv" and 4096 in cfg.profile.seq_lens
     # command-line choices win over a preset's
-    assert P.load_config([f"profile={preset}", "model=linear"]).model.name == "linear"
+    assert config.load_config([f"profile={preset}", "model=linear"]).model.name == "linear"
+
+
+def test_title_names_the_command_once_and_rows_share_the_run_folders_id(workdir, capsys):
+    from bench_cli.profile import render
+
+    assert render.title(config.load_config([]), "cpu") == "profile: softmax vs softmax on uea (cpu)"
+    assert render.title(config.load_config(["profile=figure1"]), "cpu").startswith("profile figure1: attention_bn_sh vs")
+    run_profile("profile.seq_lens=[8]", "profile.output=t.csv", "profile.timing.enabled=false", *NO_FLOPS, *NO_MEMORY)
+    assert "profile: softmax vs softmax on uea (cpu)" in capsys.readouterr().out
+    (row,) = read_csv(workdir / "t.csv")
+    (folder,) = (workdir / "outputs" / "profile").glob("*/*")
+    assert folder.name == row["run_id"] and (folder / "config.yaml").is_file()
 
 
 def test_training_runs_do_not_carry_profile_keys():
@@ -224,9 +237,9 @@ def test_figure1_standard_point_flops_reduction():
     The counted ratio is 0.761: attention matmuls x 3/4, k/v projections x 3/4, the FFN unchanged."""
     from bench_cli.runner import build_task
 
-    cfg = P.load_config(["profile=figure1", "profile.seq_lens=[4096]", "profile.d_models=null",
+    cfg = config.load_config(["profile=figure1", "profile.seq_lens=[4096]", "profile.d_models=null",
                          "profile.sdpa_backends=[auto]", "profile.timing.enabled=false", "profile.memory=off"])
-    rows = P.run_profile(cfg)
+    rows = grid.run_profile(cfg)
     (row,) = rows
     assert row["status"] == "ok" and row["d_model"] == 64 and row["seq_len"] == 4096
     n, d, f = 4096, 64, 128
@@ -239,15 +252,25 @@ def test_figure1_standard_point_flops_reduction():
 
 
 def test_pba_parameter_counts_match_every_table_row():
-    cfg = P.load_config(["profile=pba"])
+    cfg = config.load_config(["profile=pba"])
     root = Path(__file__).resolve().parents[1]
     candidates = [root / "results" / "paper" / "pay_better_attention.csv",
                   root.parent / "shared" / "reference" / "pay_better_attention.csv"]
     reference = next((c for c in candidates if c.is_file()), candidates[0])
-    rows = P.pba_params_rows(cfg.profile.params_tables, str(reference) if reference.is_file() else None)
+    rows = pba.pba_params_rows(cfg.profile.params_tables, str(reference) if reference.is_file() else None)
     assert len(rows) == 85 and all(r["match"] for r in rows), [r for r in rows if not r["match"]]
     exact = [r for r in rows if r["printed_resolution"] == 1]
     assert len(exact) == 69 and all(r["ours"] == r["printed_value"] for r in exact)
     if reference.is_file():
         assert all(r["reference_csv_agrees"] for r in rows if "reference_csv_agrees" in r)
-        assert "all 84" in P.reference_coverage(rows, str(reference))
+        assert "all 84" in pba.reference_coverage(rows, str(reference))
+
+
+def test_profile_runs_on_a_task_with_encoder_and_decoder_stacks(workdir):
+    """Translation has n_encoder_layers + n_decoder_layers, no n_layers: the row counts both."""
+    main(["profile", "task=nmt", "model=efficient", "task.backbone.d_model=16", "task.backbone.d_ff=32",
+          "task.vocab_size=32", "task.backbone.n_heads=2", "profile.timing.warmup=0", "profile.timing.repeats=1",
+          "profile.plot=null", *NO_MEMORY, "trainer.progress=false", "profile.seq_lens=[8]",
+          "profile.output=prof.csv"])
+    rows = read_csv(workdir / "prof.csv")
+    assert rows and {r["status"] for r in rows} == {"ok"} and {r["n_layers"] for r in rows} == {"3"}

@@ -1,0 +1,114 @@
+"""`attnbench profile [profile=NAME] [overrides]`: compose, measure, write the CSV, show the table
+and the plot, log (``logger=``)."""
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from bench_cli import compose as C
+from bench_cli.errors import UserError
+from bench_cli.profile.config import load_config
+
+USAGE = """\
+usage: attnbench profile [profile=NAME] [model=M] [baseline=B] [task=T] [profile.KEY=VALUE ...]
+
+Parameters, FLOPs, peak memory and time of `model` next to `baseline` on synthetic inputs of
+the task's shape, for every (profile.sdpa_backends, profile.d_models, profile.seq_lens) point;
+one CSV row per point (profile.output), a plot (profile.plot) and a table. No dataset is read.
+presets (profile=NAME): {presets}
+example: attnbench profile model=attention_bn_sh baseline=softmax task=lra_retrieval \\
+             profile.seq_lens=[1024,2048,4096] profile.d_models=[64,128,256]
+keys: see conf/profile/default.yaml; `attnbench profile --cfg` prints the composed config.
+"""
+
+
+def cmd_profile(args: list[str]) -> None:
+    from bench_cli import records
+    from bench_cli.profile import render
+    from bench_cli.profile.grid import PROFILE_COLUMNS, run_profile
+    from bench_cli.ui import console, progress_bar
+
+    show_cfg, overrides, i = False, [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-h", "--help"):
+            print(USAGE.format(presets=", ".join(C.group_options("profile"))))
+            return
+        if a in ("--cfg", "-c"):
+            show_cfg = True
+            if i + 1 < len(args) and args[i + 1] in ("job", "hydra", "all"):
+                i += 1
+        elif a.startswith("-"):
+            raise UserError(f"unknown option {a} for `attnbench profile` (overrides are key=value; see --help)")
+        else:
+            overrides.append(a)
+        i += 1
+    cfg = load_config(overrides)
+    if show_cfg:
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+        return
+    p = cfg.profile
+    # One id for the run folder and the rows (the layout of `attnbench run`'s folders).
+    run_id = records.new_run_id()
+    run_dir = Path(str(cfg.paths.output_dir)) / "profile" / f"{datetime.now():%Y-%m-%d}" / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    started = time.perf_counter()
+
+    if str(p.mode) == "pba":
+        from bench_cli import plots
+        from bench_cli.reproduce import pba
+
+        with progress_bar(bool(cfg.trainer.get("progress", True))) as progress:
+            params, flops = pba.run_pba(cfg, progress, run_id=run_id)
+        records.write_rows(p.params_output, params, pba.PBA_PARAMS_COLUMNS, append=False)
+        records.write_rows(p.output, flops, pba.PBA_FLOPS_COLUMNS, append=bool(p.append))
+        pba.print_pba_tables(params, flops)
+        console.print(pba.reference_coverage(params, p.get("reference_csv")), highlight=False)
+        images = plots.pba_figures(flops, p.figures, c_attn=OmegaConf.to_container(p.eqn24))
+        console.print(f"[green]ok[/]: {p.params_output}, {p.output}, " + ", ".join(str(i) for i in images)
+                      + f" ({time.perf_counter() - started:.0f} s)")
+        _log(cfg, run_dir, {"pba_params": params, "pba_flops": flops}, images)
+        if not all(r["match"] for r in params):
+            raise SystemExit(1)
+        return
+
+    output = Path(str(p.output))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if not bool(p.append) and output.exists():
+        output.unlink()
+    on_row = lambda row: records.write_rows(output, [row], PROFILE_COLUMNS)  # noqa: E731
+    with progress_bar(bool(cfg.trainer.get("progress", True))) as progress:
+        rows = run_profile(cfg, on_row, progress, command="attnbench profile " + " ".join(overrides), run_id=run_id)
+    title = render.title(cfg, rows[0]["device"] if rows else "")
+    render.print_task_table(rows, title)
+    images = []
+    plot = render.plot_path(cfg)
+    if plot is not None and rows:
+        from bench_cli import plots
+
+        images.append(plots.ratio_figure(rows, plot, title=title))
+    console.print(f"[green]ok[/]: {len(rows)} points -> {output}" + (f", {images[0]}" if images else "")
+                  + f" ({time.perf_counter() - started:.0f} s)")
+    _log(cfg, run_dir, {"profile": rows}, images)
+
+
+def _log(cfg: DictConfig, run_dir: Path, tables: dict[str, list[dict]], images: list[Path]) -> None:
+    from bench_cli.loggers import make_logger
+    from bench_cli.profile.render import label
+
+    if cfg.logger.get("name", "none") == "none":
+        return
+    config = OmegaConf.to_container(cfg, resolve=True)
+    logger = make_logger(cfg.logger, config, run_dir, name=label(cfg.profile.name).replace(" ", "-"), job_type="profile")
+    try:
+        for name, rows in tables.items():
+            logger.log_table(name, [{k: v for k, v in r.items() if isinstance(v, (int, float, str, bool)) or v is None}
+                                    for r in rows])
+        for image in images:
+            logger.log_image(Path(image).stem, image)
+    finally:
+        logger.finish("ok")

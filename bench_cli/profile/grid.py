@@ -1,0 +1,221 @@
+"""Task mode of `attnbench profile`: the task's model and the baseline at every point
+(sdpa_backend, d_model, seq_len) of the grid, measured by the harness; one row per point."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from bench_cli import compose as C
+from bench_cli.profile.config import int_list
+from bench_cli.profile import harness as H
+from bench_cli.profile.render import label
+from bench_cli.reproduce.reductions import PAPER_COLUMNS, REDUCTIONS, paper_columns
+
+SIDES = ("model", "baseline")
+# Per-side measurements, named like the run records' columns where they exist.
+METRICS = (
+    "params", "attn_params_per_layer", "flops_forward", "flops_train_step", "peak_mem_train_bytes",
+    "peak_mem_infer_bytes", "time_train_s", "time_infer_s", "rss_train_bytes",
+)
+
+PROFILE_COLUMNS = [
+    # identity of the point
+    "run_id", "time", "status", "error", "profile", "task", "model", "attention", "baseline",
+    "baseline_attention", "sdpa_backend", "d_model", "n_heads", "n_layers", "seq_len", "batch_size", "device",
+    # measurements of each side, then the ratios model / baseline
+    *[f"{side}_{m}" for side in SIDES for m in METRICS],
+    *[f"ratio_{m}" for m in METRICS],
+    # reductions (100 * (1 - ratio)) next to the paper's
+    *[f"reduction_pct_{m}" for m in REDUCTIONS],
+    *PAPER_COLUMNS,
+    # how it was measured
+    "model_status", "baseline_status", "model_error", "baseline_error", "model_attn_layers",
+    "baseline_attn_layers", "flops_method", "memory_method", "timing_method", "process_peak_rss_bytes",
+    "point_wall_time_s",
+    # provenance
+    "git_commit", "git_dirty", "torch_version", "attnbench_version", "python_version", "platform", "command",
+]
+
+
+def _with_model(cfg: DictConfig, model_cfg) -> DictConfig:
+    out = cfg.copy()
+    with open_dict(out):
+        out.model = model_cfg
+    return out
+
+
+def _point_cfg(cfg: DictConfig, d_model: int | None) -> DictConfig:
+    """cfg with task.backbone.d_model = d_model and the keys of profile.scale_with_d_model scaled."""
+    out = cfg.copy()
+    if d_model is None:
+        return out
+    backbone = out.task.backbone
+    base = int(backbone.d_model)
+    with open_dict(backbone):
+        for key in cfg.profile.get("scale_with_d_model") or []:
+            if key in backbone and backbone[key] is not None:
+                backbone[key] = max(1, int(round(int(backbone[key]) * d_model / base)))
+        backbone.d_model = d_model
+    return out
+
+
+def _layers(backbone) -> int:
+    """The backbone's blocks: ``n_layers``, or the sum of its stacks (translation: encoder + decoder)."""
+    if backbone.get("n_layers") is not None:
+        return int(backbone.n_layers)
+    return sum(int(v) for k, v in backbone.items() if str(k).startswith("n_") and str(k).endswith("_layers"))
+
+
+def _side_loss(task, batch, module, eta: float, layers: str = "sum") -> Callable:
+    def loss_fn(output):
+        loss = task.loss(output, batch)
+        if eta:
+            from models.attention import collect_auxiliary_loss
+
+            extra = collect_auxiliary_loss(module, layers)
+            if extra is not None:
+                loss = loss + eta * extra
+        return loss
+
+    return loss_fn
+
+
+def grid(cfg: DictConfig) -> list[tuple[str, int | None, int]]:
+    """Points (sdpa_backend, d_model or None, seq_len), in the order they are measured."""
+    p = cfg.profile
+    d_models = int_list(p, "d_models", allow_null=True) or [None]
+    return [(str(b), d, n) for b in p.sdpa_backends for d in d_models for n in int_list(p, "seq_lens")]
+
+
+def _timed_point(cfg: DictConfig, backend: str, d_model: int | None, seq_len: int, d_default: int | None) -> bool:
+    t = cfg.profile.timing
+    if not t.enabled:
+        return False
+    if t.get("sdpa_backends") is not None and backend not in [str(b) for b in t.sdpa_backends]:
+        return False
+    d = d_model if d_model is not None else d_default
+    if t.get("d_models") is not None and d not in int_list(t, "d_models"):
+        return False
+    return t.get("seq_lens") is None or seq_len in int_list(t, "seq_lens")
+
+
+def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, progress=None,
+                command: str = "", run_id: str | None = None) -> list[dict]:
+    """Measure every point of the grid for ``cfg.model`` and ``cfg.baseline``; return the rows
+    (and hand each to ``on_row`` as soon as it is complete); ``run_id``: the rows' (default: a new one)."""
+    import torch
+
+    from bench_cli import measure as M
+    from bench_cli import records
+    from bench_cli.runner import build_task, check_model_fits_task
+    from bench_cli.trainer import seed_everything, select_device
+
+    p = cfg.profile
+    device = select_device(str(cfg.trainer.device))
+    if cfg.trainer.get("num_threads"):
+        torch.set_num_threads(int(cfg.trainer.num_threads))
+    budget_bytes = H.memory_budget_bytes(p.get("memory_budget_gb"), device)
+    side_cfgs = [("model", cfg.model)]
+    if cfg.get("baseline") is not None:
+        # The baseline's preset placed where `model` is, so interpolations (e.g. ${per_dataset:...})
+        # resolve against the same root config.
+        side_cfgs.append(("baseline", _with_model(cfg, C.load_option("model", str(cfg.baseline))).model))
+    for _, mcfg in side_cfgs:
+        check_model_fits_task(build_task(cfg), _with_model(cfg, mcfg))
+    d_default = int(cfg.task.backbone.d_model) if "backbone" in cfg.task and "d_model" in cfg.task.backbone else None
+    points = grid(cfg)
+    bar = progress.add_task(label(p.name), total=len(points), status="") if progress else None
+    prov = records.provenance()
+    run_id = run_id or records.new_run_id()
+    reference = [OmegaConf.to_container(r, resolve=True) for r in (p.get("reference") or [])]
+    rows = []
+    for backend, d_model, seq_len in points:
+        started = time.perf_counter()
+        pcfg = _point_cfg(cfg, d_model)
+        task = build_task(pcfg)
+        task.setup_synthetic(seq_len)
+        if progress:
+            progress.update(bar, status=f"{backend} d={d_model or d_default} N={seq_len}")
+        sides = []
+        for role, mcfg in side_cfgs:
+            side = H.Side(role, mcfg, H.Budget(p.get("timeout_s")))
+            sides.append(side)
+
+            def build(side=side):
+                seed_everything(int(cfg.seed), False)
+                side.module = task.build_model(side.model_cfg).to(device)
+                batch = task.synthetic_batch(int(p.batch_size), seq_len, device)
+                side.inputs = task.model_inputs(batch)
+                side.loss_fn = _side_loss(task, batch, side.module, float(side.model_cfg.get("eta", 0.0) or 0.0),
+                                          side.model_cfg.get("ksvd_layers", "sum"))
+
+            H.guarded(side, "build", build, p.get("timeout_s"))
+            with H.sdpa_backend(backend):
+                H.guarded(side, "measure", lambda side=side: H.measure_static(
+                    side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
+        timed = _timed_point(cfg, backend, d_model, seq_len, d_default)
+        if timed:
+            with H.sdpa_backend(backend):
+                H.time_sides([s for s in sides if s.ok], int(p.timing.warmup), int(p.timing.repeats), device,
+                           p.get("timeout_s"))
+        row = _row(cfg, pcfg, sides, backend, seq_len, device, prov, run_id, command, timed)
+        row.update(paper_columns(reference, row["d_model"], seq_len, backend))
+        row["process_peak_rss_bytes"] = M.process_peak_rss_bytes()
+        row["point_wall_time_s"] = round(time.perf_counter() - started, 3)
+        for side in sides:  # free the point's models before the next one
+            side.module = side.inputs = side.loss_fn = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+        if on_row:
+            on_row(row)
+        if progress:
+            progress.advance(bar)
+    return rows
+
+
+def _ratio(a, b):
+    if a is None or b in (None, 0):
+        return None
+    return a / b
+
+
+def _row(cfg, pcfg, sides: list[H.Side], backend, seq_len, device, prov, run_id, command, timed: bool) -> dict:
+    import torch
+
+    p = cfg.profile
+    b = pcfg.task.backbone
+    row = {
+        "run_id": run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profile": str(p.name), "task": str(cfg.task.name), "model": str(cfg.model.name),
+        "attention": str(cfg.model.attention.name),
+        "baseline": str(cfg.baseline) if cfg.get("baseline") is not None else "",
+        "baseline_attention": str(sides[1].model_cfg.attention.name) if len(sides) > 1 else "",
+        "sdpa_backend": backend, "d_model": int(b.d_model), "n_heads": int(b.n_heads), "n_layers": _layers(b),
+        "seq_len": seq_len, "batch_size": int(p.batch_size), "device": str(device),
+        "timing_method": (f"warmup={p.timing.warmup}, median of {p.timing.repeats} interleaved repeats, "
+                          f"{torch.get_num_threads()} thread(s)" if timed else "not timed"),
+        "command": command,
+        **prov,
+    }
+    for side in sides:
+        for m in METRICS:
+            row[f"{side.role}_{m}"] = side.metrics.get(m)
+        row[f"{side.role}_attn_layers"] = side.metrics.get("attn_layers")
+        row[f"{side.role}_status"], row[f"{side.role}_error"] = side.status, side.error
+        for k in ("flops_method", "memory_method"):
+            if side.metrics.get(k) and not row.get(k):
+                row[k] = side.metrics[k]
+    bad = [s for s in sides if not s.ok]
+    row["status"] = bad[0].status if bad else "ok"
+    row["error"] = "; ".join(f"{s.role}: {s.error}" for s in bad)
+    if len(sides) > 1:
+        for m in METRICS:
+            row[f"ratio_{m}"] = _ratio(row.get(f"model_{m}"), row.get(f"baseline_{m}"))
+        for m in REDUCTIONS:
+            r = row.get(f"ratio_{m}")
+            row[f"reduction_pct_{m}"] = None if r is None else 100.0 * (1.0 - r)
+    return row

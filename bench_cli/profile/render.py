@@ -1,0 +1,72 @@
+"""What `attnbench profile` shows: the title, the table of ratios (task mode), and where its
+plot goes. The papers' numbers next to ours come from :mod:`bench_cli.reproduce`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+
+def label(name: str) -> str:
+    """'profile' or 'profile figure1': the command and the preset's ``profile.name``, said once."""
+    return "profile" if str(name) == "profile" else f"profile {name}"
+
+
+def title(cfg: DictConfig, device: str) -> str:
+    return (f"{label(cfg.profile.name)}: {cfg.model.name} vs {cfg.get('baseline') or '-'} on {cfg.task.name} "
+            f"({device})")
+
+
+def fmt(v, kind: str = "") -> str:
+    from bench_cli.ui import human
+
+    if v in (None, ""):
+        return "-"
+    if kind == "ratio":
+        return f"{float(v):.3f}"
+    if kind == "num":
+        return f"{float(v):.1f}"
+    if kind == "s":
+        return f"{float(v):.3g}s"
+    return human(v, kind)
+
+
+def print_task_table(rows: list[dict], title: str) -> None:
+    """Ratios model/baseline per point (absolute values are in the CSV), then the measured
+    reductions next to the paper's where the profile has them, then the points that failed."""
+    from bench_cli.reproduce.reductions import comparison_lines
+    from bench_cli.ui import console, human, show_table
+
+    cols = (("FLOPs fwd", "flops_forward"), ("FLOPs train", "flops_train_step"), ("mem train", "peak_mem_train_bytes"),
+            ("mem infer", "peak_mem_infer_bytes"), ("time train", "time_train_s"), ("time infer", "time_infer_s"),
+            ("params", "params"))
+    headers = ["sdpa", "D", "N", "status", *[c for c, _ in cols], "model FLOPs train", "model mem train"]
+    table = []
+    for r in rows:
+        status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/]"
+        table.append([r["sdpa_backend"], str(r["d_model"]), str(r["seq_len"]), status,
+                      *[fmt(r.get(f"ratio_{m}"), "ratio") for _, m in cols],
+                      human(r.get("model_flops_train_step")) if r.get("model_flops_train_step") is not None else "-",
+                      human(r.get("model_peak_mem_train_bytes"), "B") if r.get("model_peak_mem_train_bytes") is not None else "-"])
+    # as wide as the numbers need, or one block per point when the console is narrower: never folded digits
+    show_table(title, headers, table,
+               caption="ratio model / baseline (FLOPs per sample, memory per batch); values in the CSV")
+    for line in comparison_lines(rows, fmt):
+        console.print(line, highlight=False)
+    for r in rows:
+        if r["status"] != "ok":
+            console.print(f"[red]{r['status']}[/] D={r['d_model']} N={r['seq_len']} sdpa={r['sdpa_backend']}: {r['error']}",
+                          highlight=False)
+
+
+def plot_path(cfg: DictConfig) -> Path | None:
+    """``profile.plot``: auto = beside the CSV, named <output>_<task>_<model>_vs_<baseline>.png."""
+    p = cfg.profile
+    plot = p.get("plot")
+    if plot in (None, False, "", "none", "null"):
+        return None
+    if plot != "auto":
+        return Path(str(plot))
+    out = Path(str(p.output))
+    base = f"{cfg.baseline}" if cfg.get("baseline") is not None else "none"
+    return out.with_name(f"{out.stem}_{cfg.task.name}_{cfg.model.name}_vs_{base}.png")
