@@ -13,13 +13,6 @@ LRA_TASKS := lra_listops,lra_text,lra_retrieval,lra_image,lra_pathfinder
 # DATASETS on the command line (comma-separated task names) restricts the task axis.
 LRA_SELECTED = $(if $(filter command line environment,$(origin DATASETS)),$(DATASETS),$(LRA_TASKS))
 
-# $(1) experiment, $(2) extra sweep overrides: the report is written even when some jobs fail;
-# the exit status is the sweep's.
-define lra_sweep_and_report
-	@status=0; ATTNBENCH_MADE_BY="make $@$(if $(filter command line environment,$(origin DATASETS)), DATASETS=$(DATASETS))" \
-	$(BIN)/attnbench sweep experiment=$(1) $(2) $(ARGS) || status=$$?; \
-	ATTNBENCH_MADE_BY="make $@" $(BIN)/attnbench report $(1) || exit $$?; exit $$status
-endef
 
 lra-data: install ## LRA data: the release (ListOps, Retrieval, Pathfinder; several GB), IMDB (HF), CIFAR-10; needs a network
 	$(BIN)/attnbench data lra
@@ -30,16 +23,16 @@ lra-data-listops: install ## Generate LRA ListOps offline (the official generato
 	$(BIN)/attnbench data lra_listops --generate
 
 reproduce-table2: install ## Primal-dual Table 2 (LRA: softmax vs BN/SH/BN+SH, 5 seeds; GPU): sweep + report; DATASETS=lra_listops,...
-	$(call lra_sweep_and_report,primal_dual/table2,task=$(LRA_SELECTED))
+	$(call sweep_and_report,primal_dual/table2,,task=$(LRA_SELECTED),)
 
 reproduce-table2-listops-cpu: lra-data-listops ## Table 2, ListOps row, REDUCED CPU budget (generated ListOps, 150 of 5000 steps, 2 models; ~1 h)
-	$(call lra_sweep_and_report,primal_dual/table2_listops_cpu,)
+	$(call sweep_and_report,primal_dual/table2_listops_cpu,,,)
 
 reproduce-table7: install ## Primal-dual Table 7 (LRA: softmax vs Attention-Conv1D, kernel 5; GPU): sweep + report; DATASETS=...
-	$(call lra_sweep_and_report,primal_dual/table7,task=$(LRA_SELECTED))
+	$(call sweep_and_report,primal_dual/table7,,task=$(LRA_SELECTED),)
 
 reproduce-table11: install ## Primal-dual Table 11 (LRA Retrieval: learnable vs fixed beta; GPU): sweep + report
-	$(call lra_sweep_and_report,primal_dual/table11,)
+	$(call sweep_and_report,primal_dual/table11,,,)
 
 reproduce-primal-lra: install ## Primal-Attention LRA table (Transformer, PrimalFormer, Primal.+Trans.; GPU): sweep + report; DATASETS=...
-	$(call lra_sweep_and_report,primal_attention/lra,task=$(LRA_SELECTED))
+	$(call sweep_and_report,primal_attention/lra,,task=$(LRA_SELECTED),)

@@ -18,6 +18,8 @@
 # JOBS      parallel jobs (joblib launcher, 1 torch thread each on 2 cores).
 # LAUNCHER  the launcher overrides, e.g. LAUNCHER="hydra/launcher=slurm hydra.launcher.partition=gpu".
 # ARGS      extra overrides for the sweep, e.g. ARGS="trainer.device=cuda".
+# RECORDS   where the per-run records (<experiment>.records.csv, committed: every seed can be audited)
+#           and the reports (<experiment>.md/.csv) go.
 .PHONY: reproduce-table1 reproduce-table5 reproduce-table9 reproduce-table10 reproduce-primal-uea reproduce-uea
 
 DATASETS ?=
@@ -26,36 +28,43 @@ PRIMAL_STEPS ?= 170
 JOBS ?= 2
 LAUNCHER ?= hydra/launcher=joblib_cpu hydra.launcher.n_jobs=$(JOBS)
 ARGS ?=
+RECORDS ?= results/reproduced
 
-# $(1) experiment, $(2) name of the step-budget variable. The sweep's exit status (number of failed
-# jobs) is the target's, after the report has been written with whatever finished.
+# The one sweep-then-report recipe of every family's make targets (mk/*.mk):
+#   $(call sweep_and_report,EXPERIMENT,BUDGET_VARIABLE,AXIS_OVERRIDES,LAUNCHER_OVERRIDES)
+# BUDGET_VARIABLE names the make variable holding a step budget (empty: none); AXIS_OVERRIDES
+# restricts the grid (default: task.dataset=$(DATASETS) when DATASETS is set). The per-run records
+# go to $(RECORDS)/<experiment>.records.csv and the report beside them. The sweep's exit status
+# (number of failed jobs) is the target's, after the report has been written with whatever finished.
 define sweep_and_report
-	@status=0; export ATTNBENCH_MADE_BY="make $@$(if $(DATASETS), DATASETS=$(DATASETS)) $(2)=$($(2))"; \
-	$(BIN)/attnbench sweep experiment=$(1) $(if $(DATASETS),task.dataset=$(DATASETS)) \
-	  $(if $($(2)),trainer.step_budget=$($(2))) $(LAUNCHER) $(ARGS) || status=$$?; \
-	$(BIN)/attnbench report $(1) || exit $$?; exit $$status
+	@status=0; export ATTNBENCH_MADE_BY="make $@$(if $(DATASETS), DATASETS=$(DATASETS))$(if $(2), $(2)=$($(2)))"; \
+	$(BIN)/attnbench sweep experiment=$(1) $(or $(3),$(if $(DATASETS),task.dataset=$(DATASETS))) \
+	  $(if $(2),$(if $($(2)),trainer.step_budget=$($(2)))) results.path=$(RECORDS)/$(1).records.csv $(4) $(ARGS) \
+	  || status=$$?; \
+	$(BIN)/attnbench report $(1) --records $(RECORDS)/$(1).records.csv --out $(RECORDS) || exit $$?; exit $$status
 endef
 
 reproduce-table1: install ## Primal-dual Table 1 (Table 9 numbers for its sets): sweep 4 models x 5 seeds + report; DATASETS=JapaneseVowels,BasicMotions STEPS=300 JOBS=2
-	$(call sweep_and_report,primal_dual/table1,STEPS)
+	$(call sweep_and_report,primal_dual/table1,STEPS,,$(LAUNCHER))
 
 reproduce-table9: install ## Primal-dual Table 9 (15 more UEA sets; download them first): sweep + report
-	$(call sweep_and_report,primal_dual/table9,STEPS)
+	$(call sweep_and_report,primal_dual/table9,STEPS,,$(LAUNCHER))
 
 reproduce-table5: install ## Primal-dual Table 5 (linear attention + BN/SH): sweep + report
-	$(call sweep_and_report,primal_dual/table5,STEPS)
+	$(call sweep_and_report,primal_dual/table5,STEPS,,$(LAUNCHER))
 
 reproduce-table10: install ## Primal-dual Table 10 (sparse attention + BN/SH): sweep + report
-	$(call sweep_and_report,primal_dual/table10,STEPS)
+	$(call sweep_and_report,primal_dual/table10,STEPS,,$(LAUNCHER))
 
 reproduce-primal-uea: install ## Primal-Attention UEA table (Transformer, PrimalFormer, Primal.+Trans.): sweep + report; PRIMAL_STEPS=170 budget
-	$(call sweep_and_report,primal_attention/uea,PRIMAL_STEPS)
+	$(call sweep_and_report,primal_attention/uea,PRIMAL_STEPS,,$(LAUNCHER))
 
 reproduce-uea: reproduce-table1 reproduce-primal-uea ## Both UEA reproductions committed in results/reproduced/
 
 # Time-series extrinsic regression (primal-dual Table 8). The six sets need `attnbench data tser NAME`;
-# offline, the two sets sktime ships: make reproduce-table8 DATASETS=Covid3Month,Tecator
+# offline, the two sets sktime ships: make reproduce-table8 DATASETS=Covid3Month,Tecator (the full
+# 100-epoch schedule, 40 jobs: 32 min on 2 cores; TSER_STEPS=N cuts it to N optimiser steps per job)
 TSER_STEPS ?=
 .PHONY: reproduce-table8
 reproduce-table8: install ## Primal-dual Table 8 (TSER regression, RMSE; lower is better): sweep + report; offline DATASETS=Covid3Month,Tecator
-	$(call sweep_and_report,primal_dual/table8,TSER_STEPS)
+	$(call sweep_and_report,primal_dual/table8,TSER_STEPS,,$(LAUNCHER))
