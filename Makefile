@@ -25,7 +25,7 @@ run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 mi
 	$(BIN)/attnbench run $(ARGS)
 
 test: install ## Run the test suite (offline)
-	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
 
 bench: install ## Time every attention variant against softmax at N=1024 and 4096
 	$(BIN)/python -m bench_cli.bench_attention $(ARGS)

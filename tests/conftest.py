@@ -3,6 +3,8 @@ that runs the CLI, and writers of small `.ts` files in the real UEA format."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,16 @@ import torch
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+
+ATTNBENCH = Path(sys.executable).with_name("attnbench")  # the console script, as a user runs it
+
+
+def attnbench(*args: str, env: dict | None = None, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run the console script in its own process (output captured, text). Used where the command
+    must be seen as a user sees it, and to keep services such as wandb's out of the test process."""
+    return subprocess.run([str(ATTNBENCH), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, **kw)
 
 
 @pytest.fixture

@@ -1,15 +1,13 @@
 """The `attnbench` CLI end to end: runs, records, determinism, errors, wandb offline."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench_cli.cli import main
 from bench_cli.records import COLUMNS, read_records
+from conftest import attnbench
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
         "task.backbone.d_ff=32", "trainer.max_epochs=3", "trainer.batch_size=8", "trainer.progress=false"]
@@ -96,10 +94,10 @@ def test_eval_every_epochs_follows_the_reference_rule(uea_fixture, workdir):
 
 @pytest.mark.slow
 def test_wandb_offline_logs_config_curves_and_summary(uea_fixture, workdir, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(workdir))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    run_cli(*TINY, "logger=wandb", "results.path=res.csv")
+    # in its own process: wandb's service and threads stay out of the test process
+    r = attnbench("run", *TINY, "logger=wandb", "results.path=res.csv", env={"WANDB_MODE": "offline", "WANDB_DIR": str(workdir)})
+    assert r.returncode == 0, r.stderr
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok"
     runs = list(Path(row["output_dir"]).rglob("offline-run-*"))
@@ -156,9 +154,7 @@ def test_ls_shows_tasks_datasets_models(capsys, workdir):
 
 
 def test_console_script_exits_2_with_one_line(workdir):
-    exe = Path(sys.executable).with_name("attnbench")
-    r = subprocess.run([str(exe), "run", "model=no_such_model"], capture_output=True, text=True,
-                       env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    r = attnbench("run", "model=no_such_model", env={"COLUMNS": "200"}, timeout=120)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "unknown model 'no_such_model'" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout

@@ -113,6 +113,7 @@ def test_rollouts_match_gymnasium_stepped_by_hand():
         while not done:
             _, r, term, trunc, _ = env.step(np.zeros(3, np.float32))
             total, steps, done = total + r, steps + 1, term or trunc
+        env.close()
         assert ret == pytest.approx(total) and length == steps
     # the context grows to K = 4; the return-to-go starts at 3600 / 1000 and falls by reward / 1000
     assert [s[0] for s in model.seen[:6]] == [1, 2, 3, 4, 4, 4] and model.seen[0][1:] == pytest.approx((3.6, 0))
@@ -171,6 +172,7 @@ def record_d4rl_layout(path, env_name="Hopper-v4", episodes=12, steps=60):
             for k, v in zip(cols, (obs, a, r, term, trunc)):
                 cols[k].append(v)
             obs, done = nxt, term or trunc
+    env.close()
     return write_hdf5(path, **{k: np.asarray(v, dtype=np.float32 if k in ("observations", "actions", "rewards") else bool)
                                for k, v in cols.items()})
 

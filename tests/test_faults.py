@@ -5,14 +5,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench_cli.cli import main
 from bench_cli.records import read_records
+from conftest import attnbench
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
         "task.backbone.d_ff=32", "trainer.max_epochs=2", "trainer.batch_size=8", "trainer.progress=false",
@@ -151,10 +150,8 @@ def test_data_and_report_usage_errors(capsys, workdir):
 # --- output a person can read ---------------------------------------------------------------------------
 @pytest.mark.slow
 def test_redirected_run_prints_a_line_per_evaluation_and_names_csv_and_folder(uea_fixture, workdir):
-    exe = Path(sys.executable).with_name("attnbench")
-    r = subprocess.run([str(exe), "run", *[a for a in TINY if a != "trainer.progress=false"], "trainer.max_epochs=3",
-                        "results.path=res.csv"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "COLUMNS": "80"})
+    r = attnbench("run", *[a for a in TINY if a != "trainer.progress=false"], "trainer.max_epochs=3",
+                  "results.path=res.csv", env={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("epoch ")]
     assert len(lines) == 3 and all("train loss" in line and "val accuracy" in line for line in lines)
@@ -183,18 +180,18 @@ def test_report_writes_beside_its_records(workdir, capsys):
 
 
 @pytest.mark.slow
-def test_wandb_with_a_key_but_no_network_falls_back_to_offline_at_once(uea_fixture, workdir, monkeypatch, capsys):
+def test_wandb_with_a_key_but_no_network_falls_back_to_offline_at_once(uea_fixture, workdir, monkeypatch):
     import time
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
-    monkeypatch.setenv("WANDB_DIR", str(workdir))
     started = time.perf_counter()
-    main(["run", *TINY, "logger=wandb", "results.path=res.csv"])
+    # in its own process: wandb's service and threads stay out of the test process
+    r = attnbench("run", *TINY, "logger=wandb", "results.path=res.csv",
+                  env={"WANDB_API_KEY": "x" * 40, "WANDB_DIR": str(workdir),
+                       "WANDB_BASE_URL": "http://127.0.0.1:9"})  # nothing listens there
+    assert r.returncode == 0, r.stderr
     assert time.perf_counter() - started < 60
-    out = capsys.readouterr().out
-    assert "is not reachable; logging offline" in out
+    assert "is not reachable; logging offline" in r.stdout
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok" and list(Path(row["output_dir"]).rglob("offline-run-*"))
 
