@@ -71,6 +71,11 @@ class WandbLogger(NullLogger):
 
     def finish(self, status: str = "ok") -> None:
         self.run.finish(exit_code=0 if status == "ok" else 1)
+        # Stop wandb's service and its threads (an asyncio loop, a finaliser): they outlive the run
+        # otherwise, in a process that goes on working (a sweep's next job, a test session), where
+        # garbage collection may run any object's finaliser (h5py, torch...) on them. The next
+        # wandb.init starts the service again.
+        self.wandb.teardown()
 
     @property
     def run_path(self) -> str:

@@ -105,6 +105,22 @@ def test_wandb_offline_logs_config_curves_and_summary(uea_fixture, workdir, monk
     assert any(p.suffix == ".wandb" for p in runs[0].iterdir())
 
 
+@pytest.mark.slow
+def test_wandb_runs_in_one_process_leave_no_threads_behind(uea_fixture, workdir, monkeypatch):
+    """As a sweep's basic launcher does: two runs in one process, each logged, and no wandb thread
+    (the service's asyncio loop, its finaliser) left running after either."""
+    import threading
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(workdir))
+    for seed in (0, 1):
+        run_cli(*TINY, "trainer.max_epochs=1", "logger=wandb", "results.path=res.csv", f"seed={seed}")
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("wandb")]
+    rows = read_records(workdir / "res.csv")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert all(list(Path(r["output_dir"]).rglob("offline-run-*")) for r in rows)
+
+
 def test_unknown_model_lists_choices(capsys, workdir):
     err = fail_line(capsys, "run", "model=softmx")
     assert "unknown model 'softmx'" in err and "did you mean 'softmax'" in err and "valid:" in err
