@@ -27,8 +27,10 @@ The experiment config says how (``report:``, not part of a run's identity):
   split: test), compare (extra columns: a record column next to a paper metric -- {label, column,
   paper_metric, paper_filter, ratio: to the baseline model on both sides, digits}),
   also (a list of further {metric, paper_metric, paper_split, paper_tables?}: one more table each,
-  in the Markdown and in ``<NAME>.<metric>.csv``), paper_efficiency {label: paper metric} (the
-  paper's own time / memory columns, shown as ratios to the paper's baseline beside ours), notes (a mapping of sentences for the Markdown).
+  in the Markdown and in ``<NAME>.<metric>.csv``), notes (a mapping of sentences for the Markdown).
+  A column is ``compare`` (e.g. the paper's own time and memory as ratios to its baseline, beside
+  ours: ``{label: time ×, column: time_per_epoch_s, paper_metric: ..., ratio: true}``); a table of
+  another metric, with its own paper values, spread and tests, is ``also``.
 The header states the metric's direction (the records' higher_is_better).
 """
 from __future__ import annotations
@@ -84,11 +86,6 @@ def _num(v) -> float | None:
         return float(v) if v not in (None, "") else None
     except ValueError:
         return None
-
-
-def _same(a, b) -> bool:
-    x, y = _num(a), _num(b)
-    return x == y if x is not None and y is not None else str(a) == str(b)
 
 
 class PaperTable:
@@ -308,8 +305,8 @@ def _pm(mean, std, digits=None) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
-def display_rows(rows: list[dict], avg: dict | None, models: list[str], extra=()) -> list[list[str]]:
-    """Table cells; ``extra``: (header, row key) ratio columns appended (the paper's efficiency ratios)."""
+def display_rows(rows: list[dict], avg: dict | None, models: list[str]) -> list[list[str]]:
+    """Table cells (``compare`` columns are appended by the caller)."""
     out = []
     for r in rows:
         n = str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
@@ -318,8 +315,7 @@ def display_rows(rows: list[dict], avg: dict | None, models: list[str], extra=()
         paper = _pm(r["paper_mean"], r["paper_std"]) + (f" [T{r['paper_table']}]" if r["paper_table"] else "")
         out.append([r["dataset"], r["model"], n, _pm(r["mean"], r["std"]), paper,
                     "—" if r.get("diff") is None else f"{r['diff']:+.2f}", within, spread,
-                    *(_fmt(r[f"{label.lower()}_ratio"]) for label, _ in EFFICIENCY),
-                    *(_fmt(r.get(key)) for _, key in extra)])
+                    *(_fmt(r[f"{label.lower()}_ratio"]) for label, _ in EFFICIENCY)])
     if avg:
         for m in models:
             a = avg["models"][m]
@@ -327,7 +323,7 @@ def display_rows(rows: list[dict], avg: dict | None, models: list[str], extra=()
             within = "—" if diff is None else ("yes" if abs(diff) <= a["tolerance"] else "NO")
             out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), _pm(a["mean"], a["std"]),
                         _pm(a["paper_mean"], a["paper_std"]) + (" [same sets]" if a["paper_mean"] is not None else ""),
-                        "—" if diff is None else f"{diff:+.2f}", within, "—", "", "", "", "", *("" for _ in extra)])
+                        "—" if diff is None else f"{diff:+.2f}", within, "—", "", "", "", ""])
     return out
 
 
@@ -614,19 +610,6 @@ def cmd_report(args: list[str]) -> None:
         return cells, table_rows, average_row(cells, datasets, labels, paper_of, floor)
 
     cells, table_rows, avg = section(metric, paper_of)
-    # The paper's own efficiency columns (report.paper_efficiency {label: paper metric}, e.g. time:
-    # train_time_s_per_1k_steps) as ratios to the paper's baseline on the same dataset.
-    paper_ratios = []
-    for label, paper_metric in dict(settings.get("paper_efficiency") or {}).items():
-        efficiency, _ = load_paper(settings, metric=str(paper_metric))
-        key = f"paper_{label}_ratio"
-        paper_ratios.append((f"paper {label} ×", key))
-        efficiency_of = lookup(efficiency)
-        for r in table_rows:
-            v = efficiency_of(r["dataset"], r["model"])
-            b = efficiency.get((str(paper_datasets.get(r["dataset"], r["dataset"])).lower(),
-                            paper_models.get(baseline, baseline)))
-            r[key] = v.mean / b.mean if v and b and b.mean else None
     sections = []  # the further metrics of `report.also`
     for extra_spec in settings.get("also") or []:
         extra_settings = OmegaConf.merge(settings, extra_spec)
@@ -706,8 +689,8 @@ def cmd_report(args: list[str]) -> None:
     extra = settings.get("notes") or []
     notes += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra)]
 
-    display = display_rows(table_rows, avg, labels, paper_ratios)
-    cols = headers(floor) + [h for h, _ in paper_ratios]
+    display = display_rows(table_rows, avg, labels)
+    cols = headers(floor)
     for column in compared:  # "ours (paper)" per row; the average rows leave them empty
         cols.append(column["header"])
         for row, shown in zip(display, column["shown"] + [""] * (len(display) - len(column["shown"]))):
@@ -728,7 +711,7 @@ def cmd_report(args: list[str]) -> None:
                           f"({replaced}); it is replaced (git diff shows the change, git checkout restores it)",
                           soft_wrap=True)
         out.with_suffix(".md").write_text(markdown(title, header, display, notes, cols, extra_tables))
-        out.with_suffix(".csv").write_text(to_csv(table_rows, avg, labels, [k for _, k in paper_ratios] + [c for x in compared for c in x["csv"]]))
+        out.with_suffix(".csv").write_text(to_csv(table_rows, avg, labels, [c for x in compared for c in x["csv"]]))
         written = [out.with_suffix(".md"), out.with_suffix(".csv")]
         for column, _, extra_rows, extra_avg in sections:
             written.append(out.parent / f"{out.name}.{column}.csv")
