@@ -10,7 +10,7 @@ TEST_ENV := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline
 .PHONY: help install run test bench clean
 
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -f mk/help.awk -v width=$$([ -t 1 ] && tput cols 2>/dev/null || echo 80) -v color=$$([ -t 1 ] && echo 1 || echo 0) $(filter-out %.awk,$(MAKEFILE_LIST))
 
 install: $(STAMP) ## Create .venv and install attnbench (torch 2.13.0 CPU build first)
 

@@ -19,7 +19,7 @@ lra-data: install ## LRA data: the release (ListOps, Retrieval, Pathfinder; seve
 	$(BIN)/attnbench data lra_text imdb
 	$(BIN)/attnbench data lra_image cifar10
 
-lra-data-listops: install ## Generate LRA ListOps offline (the official generator: 96000/2000/2000, lengths 500-2000; ~20 min)
+lra-data-listops: install ## Generate LRA ListOps offline (the official generator: 96000/2000/2000, lengths 500-2000; under a minute on 2 cores)
 	$(BIN)/attnbench data lra_listops --generate
 
 reproduce-table2: install ## Primal-dual Table 2 (LRA: softmax vs BN/SH/BN+SH, 5 seeds; GPU): sweep + report; DATASETS=lra_listops,...

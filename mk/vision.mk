@@ -5,7 +5,7 @@
 # as imagenet/{train,val}/<wnid>/*.JPEG (ImageNet-100 is read from it). Everything but the mnist5k
 # target needs GPUs; multi-GPU jobs on Slurm: VISION_LAUNCHER="hydra/launcher=slurm_ddp ..." with
 # ARGS="trainer.strategy=ddp" (one run on one node: torchrun, see README).
-#   make reproduce-pba-mnist5k                       # offline, 2 CPU cores, ~15 min
+#   make reproduce-pba-mnist5k                       # offline, 2 CPU cores, 10 min
 #   make reproduce-pba-table1 ARGS="trainer.num_workers=8"
 #   make reproduce-table3 VISION_LAUNCHER="hydra/launcher=slurm_ddp hydra.launcher.partition=gpu" ARGS="trainer.strategy=ddp"
 .PHONY: vision-data reproduce-pba-mnist5k reproduce-pba-table1 reproduce-pba-table4 reproduce-pba-table5 \
@@ -20,7 +20,7 @@ vision-data: install ## MNIST and CIFAR-100 (torchvision downloads; needs a netw
 	$(BIN)/attnbench data vision mnist
 	$(BIN)/attnbench data vision cifar100
 
-reproduce-pba-mnist5k: install ## Pay-better-attention Table 5 (h=4) on mnist5k (5,000 real digits, offline), REDUCED budget: 4 models x 5 seeds, 2 CPU jobs (~15 min)
+reproduce-pba-mnist5k: install ## Pay-better-attention Table 5 (h=4) on mnist5k (5,000 real digits, offline), REDUCED budget: 4 models x 5 seeds, 2 CPU jobs (10 min)
 	$(call sweep_and_report,pay_better_attention/table5_mnist5k_cpu,,,$(LAUNCHER))
 
 reproduce-pba-table1: install ## Pay-better-attention Table 1 (MNIST, CIFAR-100 x 5 seeds; ImageNet x 1): sweeps + report (GPUs)

@@ -174,3 +174,24 @@ def test_console_script_exits_2_with_one_line(workdir):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "unknown model 'no_such_model'" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_make_help_fits_80_columns_and_lists_every_target_unbroken():
+    """`make help` on a pipe: at most 80 columns, every `target: ## text` of the Makefiles once, in
+    order, in the first column and never cut; the descriptions wrap under their own column."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["make", "-s", "help"], cwd=root, capture_output=True, text=True, timeout=60).stdout
+    lines = out.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert "\033[" not in out  # no colour codes on a pipe
+    files = [root / "Makefile", *sorted((root / "mk").glob("*.mk"))]
+    targets = [m for f in files for m in re.findall(r"^([a-zA-Z0-9_-]+):.*## ", f.read_text(), re.M)]
+    assert [line.split()[0] for line in lines if line[2:3] != " "] == targets
+    width = max(map(len, targets))
+    assert all(line[2 + width:4 + width] == "  " for line in lines if line[2:3] != " ")
