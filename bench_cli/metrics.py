@@ -20,10 +20,14 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Metric:
-    """Base: ``name``, ``higher_is_better``; subclasses implement ``update`` and ``compute``."""
+    """Base: ``name``, ``higher_is_better``; subclasses implement ``update`` and ``compute``.
+    ``per_batch``: ``update`` reads the model's output on a batch, so the metric can also be taken
+    over training batches (``trainer.train_metrics``); False for values only a task's evaluator
+    produces (BLEU of greedy decoding, returns of rollouts)."""
 
     name: str
     higher_is_better: bool = True
+    per_batch: bool = True
 
     def update(self, output, batch: dict) -> dict[str, float]:
         raise NotImplementedError
@@ -169,6 +173,8 @@ class Mean(Metric):
     """The mean of values an evaluator reports per item (``batch[name]``): returns of episodes,
     a score per sentence. ``update`` reads ``batch[self.name]`` (a tensor or a list of numbers)."""
 
+    per_batch: bool = False
+
     def update(self, output, batch):
         values = torch.as_tensor(batch[self.name], dtype=torch.float64)
         return {self.stat("sum"): float(values.sum()), self.stat("n"): float(values.numel())}
@@ -188,6 +194,7 @@ class BLEU(Metric):
     (``sacrebleu.corpus_bleu``, same tokeniser and its default exponential smoothing)."""
 
     name: str = "bleu"
+    per_batch: bool = False
     tokenize: str = "13a"
     max_order: int = 4
 

@@ -412,7 +412,8 @@ class Trainer:
             model.load_state_dict(best_state)  # the weights whose test metrics are reported
             for split in report_splits:
                 m.update({f"{split}_{k}": v for k, v in self.evaluate(split).items()})
-        if train_metrics:  # the training metrics of the reported (selected) evaluation
+        if train_metrics:  # the training metrics of the reported (selected) evaluation; they replace a
+            # report split's train_<metric> of the same name (keras' logs are what the tables print)
             chosen = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
             m.update({k: v for k, v in chosen.items() if k.startswith("train_")})
         return result

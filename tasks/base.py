@@ -183,10 +183,12 @@ class Task:
         return next((m for m in self.metrics if m.name == "loss"), None)
 
     def batch_stats(self, output, batch: dict) -> dict[str, float]:
-        """Summable statistics of every declared metric for one batch."""
+        """Summable statistics of every declared metric that a batch's output gives (``per_batch``;
+        BLEU and rollout returns come from the task's evaluator)."""
         stats: dict[str, float] = {}
         for m in self.metrics:
-            stats.update(m.update(output, batch))
+            if m.per_batch:
+                stats.update(m.update(output, batch))
         return stats
 
     @torch.no_grad()

@@ -460,6 +460,15 @@ def test_textcls_runs_end_to_end_with_train_metrics_and_inference_time(data):
         assert 0 <= float(r[key]) <= 100, key
     assert int(r["params"]) == 647_134 and int(r["infer_samples"]) == 15 and int(r["infer_batch_size"]) == 4
     assert 0 < float(r["infer_time_per_batch_s"]) <= float(r["infer_time_s"])  # the median batch of 4 batches
+    # train accuracy / loss as the keras example's fit logs them: running means over the training
+    # batches of the selected epoch (the history row), not a re-evaluation of the training split
+    import json
+
+    chosen = [h for h in json.loads(r["metrics_json"])["history"] if h["epoch"] == int(r["best_epoch"])][-1]
+    assert float(r["train_accuracy"]) == pytest.approx(chosen["train_accuracy"])
+    assert float(r["train_loss"]) == pytest.approx(chosen["train_loss"])
+    reevaluated = run("task=textcls", "model=super", "task.evaluate_train=true", "trainer.train_metrics=false")
+    assert reevaluated["train_accuracy"] != "" and "train_accuracy" not in json.loads(reevaluated["metrics_json"])["history"][0]
     write_amazon(data)
     r = run("task=textcls", "task.dataset=amazon", "model=efficient", "task.protocol=paper")
     assert r["status"] == "ok" and r["dataset"] == "amazon" and r["train_accuracy"] != ""
