@@ -6,10 +6,10 @@ multirun and the launcher plugins keep working.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
+import functools
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -248,6 +248,14 @@ def run_job(cfg: DictConfig, task_function) -> object:
 _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", list: "a list", dict: "a mapping"}
 
 
+@functools.lru_cache(maxsize=128)
+def _group_defaults(groups: tuple[str, ...]) -> DictConfig:
+    """The config of the group choices alone, whose values the value overrides replace. Cached:
+    conf/ does not change within a process, a sweep's jobs share their groups, and the result is
+    only read."""
+    return compose_unchecked(list(groups))
+
+
 def check_value_types(cfg: DictConfig, overrides: list[str]) -> None:
     parsed = parse_overrides(overrides)
     groups = [o.input_line for o in parsed if o.key_or_group in GROUPS]
@@ -255,7 +263,7 @@ def check_value_types(cfg: DictConfig, overrides: list[str]) -> None:
               and not o.key_or_group.startswith("hydra") and o.is_force_add() is False and o.is_add() is False]
     if not values:
         return
-    base = compose_unchecked(groups)
+    base = _group_defaults(tuple(groups))
     for o in values:
         key = o.key_or_group
         default = OmegaConf.select(base, key, throw_on_missing=False)
