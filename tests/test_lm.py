@@ -108,7 +108,10 @@ def test_evaluator_matches_scoring_each_token_on_its_own_context(tmp_path):
     model = task.build_model(cfg.model).eval()
     trainer = Trainer(cfg.trainer.copy(), task, model, torch.device("cpu"), seed=0)
     trainer.cfg.eval_batch_size = 3  # several windows per batch, the last one padded
-    result = task.evaluate(model, "test", EvalContext(loader=lambda s: trainer.loader(s, train=False), device=torch.device("cpu")))
+    reduced = []  # a distributed run sums the statistics over its processes through ctx.reduce
+    result = task.evaluate(model, "test", EvalContext(loader=lambda s: trainer.loader(s, train=False), device=torch.device("cpu"),
+                                                      reduce=lambda stats: reduced.append(dict(stats)) or stats))
+    assert len(reduced) == 1 and reduced[0]
     test = task.splits["test"]
     stream, nll = test.stream, []
     with torch.no_grad():

@@ -383,6 +383,25 @@ def test_anki_pairs_split_vocabulary_from_train_only_and_keras_positions(data, m
     assert task2.splits["test"][0]["tgt_out"].tolist() == ids[1:]  # only the real target tokens
 
 
+def test_translation_evaluator_sums_its_statistics_through_the_context(data):
+    """A distributed run's processes each evaluate a shard; ctx.reduce sums their statistics."""
+    from bench_cli.trainer import Trainer
+    from tasks.base import EvalContext
+
+    write_spa(data, 60)
+    cfg = compose([*NMT_TINY, "task.dataset=anki", "task.vocab_size=12", "model=softmax"])
+    task = task_class("nmt")(cfg.task, data)
+    task.setup("holdout")
+    torch.manual_seed(0)
+    model = task.build_model(cfg.model).eval()
+    trainer = Trainer(cfg.trainer.copy(), task, model, torch.device("cpu"), seed=0)
+    reduced = []
+    result = task.evaluate(model, "test", EvalContext(loader=lambda s: trainer.loader(s, train=False), device=torch.device("cpu"),
+                                                      reduce=lambda stats: reduced.append(dict(stats)) or stats))
+    assert len(reduced) == 1 and any(k.startswith("bleu.") for k in reduced[0])
+    assert {"accuracy", "loss", "bleu"} <= set(result)
+
+
 def test_europarl_and_anki_together(data):
     write_spa(data, 20)
     write_europarl(data, 30)

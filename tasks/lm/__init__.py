@@ -216,7 +216,7 @@ class LanguageModelling(Task):
             for hc, yc in zip(h.split(SCORE_CHUNK), y.split(SCORE_CHUNK)):
                 M.accumulate(stats, self.batch_stats(model.logits(hc), {"y": yc}))
             ctx.advance()
-        return M.compute_all(self.metrics, stats)
+        return M.compute_all(self.metrics, ctx.reduce(stats))  # every process scored its shard
 
     def describe(self) -> dict:
         out = {"source": str(self.source), "vocab_size": self.vocab_size,

@@ -348,7 +348,7 @@ class Translation(Task):
                 M.accumulate(stats, self.bleu.update(None, {"hypotheses": hyps, "references": batch["ref"][:k]}))
                 decoded += k
             ctx.advance()
-        return M.compute_all(self.metrics, stats)
+        return M.compute_all(self.metrics, ctx.reduce(stats))  # every process evaluated its shard
 
     def report_splits(self) -> tuple[str, ...]:
         return ("train",) if self.cfg.get("evaluate_train", True) else ()
