@@ -230,15 +230,16 @@ class Trainer:
                           worker_init_fn=seed_worker if workers else None, persistent_workers=False,
                           pin_memory=self.device.type == "cuda")
 
-    def evaluate(self, split: str) -> dict:
+    def evaluate(self, split: str, metrics: list[str] | None = None) -> dict:
         """The task's evaluation of ``split`` (a progress bar per batch on a terminal); in a
-        distributed run each process evaluates its shard and the statistics are summed."""
+        distributed run each process evaluates its shard and the statistics are summed.
+        ``metrics``: the names wanted (None: all)."""
         bar = None
         if self.progress:
             bar = self.progress.add_task(f"eval {split}", total=None, transient=True)
         ctx = EvalContext(loader=lambda s: self.loader(s, train=False), device=self.device,
                           advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None),
-                          reduce=D.all_reduce_sums)
+                          reduce=D.all_reduce_sums, metrics=metrics)
         try:
             with self.autocast():
                 return self.task.evaluate(self.model, split, ctx)
@@ -411,9 +412,13 @@ class Trainer:
         if report_splits:
             model.load_state_dict(best_state)  # the weights whose test metrics are reported
             for split in report_splits:
-                m.update({f"{split}_{k}": v for k, v in self.evaluate(split).items()})
-        if train_metrics:  # the training metrics of the reported (selected) evaluation; they replace a
-            # report split's train_<metric> of the same name (keras' logs are what the tables print)
+                # with train_metrics the training batches gave the per-batch metrics of 'train'
+                # (keras' logs, what the tables print): the evaluation adds only the others (BLEU)
+                wanted = ([x.name for x in self.task.metrics if not x.per_batch]
+                          if split == "train" and train_metrics else None)
+                if wanted != []:
+                    m.update({f"{split}_{k}": v for k, v in self.evaluate(split, wanted).items()})
+        if train_metrics:  # the training metrics of the reported (selected) evaluation
             chosen = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
             m.update({k: v for k, v in chosen.items() if k.startswith("train_")})
         return result

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Collection
 
 import torch
 import torch.nn as nn
@@ -69,12 +69,17 @@ class EvalContext:
     """What an evaluator may use: the split's loader (the task's collate and transforms), the
     device, a progress callback (one call per batch) and ``reduce``, which sums the metrics'
     statistics over the processes of a distributed run (each process sees its shard of the split;
-    identity otherwise): an evaluator calls it on its sums before computing the metrics."""
+    identity otherwise): an evaluator calls it on its sums before computing the metrics.
+    ``metrics``: the names wanted (None: all); an evaluator may skip the work of the others."""
 
     loader: Callable[[str], Any]
     device: torch.device
     advance: Callable[[], None] = lambda: None
     reduce: Callable[[dict], dict] = lambda stats: stats
+    metrics: Collection[str] | None = None
+
+    def wants(self, metric: M.Metric) -> bool:
+        return self.metrics is None or metric.name in self.metrics
 
 
 class Task:

@@ -400,6 +400,18 @@ def test_translation_evaluator_sums_its_statistics_through_the_context(data):
                                                       reduce=lambda stats: reduced.append(dict(stats)) or stats))
     assert len(reduced) == 1 and any(k.startswith("bleu.") for k in reduced[0])
     assert {"accuracy", "loss", "bleu"} <= set(result)
+    # BLEU alone (the training split when its accuracy and loss come from the training batches):
+    # no teacher-forced pass, and only the batches holding the sentences BLEU decodes are read
+    task.cfg.bleu.max_samples.train = 8
+    batches = []
+
+    def loader(split):
+        for b in trainer.loader(split, train=False):
+            batches.append(b)
+            yield b
+
+    only = task.evaluate(model, "train", EvalContext(loader=loader, device=torch.device("cpu"), metrics=["bleu"]))
+    assert set(only) == {"bleu"} and len(batches) == 1  # batch 8 holds the 8 sentences
 
 
 def test_europarl_and_anki_together(data):
@@ -503,6 +515,9 @@ def test_nmt_runs_end_to_end_and_records_bleu(data):
     assert r["test_score"] == r["test_bleu"] and int(r["attn_layers"]) == 5
     import json
 
+    history = json.loads(r["metrics_json"])["history"]
+    chosen = [h for h in history if h["epoch"] == int(r["best_epoch"])][-1]  # keras' running means
+    assert float(r["train_accuracy"]) == pytest.approx(chosen["train_accuracy"]) and "train_bleu" not in chosen
     facts = json.loads(r["metrics_json"])["data"]
     assert facts["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") and facts["bleu_max_samples"]["train"] == 8
 

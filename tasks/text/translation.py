@@ -330,18 +330,23 @@ class Translation(Task):
 
     @torch.no_grad()
     def evaluate(self, model, split: str, ctx: EvalContext) -> dict[str, float]:
-        """Teacher-forced token accuracy and loss over the split; corpus BLEU of greedy decoding
-        over its first ``bleu.max_samples[split]`` sentences (all by default)."""
+        """Teacher-forced token accuracy and loss over the split (unless ``ctx.metrics`` leaves them
+        out: then only the sentences BLEU needs are read); corpus BLEU of greedy decoding over its
+        first ``bleu.max_samples[split]`` sentences (all by default)."""
         from bench_cli.trainer import to_device
 
         model.eval()
         stats: dict[str, float] = {}
         limit, decoded = self.bleu_limit(split), 0
+        tokens = [m for m in (self.token_accuracy, self.token_loss) if ctx.wants(m)]
         for batch in ctx.loader(split):
+            if not tokens and limit is not None and decoded >= limit:
+                break  # only BLEU is wanted, and its sentences are decoded
             batch = to_device(batch, ctx.device)
-            output = model(**self.model_inputs(batch))
-            M.accumulate(stats, self.token_accuracy.update(output, batch))
-            M.accumulate(stats, self.token_loss.update(output, batch))
+            if tokens:
+                output = model(**self.model_inputs(batch))
+                for m in tokens:
+                    M.accumulate(stats, m.update(output, batch))
             k = len(batch["ref"]) if limit is None else min(len(batch["ref"]), limit - decoded)
             if k > 0:
                 hyps = self.translate(model, batch["src"][:k])
