@@ -209,14 +209,14 @@ def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
     import os
     import signal
     import subprocess
-    import sys
     import time
 
-    exe = Path(sys.executable).with_name("attnbench")
+    from conftest import ATTNBENCH
+
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
     log = workdir / "sweep.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(exe), "sweep", *args, "trainer.max_epochs=500", "seed=0,1",
+        proc = subprocess.Popen([str(ATTNBENCH), "sweep", *args, "trainer.max_epochs=500", "seed=0,1",
                                  "hydra/launcher=joblib_cpu"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         workers, deadline = [], time.time() + 120
