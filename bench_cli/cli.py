@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
 from bench_cli.args import parse
-from bench_cli.errors import UserError, unknown_choice
+from bench_cli.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
 from bench_cli.records import new_run_id
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 from bench_cli.validate import check_config
@@ -137,8 +137,9 @@ def cmd_run(args: list[str]) -> None:
     os.environ[RUN_ID_ENV] = run_id
     try:
         C.run_job(cfg, _run_job)
-    except KeyboardInterrupt:
-        fail(f"interrupted: recorded as 'interrupted' in {cfg.results.path}", code=130)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}",
+             code=exit_code_of(e))
 
 
 # --- validate -------------------------------------------------------------------------------
@@ -315,12 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[COMMAND_ENV] = shlex.join(["attnbench", *args])
     if cmd not in available_commands():
         fail(str(unknown_choice("command", cmd, available_commands())))
+    catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits
     try:
         COMMANDS[cmd](rest)
     except UserError as e:
         fail(str(e))
-    except KeyboardInterrupt:  # any command: one line, no traceback (run records it first)
-        fail(f"interrupted: attnbench {cmd} stopped (Ctrl-C)", code=130)
+    except KeyboardInterrupt as e:  # any command: one line, no traceback (run records it first)
+        fail(f"interrupted: attnbench {cmd} stopped ({interruption_name(e)})", code=exit_code_of(e))
 
 
 if __name__ == "__main__":

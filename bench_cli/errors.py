@@ -24,3 +24,43 @@ def did_you_mean(name: str, choices) -> str:
 def unknown_choice(kind: str, name: str, choices) -> UserError:
     choices = sorted(choices)
     return UserError(f"unknown {kind} '{name}'{did_you_mean(name, choices)}; valid: {', '.join(choices)}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped from outside: Ctrl-C (SIGINT) or SIGTERM (what Slurm, torchrun and `timeout`
+    send). Raised by the handler ``catch_termination`` installs, so a SIGTERM unwinds like Ctrl-C:
+    the run records an ``interrupted`` row, then the process exits 128 + the signal number."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def interruption_name(err: BaseException) -> str:
+    """How an interruption is named in records and messages: 'SIGTERM', or 'Ctrl-C' for SIGINT."""
+    return str(err) if isinstance(err, Interrupted) and err.signum != 2 else "Ctrl-C"
+
+
+def exit_code_of(err: BaseException) -> int:
+    return err.exit_code if isinstance(err, Interrupted) else 130
+
+
+def catch_termination() -> None:
+    """Turn SIGTERM into ``Interrupted`` in the main thread (a no-op elsewhere, where Python
+    cannot install handlers)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import distributed as D
 from bench_cli import records
-from bench_cli.errors import UserError
+from bench_cli.errors import UserError, interruption_name
 from bench_cli.loggers import LineLogger, Loggers, make_logger
 from bench_cli.measure import is_oom
 from bench_cli.trainer import DivergedError, Trainer, seed_everything, select_device
@@ -209,7 +209,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     finally:
         if error is not None:
             row["error"] = (f"{type(error).__name__}: {error}".splitlines()[0][:500]
-                            if not isinstance(error, KeyboardInterrupt) else "interrupted (Ctrl-C)")
+                            if not isinstance(error, KeyboardInterrupt) else f"interrupted ({interruption_name(error)})")
             if not isinstance(error, (UserError, KeyboardInterrupt)):
                 name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
                 (run_dir / name).write_text("".join(traceback.format_exception(error)))

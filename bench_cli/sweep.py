@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import compose as C
 from bench_cli import records
-from bench_cli.errors import DataNotFoundError, UserError
+from bench_cli.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 
 USAGE = """\
 usage: attnbench sweep [--force] [--dry-run] [overrides...]
@@ -256,6 +256,7 @@ def _hydra_sweep_job(cfg: DictConfig) -> str:
     from bench_cli.ui import console
 
     die_with_sweep()
+    catch_termination()  # a worker process SIGTERMed (Slurm, joblib) records its job as interrupted
     hc = HydraConfig.get()
     num, total = int(hc.job.num) + 1, os.environ.get(TOTAL_ENV, "?")
     head = escape(f"[sweep {num:>{len(str(total))}}/{total}]")
@@ -345,10 +346,11 @@ def cmd_sweep(args: list[str]) -> None:
         C.dispatch_to_hydra(_hydra_sweep_job, ["--multirun", *args])
     except SystemExit as e:  # Hydra reports a launcher/job error and exits; still summarise
         hydra_failed = e.code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         summarize(jobs, paths, before, done if not force else {}, time.perf_counter() - started)
-        console.print("[red]interrupted[/]: rerun the same command to run only the missing and failed jobs")
-        raise SystemExit(130) from None
+        console.print(f"[red]interrupted[/] ({interruption_name(e)}): rerun the same command to run only the "
+                      "missing and failed jobs")
+        raise SystemExit(exit_code_of(e)) from None
     finally:
         os.environ.pop(FORCE_ENV, None)
     n_failed = summarize(jobs, paths, before, done if not force else {}, time.perf_counter() - started)

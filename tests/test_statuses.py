@@ -1,0 +1,136 @@
+"""Every ending of a run leaves its row, produced for real through `attnbench run`: ok, failed (with
+error.txt), nan (a diverging optimiser), oom (a real allocation failure of the CPU allocator),
+interrupted (SIGINT and SIGTERM sent to the running console script); and the CSV survives a
+process that dies in the middle of rewriting it."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench_cli.cli import main
+from bench_cli.records import read_records
+from conftest import ATTNBENCH
+
+pytestmark = pytest.mark.slow
+
+TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
+        "task.backbone.d_ff=32", "trainer.max_epochs=2", "trainer.batch_size=8", "trainer.progress=false",
+        "results.path=res.csv"]
+
+
+def run_failing(*args: str) -> None:
+    """`attnbench run` for a run that ends badly: it records its row, then exits 1."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", *TINY, *args])
+    assert e.value.code == 1
+
+
+def one_row(workdir) -> dict:
+    rows = read_records(workdir / "res.csv")
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_ok(uea_fixture, workdir):
+    main(["run", *TINY])
+    row = one_row(workdir)
+    assert row["status"] == "ok" and row["error"] == "" and float(row["test_accuracy"]) > 0
+    assert not (Path(row["output_dir"]) / "error.txt").exists()
+
+
+def test_nan_when_the_loss_diverges(uea_fixture, workdir):
+    """SGD at lr 1e30 without clipping: the first step sends the weights to about 1e30, so the next
+    loss is not finite. The run stops at once, records nan with the epoch and batch, and returns."""
+    run_failing("trainer.optimizer.name=sgd", "trainer.optimizer.lr=1e30", "trainer.grad_clip=null")
+    row = one_row(workdir)
+    assert row["status"] == "nan", row["error"]
+    assert row["error"].startswith("DivergedError: loss is") and "epoch 1" in row["error"]
+    assert row["test_accuracy"] == ""
+    assert "DivergedError" in (Path(row["output_dir"]) / "error.txt").read_text()
+
+
+def test_failed_keeps_the_traceback_in_error_txt(uea_fixture, workdir, monkeypatch):
+    """A crash inside training (here the evaluation raising after the first epoch) is a row with
+    status failed, the error's first line, and the whole traceback in the run folder's error.txt."""
+    from tasks.uea import UEAClassification
+
+    def broken(self, model, split, ctx):
+        raise RuntimeError("evaluation exploded")
+
+    monkeypatch.setattr(UEAClassification, "evaluate", broken)
+    run_failing()
+    row = one_row(workdir)
+    assert row["status"] == "failed" and row["error"] == "RuntimeError: evaluation exploded"
+    trace = (Path(row["output_dir"]) / "error.txt").read_text()
+    assert trace.startswith("Traceback") and "def broken" not in trace and "evaluation exploded" in trace
+    assert (Path(row["output_dir"]) / "record.json").is_file()
+
+
+def test_oom_from_a_real_allocation_failure(uea_fixture, workdir, monkeypatch):
+    """The first training step asks the CPU allocator for an impossible tensor (2**60 bytes): a real
+    allocation failure, as a too-large batch gives. The row says oom, not failed."""
+    import torch
+
+    from bench_cli.trainer import Trainer
+
+    real = Trainer.forward_loss
+
+    def greedy(self, batch):
+        torch.empty(2**60, dtype=torch.uint8)
+        return real(self, batch)
+
+    monkeypatch.setattr(Trainer, "forward_loss", greedy)
+    run_failing()
+    row = one_row(workdir)
+    assert row["status"] == "oom", row["error"]
+    assert "allocate" in row["error"] and (Path(row["output_dir"]) / "error.txt").is_file()
+
+
+def start_run(workdir, *extra):
+    """The console script training for a long time, output to a file; returns once training has
+    started (its first evaluation line), so a signal lands inside the training loop."""
+    log = open(workdir / "run.log", "w")
+    proc = subprocess.Popen([str(ATTNBENCH), "run", *TINY, "trainer.max_epochs=100000", *extra],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=workdir, text=True)
+    deadline = time.monotonic() + 120
+    while "epoch 1" not in (workdir / "run.log").read_text():
+        assert proc.poll() is None, (workdir / "run.log").read_text()
+        assert time.monotonic() < deadline, "the run never reached its first evaluation"
+        time.sleep(0.2)
+    return proc
+
+
+@pytest.mark.parametrize("sig, name, code", [(signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143)])
+def test_interrupted_by_a_signal(uea_fixture, workdir, sig, name, code):
+    if sys.platform == "win32":
+        pytest.skip("POSIX signals")
+    proc = start_run(workdir)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == code
+    out = (workdir / "run.log").read_text()
+    assert "Traceback" not in out and f"interrupted ({name})" in out
+    row = one_row(workdir)
+    assert row["status"] == "interrupted" and row["error"] == f"interrupted ({name})"
+    assert (Path(row["output_dir"]) / "record.json").is_file()
+
+
+def test_csv_survives_a_process_dying_mid_rewrite(uea_fixture, workdir):
+    """A second run dies (os._exit, as kill -9 would) after writing the new CSV to its temporary
+    file and before renaming it over the original: the original file is byte for byte intact, and
+    a later run appends to it normally."""
+    main(["run", *TINY])
+    before = (workdir / "res.csv").read_bytes()
+    code = ("import os, sys; from bench_cli.cli import main\n"
+            "os.replace = lambda *a, **k: os._exit(9)\n"
+            f"main(['run', *{TINY!r}])\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 9, r.stderr
+    assert (workdir / "res.csv").read_bytes() == before
+    main(["run", *TINY, "seed=1"])
+    rows = read_records(workdir / "res.csv")
+    assert [r["seed"] for r in rows] == ["0", "1"] and all(r["status"] == "ok" for r in rows)
