@@ -2,12 +2,14 @@
 (lightning-hydra-template style): tiny shapes, the real code paths."""
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
 import torch
+from omegaconf import OmegaConf, open_dict
 
-from bench_cli.compose import compose, group_options
+from bench_cli.compose import compose, group_options, load_option
 from bench_cli.errors import UserError
 from bench_cli.runner import build_task, check_model_fits_task
 from bench_cli.validate import check_model_builds
@@ -38,11 +40,32 @@ def smoke_overrides(task: str) -> tuple[str, ...]:
     return overrides
 
 
+@functools.lru_cache(maxsize=None)
+def task_config(task: str):
+    return compose(list(smoke_overrides(task)))
+
+
+def task_with_model(task: str, model: str):
+    """The task's smoke config composed once, with the model group's option put in its place: what
+    Hydra composes for `task=... model=...` (test_model_options_compose_as_loaded checks that), for a
+    fraction of the cost of a composition per pair."""
+    cfg = copy.deepcopy(task_config(task))
+    with open_dict(cfg):
+        cfg.model = load_option("model", model)
+    return cfg
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_model_options_compose_as_loaded(model):
+    composed = compose([f"model={model}"]).model
+    assert OmegaConf.to_container(composed) == OmegaConf.to_container(load_option("model", model))
+
+
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("task", TASKS)
 def test_task_model_preset_builds_and_trains_one_step(task, model):
     overrides = [*smoke_overrides(task), f"model={model}"]
-    cfg = compose(overrides)
+    cfg = task_with_model(task, model)
     assert cfg.model.name == model and cfg.task.name == task
     t = build_task(cfg)
     if capability_problems(cfg.model, t.attention_stacks(), t.requires):  # e.g. a non-causal variant, causal task
@@ -75,8 +98,11 @@ def test_task_model_preset_builds_and_trains_one_step(task, model):
 
 @pytest.mark.parametrize("group", ["trainer", "logger", "paths"])
 def test_other_groups_compose(group):
-    for option in group_options(group):
-        compose([f"{group}={option}"])
+    options = group_options(group)
+    assert options
+    for option in options:
+        cfg = compose([f"{group}={option}"])
+        assert OmegaConf.to_container(cfg[group]) == OmegaConf.to_container(load_option(group, option)), option
 
 
 def test_task_discovery_imports_no_family_dependency():

@@ -76,9 +76,34 @@ def test_average_only_over_datasets_where_every_model_has_results():
     assert R.average_row(cells, ["Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
 
 
+def welch_by_hand(m1, s1, n1, m2, s2, n2):
+    """Welch's t and its two-sided p, written out: t = (m1 - m2) / sqrt(s1^2/n1 + s2^2/n2) with the
+    Welch-Satterthwaite degrees of freedom; p from the t distribution's survival function."""
+    from scipy.stats import t as student
+
+    v1, v2 = s1 * s1 / n1, s2 * s2 / n2
+    t = (m1 - m2) / math.sqrt(v1 + v2)
+    df = (v1 + v2) ** 2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
+    return t, 2 * student.sf(abs(t), df)
+
+
+def sample_with(mean, std, n):
+    """n values whose mean and sample standard deviation (ddof 1) are exactly mean and std."""
+    z = [i - (n - 1) / 2 for i in range(n)]
+    scale = std / math.sqrt(sum(v * v for v in z) / (n - 1))
+    return [mean + scale * v for v in z]
+
+
 def test_welch_and_tolerance():
+    from scipy import stats
+
     t, p = R.welch(99.0, 0.3, 5, 99.46, 0.27, 5)
-    assert t < 0 and 0.01 < p < 0.1
+    # pinned: Welch's two-sided test (Student's pooled t gives p = 0.03426, one-sided p = 0.01728)
+    assert t == pytest.approx(-2.548486, abs=1e-6) and p == pytest.approx(0.034555, abs=1e-6)
+    assert (t, p) == pytest.approx(welch_by_hand(99.0, 0.3, 5, 99.46, 0.27, 5), rel=1e-9)
+    raw = stats.ttest_ind(sample_with(99.0, 0.3, 5), sample_with(99.46, 0.27, 5), equal_var=False)
+    assert (t, p) == pytest.approx((raw.statistic, raw.pvalue), rel=1e-9)
+    assert R.welch(98.1, 0.5, 3, 99.0, 0.1, 10) == pytest.approx(welch_by_hand(98.1, 0.5, 3, 99.0, 0.1, 10), rel=1e-9)
     assert R.welch(100.0, 0.0, 5, 100.0, 0.0, 5) == (0.0, 1.0)
     assert R.welch(99.0, 0.0, 1, 99.0, 0.3, 5) == (None, None)
     cells = R.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([98.0, 98.2, 98.4])]),
@@ -87,6 +112,9 @@ def test_welch_and_tolerance():
     (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper.get((d.lower(), m)),
                           lambda d: cells.get((d, "softmax")), 5)
     assert row["diff"] == pytest.approx(98.2 - 99.46) and row["tolerance"] == 1.0 and row["within_tolerance"] is False
+    # three seeds 98.0, 98.2, 98.4: mean 98.2, sample standard deviation 0.2 (by hand)
+    assert row["mean"] == pytest.approx(98.2, abs=1e-12) and row["std"] == pytest.approx(0.2, abs=1e-12) and row["n"] == 3
+    assert (row["welch_t"], row["welch_p"]) == pytest.approx(welch_by_hand(98.2, 0.2, 3, 99.46, 0.27, 5), rel=1e-9)
     assert row["within_spread"] is False and row["welch_p"] < 0.05
 
 
