@@ -129,12 +129,15 @@ def build_family(name, **extra):
     return m.eval()
 
 
-@pytest.mark.parametrize("name", FAMILY)
+def with_causal(names):
+    """(name, causal) pairs: every variant bidirectionally, and causally where it can run so
+    (linear BN is not causal: the keys' mean would include later keys)."""
+    return [(n, False) for n in names] + [(n, True) for n in names if not n.startswith("linear_bn")]
+
+
+@pytest.mark.parametrize("name, causal", with_causal(FAMILY))
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
 def test_family_matches_equation(name, padded, causal):
-    if causal and name.startswith("linear_bn"):
-        pytest.skip("linear BN is not causal (capability)")
     m = build_family(name)
     x, mask = inputs(padded=padded)
     got = m(x, mask, causal=causal)
@@ -143,11 +146,9 @@ def test_family_matches_equation(name, padded, causal):
     torch.testing.assert_close(got[rows], want[rows], rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["attention_bn", "attention_bn_sh", "sparse_bn", "linear_bn", "linear_bn_sh"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name, causal", with_causal(["attention_bn", "attention_bn_sh", "sparse_bn", "linear_bn",
+                                                      "linear_bn_sh"]))
 def test_bn_scale_matches_eqn_22_23(name, causal):
-    if causal and name.startswith("linear"):
-        pytest.skip("linear BN is not causal")
     m = build_family(name, bn_scale=True)
     x, mask = inputs(padded=True, seed=3)
     got = m(x, mask, causal=causal)
@@ -231,30 +232,59 @@ def test_sh_causal_pooled_key_seen_only_after_its_window():
         assert all(changed[i] == (i >= first_seen) for i in range(9) if i != t), t
 
 
+def causal_keys_by_definition(x, mask, factor):
+    """SH keys of one sequence set written out (Remark 5 + the causal rule of Sec. 2.3), by loops.
+
+    Window j covers input positions j f .. min((j+1) f, N) - 1 (the last one may be partial). Its
+    key is the mean of the window's valid inputs, and it is a key at all only if it has one. Under
+    causality query i may use it once every input it averages is in the past: i >= the window's
+    last valid position. f = 1 gives the full-resolution keys: key j = x_j, seen from i = j on.
+    Returns per sequence a list of (key vector, first query allowed) for the real keys only.
+    """
+    b_size, n, _ = x.shape
+    keys = []
+    for b in range(b_size):
+        row = []
+        for start in range(0, n, factor):
+            real = [p for p in range(start, min(start + factor, n)) if mask[b, p]]
+            if real:
+                row.append((sum(x[b, p] for p in real) / len(real), max(real)))
+        keys.append(row)
+    return keys
+
+
 @pytest.mark.parametrize("factor", [1, 2, 3])
 @pytest.mark.parametrize("chunk", [1, 2, 5, 64])
 def test_causal_linear_chunks_equal_prefix_sums(factor, chunk):
+    """Chunked causal linear attention (Eqn. 27, Phi = elu + 1) against the explicit sums over the
+    keys each query may see, keys and their release derived from x and the mask by loops."""
     g = torch.Generator().manual_seed(5)
-    n = 11
-    q = torch.randn(2, 3, n, 4, generator=g)
+    n, groups = 11, 3
+    q = torch.randn(2, groups, n, 4, generator=g)
     x = torch.randn(2, n, 4, generator=g)
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[0, 8:] = False
+    mask[1, 4] = False  # a hole: a window with fewer valid inputs (or, at f = 1, a missing key)
     if factor == 1:
         k_in, valid, release = x, mask, None
     else:
         k_in, valid, release = masked_average_pool(x, mask, factor)
-    keys = KeySet(k=k_in[:, None].expand(-1, 3, -1, -1) * 0.5, v=k_in[:, None].expand(-1, 3, -1, -1),
+    keys = KeySet(k=k_in[:, None].expand(-1, groups, -1, -1) * 0.5, v=k_in[:, None].expand(-1, groups, -1, -1),
                   valid=valid, release=release, factor=factor)
     got = linear_attention(q, keys, causal=True, chunk=chunk)
-    rel = keys.release_times()
-    phi_q, phi_k = F.elu(q) + 1, (F.elu(keys.k) + 1) * keys.key_weights(q.dtype)[:, None, :, None]
+
+    def phi(t):
+        return F.elu(t) + 1
+
     want = torch.zeros_like(got)
-    for i in range(n):
-        use = (rel <= i)[:, None, :, None].to(q.dtype)
-        num = torch.einsum("bgd,bgjd,bgje->bge", phi_q[:, :, i], phi_k * use, keys.v)
-        den = torch.einsum("bgd,bgjd->bg", phi_q[:, :, i], phi_k * use)
-        want[:, :, i] = torch.where(den[..., None] > 0, num / den.clamp(min=1e-300)[..., None], 0.0)
+    for b, row in enumerate(causal_keys_by_definition(x, mask, factor)):
+        for g_ in range(groups):
+            for i in range(n):
+                seen = [key for key, first in row if first <= i]
+                if not seen:
+                    continue  # nothing released yet: zero output
+                sims = [phi(q[b, g_, i]) @ phi(0.5 * key) for key in seen]
+                want[b, g_, i] = sum(s * key for s, key in zip(sims, seen)) / sum(sims)
     torch.testing.assert_close(got, want)
 
 

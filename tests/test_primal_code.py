@@ -1,11 +1,13 @@
 """Primal-Attention as the authors' code computes it (issue 11), through the options the reproduction
-experiments set (conf/experiment/primal_attention/{uea,lra}.yaml).
+experiments set (conf/experiment/primal_attention/{uea,lra,imagenet}.yaml).
 
 The ``code_*`` functions are small transcriptions written from reading yingyichen-cyy/PrimalAttention
 (PrimalAttention_TimeSeries: models/Primal_Attention.py, Primalformer.py, Primalformer_layers.py,
 loss.py; PrimalAttention_LRA: model.py, attentions/attention.py, attention_primal_cos.py,
-model_wrapper.py; PrimalAttention_RL: models/primal_attention.py, training/seq_trainer.py). They use
-the attnbench modules' weights, so outputs and KSVD losses must agree exactly (float64).
+model_wrapper.py, lra_config.py, run_tasks.py; PrimalAttention_CV: models_primal.py,
+engine_primal.py; PrimalAttention_RL: models/primal_attention.py, training/seq_trainer.py). They use
+the attnbench modules' weights, so outputs and KSVD losses must agree exactly (float64); parameter
+counts are derived from the tensors the authors' modules allocate.
 """
 from __future__ import annotations
 
@@ -155,28 +157,88 @@ def code_lra_encode(enc, ids, mask):
     return x.mean(dim=1), score_list
 
 
-def code_param_count(*, tokens_or_channels: int, max_len: int, d_model: int, d_ff: int, heads: int,
-                     layers: list, classes: int, lra: bool, dual: bool = False) -> int:
-    """Parameters the authors' modules allocate. ``layers``: "softmax" or (s, rows) for primal_cos.
-    UEA: project_inp, LearnablePositionalEncoding, EncoderLayer (Conv1d k=1), final LayerNorm,
-    output_layer (d_model * max_len -> classes). LRA: word + position embeddings, Transformer blocks,
-    final LayerNorm, SCHead (or SCHeadDual on 4 * d_model)."""
-    d = d_model // heads
-    lin = lambda i, o: i * o + o  # noqa: E731
-    total = lin(tokens_or_channels, d_model) + max_len * d_model if not lra else (tokens_or_channels + max_len) * d_model
-    for layer in layers:
-        if layer == "softmax":
-            total += 4 * lin(d_model, d_model)
+# Parameter tensors of the authors' models, named and shaped as their modules allocate them.
+def code_linear(name, n_in, n_out):
+    return [(f"{name}.weight", (n_out, n_in)), (f"{name}.bias", (n_out,))]
+
+
+def code_layer_norm(name, dim):
+    return [(f"{name}.weight", (dim,)), (f"{name}.bias", (dim,))]
+
+
+# PrimalAttention_LRA/*/lra_config.py ("model" of each task); run_tasks.py rounds max_seq_len up to
+# a power of 2 (2000 -> 2048, 4000 -> 4096) and takes low_rank / rank_multi (default 10) from the
+# command line (bashes/run_tasks.sh).
+CODE_LRA_CONFIG = {
+    "listops": dict(vocab_size=32, max_seq_len=2000, transformer_dim=64, transformer_hidden_dim=128, head_dim=32,
+                    num_head=2, num_classes=10),
+    "retrieval": dict(vocab_size=512, max_seq_len=4000, transformer_dim=64, transformer_hidden_dim=128, head_dim=32,
+                      num_head=2, num_classes=2),
+}
+
+
+def code_lra_tensors(task, attn_types, low_rank, rank_multi=10):
+    """model.py (Embeddings, Transformer blocks, final norm), attentions/attention.py (W_q, W_k,
+    [W_v], We, Wr, ff), attention_primal_cos.py (Lambda, concate_weight) and model_wrapper.py's
+    SCHead (SCHeadDual for retrieval: the pooled pair [X_0, X_1, X_0 * X_1, X_0 - X_1])."""
+    c = CODE_LRA_CONFIG[task]
+    dim, hidden, heads, head_dim = c["transformer_dim"], c["transformer_hidden_dim"], c["num_head"], c["head_dim"]
+    max_seq_len = int(2 ** math.ceil(math.log2(c["max_seq_len"])))
+    tensors = [("embeddings.word_embeddings.weight", (c["vocab_size"], dim)),
+               ("embeddings.position_embeddings.weight", (max_seq_len, dim))]
+    for idx, attn_type in enumerate(attn_types):
+        block = f"transformer_{idx}"
+        tensors += code_layer_norm(f"{block}.norm1", dim)
+        tensors += code_linear(f"{block}.mha.W_q", dim, heads * head_dim) + code_linear(f"{block}.mha.W_k", dim, heads * head_dim)
+        if attn_type == "primal_cos":
+            rows = low_rank * rank_multi
+            tensors += [(f"{block}.mha.We", (heads, rows, low_rank)), (f"{block}.mha.Wr", (heads, rows, low_rank)),
+                        (f"{block}.mha.attn.Lambda", (heads, low_rank))]
+            tensors += code_linear(f"{block}.mha.attn.concate_weight", 2 * low_rank, head_dim)
         else:
-            s, rows = layer
-            total += 2 * lin(d_model, d_model) + lin(d_model, d_model) + 2 * heads * rows * s + heads * s + lin(2 * s, d)
-        total += lin(d_model, d_ff) + lin(d_ff, d_model) + 2 * 2 * d_model  # FFN, norm1, norm2
-    total += 2 * d_model  # final LayerNorm
-    if lra:
-        total += lin((4 if dual else 1) * d_model, d_ff) + lin(d_ff, classes)
-    else:
-        total += lin(d_model * max_len, classes)
-    return total
+            tensors += code_linear(f"{block}.mha.W_v", dim, heads * head_dim)
+        tensors += code_linear(f"{block}.mha.ff", heads * head_dim, dim)
+        tensors += code_layer_norm(f"{block}.norm2", dim)
+        tensors += code_linear(f"{block}.mlpblock.0", dim, hidden) + code_linear(f"{block}.mlpblock.3", hidden, dim)
+    tensors += code_layer_norm("norm", dim)
+    head_in = 4 * dim if task == "retrieval" else dim
+    tensors += code_linear("seq_classifer.mlpblock.0", head_in, hidden)
+    tensors += code_linear("seq_classifer.mlpblock.2", hidden, c["num_classes"])
+    return tensors
+
+
+def code_uea_tensors(attn_types, *, feat_dim, max_len, classes, low_rank, rank_multi, d_model=512, d_ff=2048,
+                     n_heads=8):
+    """PrimalAttention_TimeSeries models/Primalformer.py (project_inp, LearnablePositionalEncoding
+    ``pe`` (max_len, 1, d_model), final LayerNorm, output_layer d_model * max_len -> classes),
+    Primalformer_layers.py (EncoderLayer: Conv1d k=1 pair, norm1, norm2), Primal_Attention.py
+    (AttentionLayer: query/key[/value]/out projections, We, Wr of min(max_seq_len, s * rank_multi)
+    rows; PrimalCosAttention: Lambda, concate_weight). d_model, d_ff, heads: options.py defaults."""
+    d_keys = d_model // n_heads
+    tensors = code_linear("project_inp", feat_dim, d_model) + [("pos_enc.pe", (max_len, 1, d_model))]
+    for idx, attn_type in enumerate(attn_types):
+        layer = f"encoder.attn_layers.{idx}"
+        attn = f"{layer}.attention"
+        tensors += code_linear(f"{attn}.query_projection", d_model, d_keys * n_heads)
+        tensors += code_linear(f"{attn}.key_projection", d_model, d_keys * n_heads)
+        if attn_type == "softmax":
+            tensors += code_linear(f"{attn}.value_projection", d_model, d_keys * n_heads)
+        tensors += code_linear(f"{attn}.out_projection", d_keys * n_heads, d_model)
+        if attn_type == "primal_cos":
+            rows = min(max_len, low_rank * rank_multi)
+            tensors += [(f"{attn}.We", (n_heads, rows, low_rank)), (f"{attn}.Wr", (n_heads, rows, low_rank)),
+                        (f"{attn}.inner_attention.Lambda", (n_heads, low_rank))]
+            tensors += code_linear(f"{attn}.inner_attention.concate_weight", 2 * low_rank, d_keys)
+        tensors += [(f"{layer}.conv1.weight", (d_ff, d_model, 1)), (f"{layer}.conv1.bias", (d_ff,)),
+                    (f"{layer}.conv2.weight", (d_model, d_ff, 1)), (f"{layer}.conv2.bias", (d_model,))]
+        tensors += code_layer_norm(f"{layer}.norm1", d_model) + code_layer_norm(f"{layer}.norm2", d_model)
+    tensors += code_layer_norm("encoder.norm", d_model)
+    tensors += code_linear("output_layer", d_model * max_len, classes)
+    return tensors
+
+
+def count(tensors) -> int:
+    return sum(math.prod(shape) for _, shape in tensors)
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -255,27 +317,44 @@ def test_parameter_counts_equal_the_authors_models():
         for task, seq_len in (("lra_listops", 2048), ("lra_retrieval", 4096)):
             _, _, net = built(["experiment=primal_attention/lra", f"task={task}", f"model={model}"], seq_len)
             counts[task, model] = sum(p.numel() for p in net.parameters())
-    jv = dict(tokens_or_channels=12, max_len=26, d_model=512, d_ff=2048, heads=8, classes=9, lra=False)
-    listops = dict(tokens_or_channels=32, max_len=2048, d_model=64, d_ff=128, heads=2, classes=10, lra=True)
-    retrieval = dict(tokens_or_channels=512, max_len=4096, d_model=64, d_ff=128, heads=2, classes=2, lra=True, dual=True)
-    want = {  # s from run_primalformer.sh / run_primal_trans.sh / run_tasks.sh; rows min(26, 5 s) on JV, 10 s on LRA
-        ("JapaneseVowels", "primalformer"): code_param_count(**jv, layers=[(40, 26)] * 2),
-        ("JapaneseVowels", "primal_plus"): code_param_count(**jv, layers=["softmax", (30, 26)]),
-        ("lra_listops", "primalformer"): code_param_count(**listops, layers=[(20, 200)] * 2),
-        ("lra_listops", "primal_plus"): code_param_count(**listops, layers=["softmax", (30, 300)]),
-        ("lra_retrieval", "primalformer"): code_param_count(**retrieval, layers=[(30, 300)] * 2),
-        ("lra_retrieval", "primal_plus"): code_param_count(**retrieval, layers=["softmax", (20, 200)]),
+    # JapaneseVowels: 12 channels, series of 26, 9 classes; s and rank_multi from run_primalformer.sh
+    # (40, 5) and run_primal_trans.sh (30, 5). LRA: s from the two run_tasks.sh, rank_multi 10.
+    jv = dict(feat_dim=12, max_len=26, classes=9, rank_multi=5)
+    want = {
+        ("JapaneseVowels", "primalformer"): count(code_uea_tensors(["primal_cos"] * 2, low_rank=40, **jv)),
+        ("JapaneseVowels", "primal_plus"): count(code_uea_tensors(["softmax", "primal_cos"], low_rank=30, **jv)),
+        ("lra_listops", "primalformer"): count(code_lra_tensors("listops", ["primal_cos"] * 2, 20)),
+        ("lra_listops", "primal_plus"): count(code_lra_tensors("listops", ["softmax", "primal_cos"], 30)),
+        ("lra_retrieval", "primalformer"): count(code_lra_tensors("retrieval", ["primal_cos"] * 2, 30)),
+        ("lra_retrieval", "primal_plus"): count(code_lra_tensors("retrieval", ["softmax", "primal_cos"], 20)),
     }
     assert counts == want
-    assert [counts["JapaneseVowels", m] for m in ("primalformer", "primal_plus")] == [5_964_553, 6_199_545]
-    assert [counts["lra_listops", m] for m in ("primalformer", "primal_plus")] == [236_186, 243_654]
-    assert [counts["lra_retrieval", m] for m in ("primalformer", "primal_plus")] == [462_842, 408_330]
-    # issue 11 printed 421,522 / 428,990 for Retrieval: those are the counts at ListOps' s (20 / 30)
+    # Issue 11 printed 421,522 / 428,990 for Retrieval: the authors' retrieval models at ListOps' s
+    # (PrimalFormer 20, Primal.+ 30), derived from their tensors and built here the same way.
+    at_listops_s = [count(code_lra_tensors("retrieval", ["primal_cos"] * 2, 20)),
+                    count(code_lra_tensors("retrieval", ["softmax", "primal_cos"], 30))]
+    assert at_listops_s == [421_522, 428_990]
     _, _, pf = built(["experiment=primal_attention/lra", "task=lra_retrieval", "model=primalformer",
                       "model.attention.low_rank=20"], 4096)
     _, _, pp = built(["experiment=primal_attention/lra", "task=lra_retrieval", "model=primal_plus",
                       "model.final_attention.low_rank=30"], 4096)
-    assert [sum(p.numel() for p in n.parameters()) for n in (pf, pp)] == [421_522, 428_990]
+    assert [sum(p.numel() for p in n.parameters()) for n in (pf, pp)] == at_listops_s
+
+
+def test_code_tensor_lists_add_up_layer_by_layer():
+    """The transcribed tensor lists, checked against counts worked out by hand for one block:
+    LRA PrimalFormer block at s = 20, rank_multi 10, d 64, 2 heads of 32, hidden 128:
+    norm1 128 + W_q, W_k 2 x 4160 + We, Wr 2 x 2 x 200 x 20 + Lambda 40 + concate_weight 40 x 32 + 32
+    + ff 4160 + norm2 128 + mlp 64 x 128 + 128 + 128 x 64 + 64 = 46,664."""
+    one = code_lra_tensors("listops", ["primal_cos"], 20)
+    none = code_lra_tensors("listops", [], 20)
+    assert count(one) - count(none) == 128 + 2 * 4160 + 2 * 2 * 200 * 20 + 40 + 40 * 32 + 32 + 4160 + 128 + 8320 + 8256
+    assert count(one) - count(none) == 46_664
+    # and the softmax block: W_v in place of We, Wr, Lambda, concate_weight
+    soft = code_lra_tensors("listops", ["softmax"], 20)
+    assert count(soft) - count(none) == 128 + 4 * 4160 + 128 + 8320 + 8256
+    # embeddings + final norm + head of ListOps: 32 x 64 + 2048 x 64 + 128 + (64 x 128 + 128) + (128 x 10 + 10)
+    assert count(none) == 32 * 64 + 2048 * 64 + 128 + 64 * 128 + 128 + 128 * 10 + 10
 
 
 # --- items 1, 2, 4, 6, 7 and the layer reduction: whole models against the code --------------------
@@ -445,3 +524,135 @@ def test_profile_training_loss_includes_the_ksvd_term():
     out = net(**task.model_inputs(batch))
     loss = _side_loss(task, batch, net, float(cfg.model.eta), cfg.model.ksvd_layers)(out)
     torch.testing.assert_close(loss, task.loss(out, batch) + 0.1 * collect_auxiliary_loss(net, "mean"))
+
+
+# --- the CV code (PrimalAttention_CV) as conf/experiment/primal_attention/imagenet.yaml sets it ----
+def code_cv_primal_layer(m, x, embed_len):
+    """models_primal.py PrimalAttention.forward: one qk Linear ([W_q; W_k]), ``gen_weights`` (all
+    tokens when embed_len <= s * rank_multi, else ``torch.linspace(0, N-1, s * rank_multi, dtype=int)``),
+    cosine feature maps, concate_weight, proj. Returns the output and [escore, rscore, we, wr], Lambda."""
+    b, n, c = x.shape
+    h, d = m.n_heads, c // m.n_heads
+    qk_weight, qk_bias = torch.cat([m.q_proj.weight, m.k_proj.weight]), torch.cat([m.q_proj.bias, m.k_proj.bias])
+    q, k = (x @ qk_weight.T + qk_bias).reshape(b, n, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+    rows_wanted = m.low_rank * m.rank_multi
+    xs = x.transpose(-2, -1).reshape(b, h, d, n)
+    if embed_len > rows_wanted:
+        xs = xs[:, :, :, torch.linspace(0, n - 1, rows_wanted, dtype=int)]
+    xs = xs.transpose(1, 2)
+    we = torch.einsum("bahd,hde->bahe", xs, m.we).transpose(1, 2)
+    wr = torch.einsum("bahd,hde->bahe", xs, m.wr).transpose(1, 2)
+    escore = torch.einsum("...nd,...de->...ne", F.normalize(q, p=2, dim=-1), we)
+    rscore = torch.einsum("...nd,...de->...ne", F.normalize(k, p=2, dim=-1), wr)
+    out = torch.cat((escore, rscore), dim=-1) @ m.concat_proj.weight.T + m.concat_proj.bias
+    out = out.transpose(1, 2).reshape(b, n, c) @ m.out_proj.weight.T + m.out_proj.bias
+    return out, [escore, rscore, m.we, m.wr], m.lam
+
+
+def code_cv_ksvd(score_list, lambda_list):
+    """engine_primal.py train_one_epoch: per layer torch.mean over batch, heads and tokens of
+    ||e diag(Lambda)||^2 / 2 (e and r), the trace of the raw We^T Wr averaged over heads, squared
+    once per batch; the layers averaged (loss_ksvd / len(score_list))."""
+    loss = 0
+    for scores, lam in zip(score_list, lambda_list):
+        lam_diag = torch.diag_embed(lam)
+
+        def energy(s):
+            return torch.mean(torch.einsum("...nd,...ds->...ns", s, lam_diag.unsqueeze(0).repeat(s.size(0), 1, 1, 1))
+                              .norm(dim=-1, p=2) ** 2) / 2
+
+        trace = torch.einsum("...ps,...pd->...sd", scores[2], scores[3]).mean(dim=0).trace()
+        loss = loss + (energy(scores[0]) + energy(scores[1]) - trace) ** 2
+    return loss / len(score_list)
+
+
+@pytest.mark.parametrize("low_rank,rank_multi", [(None, None), (4, 10)])
+def test_imagenet_reproduction_matches_the_cv_code(low_rank, rank_multi):
+    """The DeiT-Small Primal.+ of the ImageNet table, narrowed (d_model 16, 2 heads, 2 blocks), 224 px
+    images of 16 px patches: 197 tokens. The config's s = 96, rank_multi 10: 960 > 197, so every
+    token is a row (W_e, W_r of 197 rows); s = 4: 40 rows at linspace positions."""
+    sizes = ["task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=2", "task.backbone.d_ff=32"]
+    if low_rank:
+        sizes += [f"model.final_attention.low_rank={low_rank}", f"model.final_attention.rank_multi={rank_multi}"]
+    cfg, task, net = built(["experiment=primal_attention/imagenet", "task.dataset=imagenet100", "model=primal_plus",
+                            *sizes], synthetic_len=197)
+    options = {k: cfg.model.final_attention[k] for k in PRIMAL_OPTIONS if k != "padding"}
+    assert options == {"ksvd_form": "code", "ksvd_square": "per_batch", "rows": "code", "init": "code",
+                       "row_positions": "linspace"}
+    assert cfg.model.ksvd_layers == "mean"
+    primal = net.blocks[-1].attention
+    assert type(net.blocks[0].attention).__name__ == "SoftmaxAttention"
+    s, multi = low_rank or 96, rank_multi or 10
+    assert (primal.low_rank, primal.rank_multi) == (s, multi) and primal.we.shape == (2, min(197, s * multi), s)
+    seen = {}
+    primal.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], out=out))
+    batch = task.synthetic_batch(3, 197)
+    net(**task.model_inputs({**batch, "x": batch["x"].to(torch.float64)}))
+    assert seen["x"].shape == (3, 197, 16)
+    want, scores, lam = code_cv_primal_layer(primal, seen["x"], embed_len=197)
+    torch.testing.assert_close(seen["out"], want)
+    torch.testing.assert_close(collect_auxiliary_loss(net, cfg.model.ksvd_layers), code_cv_ksvd([scores], [lam]))
+
+
+# --- sequences shorter than the rows (N < s * rank_multi) ------------------------------------------
+@pytest.mark.parametrize("padding,square,max_len", [("zero_output", "per_batch", None), ("ignore", "per_sample", 40)])
+def test_rows_code_on_short_sequences_repeats_rows_as_the_code(padding, square, max_len):
+    """rows=code: every row of W_e, W_r is used and torch's integer linspace repeats positions (LRA
+    attentions/attention.py allocates s * rank_multi rows; UEA Primal_Attention.py min(max_seq_len,
+    s * rank_multi)); code_primal_layer samples ``code_rows(N, rows)`` like them."""
+    torch.manual_seed(0)
+    m = build_attention("primal", d_model=8, n_heads=2, low_rank=3, rank_multi=8, ksvd_form="code",
+                        ksvd_square=square, rows="code", init="code", padding=padding, row_positions="linspace",
+                        max_len=max_len).eval()
+    assert m.we.shape[1] == 24
+    for n in (7, 17, 24):
+        x = torch.randn(3, n, 8)
+        mask = torch.ones(3, n, dtype=torch.bool)
+        mask[1, n - 3:] = False
+        got = m(x, mask)
+        want, scores = code_primal_layer(m, x, mask.to(x.dtype), zero_padded=padding == "zero_output")
+        torch.testing.assert_close(got, want)
+        code = code_ksvd_uea if square == "per_sample" else code_ksvd_lra
+        torch.testing.assert_close(m.auxiliary_loss(), code([scores]))
+    assert len(set(code_rows(7, 24).tolist())) == 7  # 24 rows over 7 positions: repeats
+
+
+def test_short_sequences_under_rows_full_and_valid_padding():
+    """rows=full: a sequence of N < rows positions samples each once and uses the first N rows of
+    W_e, W_r (products and trace). rows=code with padding=valid: all rows, positions spread (with
+    repeats) over each sequence's valid positions, the trace over all rows."""
+    torch.manual_seed(0)
+    options = dict(d_model=8, n_heads=2, low_rank=3, rank_multi=8, ksvd_form="code", ksvd_square="per_batch",
+                   row_positions="linspace")
+    full = build_attention("primal", padding="ignore", **options).eval()
+    code = build_attention("primal", rows="code", padding="valid", **options).eval()
+    code.load_state_dict(full.state_dict())
+    x = torch.randn(2, 9, 8)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, :2] = False
+    mask[1, 6:] = False
+
+    def by_hand(m, xb, picked, n_rows, keep):
+        """Output rows ``keep`` and J per head of one sequence, X' = xb[picked] against the first n_rows."""
+        q = F.normalize((xb @ m.q_proj.weight.T + m.q_proj.bias).view(-1, 2, 4).transpose(0, 1), dim=-1)
+        k = F.normalize((xb @ m.k_proj.weight.T + m.k_proj.bias).view(-1, 2, 4).transpose(0, 1), dim=-1)
+        rows = xb[picked].view(-1, 2, 4).transpose(0, 1)  # (heads, n_rows, d)
+        we, wr = m.we[:, :n_rows], m.wr[:, :n_rows]
+        e, r = q @ (rows.transpose(1, 2) @ we), k @ (rows.transpose(1, 2) @ wr)
+        out = (torch.cat([e, r], -1) @ m.concat_proj.weight.T + m.concat_proj.bias).transpose(0, 1).reshape(-1, 8)
+        lam2 = m.lam[:, None, :] ** 2
+        energy = 0.5 * ((e * e * lam2).sum(-1)[:, keep].mean(-1) + (r * r * lam2).sum(-1)[:, keep].mean(-1))
+        return (out @ m.out_proj.weight.T + m.out_proj.bias)[keep], energy - (we * wr).sum((1, 2))
+
+    got = full(x, mask)  # padding=ignore: the 9 positions are all tokens
+    for b in range(2):
+        want, objective = by_hand(full, x[b], torch.arange(9), 9, torch.arange(9))
+        torch.testing.assert_close(got[b], want)
+        torch.testing.assert_close(full.ksvd_objective[b], objective)
+    got = code(x, mask)
+    for b in range(2):
+        valid = mask[b].nonzero().flatten()
+        picked = valid[torch.linspace(0, len(valid) - 1, 24, dtype=int)]  # 24 rows over 6-7 positions
+        want, objective = by_hand(code, x[b], picked, 24, valid)
+        torch.testing.assert_close(got[b, valid], want)
+        torch.testing.assert_close(code.ksvd_objective[b], objective)

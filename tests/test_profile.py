@@ -54,11 +54,47 @@ def test_softmax_layer_flops_equal_the_analytic_count(meta):
     assert m["params"] == 4 * (D * D + D)
 
 
+# The matmuls of one self-attention layer of papers/002 (Sec. 3), read off its definitions: which
+# projections each variant keeps (Def. 1-4) and what each head multiplies. (count, m, k, n) = count
+# products of an (m x k) by a (k x n) matrix, 2 m k n FLOPs each (FlopCounterMode's convention).
+PBA_PROJECTIONS = {  # Def. 1: W^Q, W^K, W^V, W^O; Def. 2 drops W^V; Def. 3 and 4 drop W^V and W^K
+    "standard": ("W^Q", "W^K", "W^V", "W^O"), "optimised": ("W^Q", "W^K", "W^O"),
+    "efficient": ("W^Q", "W^O"), "super": ("W^Q", "W^O")}
+
+
+def pba_layer_matmuls(variant, B, N, D, H, *, train, backend):
+    d_k = D // H
+    projection = (B * N, D, D)  # X W over all tokens of the batch
+    scores, mix = (N, d_k, N), (N, N, d_k)  # Q_i K_i^T and S_i V_i, per sequence and head
+    forward = [(1, *projection) for _ in PBA_PROJECTIONS[variant]] + [(B * H, *scores), (B * H, *mix)]
+    if variant == "super":
+        forward.append((B * H, N, N, d_k))  # W^A V_i (Eqn. 22)
+    if not train:
+        return forward
+    # Backward (the layer input requires grad, as inside a network): a projection's input and weight
+    # gradients are two more products of its size; W^A V_i likewise (grads of V_i and of W^A).
+    backward = [(2 * c, m, k, n) for c, m, k, n in forward if (m, k, n) == projection]
+    if variant == "super":
+        backward.append((2 * B * H, N, N, d_k))
+    if backend == "math":  # autograd of the two matmuls: dQ, dK from dS; dS, dV from dO
+        backward += [(2 * B * H, *scores), (2 * B * H, *mix)]
+    else:  # the fused kernel recomputes the scores: QK^T, dO V^T, P^T dO, dS K, dS^T Q
+        backward += [(B * H, *scores), (2 * B * H, *mix), (2 * B * H, *scores)]
+    return forward + backward
+
+
+def flops_of(matmuls):
+    return sum(2 * c * m * k * n for c, m, k, n in matmuls)
+
+
 @pytest.mark.parametrize("variant", ["standard", "optimised", "efficient", "super"])
 @pytest.mark.parametrize("backend", ["auto", "math"])
-def test_pba_layer_flops_equal_the_analytic_count(variant, backend):
-    B, N, D, H = 1, 32, 64, 2
+@pytest.mark.parametrize("B,N,D,H", [(1, 32, 64, 2), (2, 12, 24, 3)])
+def test_pba_layer_flops_equal_the_papers_matmuls(variant, backend, B, N, D, H):
     m = harness.profile_layer(variant, B, N, D, H, backend=backend)
+    assert m["flops_forward"] == flops_of(pba_layer_matmuls(variant, B, N, D, H, train=False, backend=backend))
+    assert m["flops_train_step"] == flops_of(pba_layer_matmuls(variant, B, N, D, H, train=True, backend=backend))
+    # the profile command's own analytic count (bench_cli.reproduce.pba) says the same
     assert m["flops_forward"] == pba.analytic_layer_flops(variant, B, N, D, train=False, backend=backend)
     assert m["flops_train_step"] == pba.analytic_layer_flops(variant, B, N, D, train=True, backend=backend)
 

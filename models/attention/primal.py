@@ -8,10 +8,11 @@ and the heads are concatenated and mapped by ``out_proj``. No value projection, 
 
 Projection weights:
 * data_dependent=False: W_e|X = W_e, W_r|X = W_r of shape (heads, d, s) (D4RL, WikiText-103).
-* data_dependent=True (UEA/LRA/ImageNet): W_e|X = X'^T W_e with X' the n = min(rows, N) rows of
-  the layer input at evenly spaced positions (``row_positions``), restricted to that head's
+* data_dependent=True (UEA/LRA/ImageNet): W_e|X = X'^T W_e with X' the rows of the layer input
+  sampled at evenly spaced positions (``row_positions``), restricted to that head's
   channels (head h <-> input channels h*d..(h+1)*d-1, as the public code); deterministic,
-  identical in train and eval. W_e, W_r have ``rows`` rows; for N < rows only the first n are used.
+  identical in train and eval. W_e, W_r have ``rows`` rows; what a sequence shorter than that
+  (N < rows) uses depends on the ``rows`` option below.
 
 Causal Primal-Attention (Listing 1): q and k are replaced by their running means (cumsum / count)
 before the feature maps. The sampled X' of the data-dependent weights would see future tokens, so
@@ -41,11 +42,17 @@ defaults are the equations / the principled choice, the reproduction experiments
                      and positions per sample, the trace averaged over heads, squared per sample.
                    per_batch: (mean over b, h of J_bh)^2 -- the CV (engine_primal.py) and LRA
                      (model_wrapper.py) code: one mean over batch, heads and positions, squared once.
-``rows``           full: s * rank_multi rows in W_e, W_r.
+``rows``           full: s * rank_multi rows in W_e, W_r. A sequence of N < rows (valid) positions
+                     samples each position once, n = N rows, and uses the first N rows of W_e, W_r
+                     (in the products and in the trace).
                    code: min(max_len, s * rank_multi), max_len the task's sequence length, which
                      models.roles passes in (UEA Primal_Attention.py, CV models_primal.py:
                      min(max_seq_len, s * rank_multi); without a max_len: s * rank_multi, as the LRA
-                     code allocates, never more than its padded length).
+                     code allocates). A sequence of N < rows positions uses every row all the
+                     same, sampling positions with repeats: the code's ``torch.linspace(0, N-1,
+                     rows, dtype=int)`` (UEA Primal_Attention.py, LRA attentions/attention.py)
+                     repeats positions when it asks for more points than there are; the CV code
+                     (``gen_weights``) only meets N = rows there.
 ``init``           per_head: each head's (rows, s) matrix orthogonal (orthonormal columns).
                    code: ``nn.init.orthogonal_`` on the whole (heads, rows, s) tensor, as every
                      authors' module does; torch flattens it to (heads, rows * s), so each head's
@@ -102,10 +109,13 @@ def _linspace_positions(length: int, n: int) -> torch.Tensor:
 
 
 def evenly_spaced_rows(mask: torch.Tensor | None, batch: int, length: int, n_max: int, device,
-                       rule: str = "floor"):
-    """Positions of the n = min(n_max, valid length) sampled rows of each sequence.
+                       rule: str = "floor", repeat: bool = False):
+    """Positions of the n sampled rows of each sequence (L = its valid length).
 
     ``rule``: ``floor`` (floor(k (L-1)/(n-1))) or ``linspace`` (torch's integer linspace).
+    ``repeat``: False (rows=full): n = min(n_max, L), every position at most once.
+    True (rows=code): n = n_max whenever L > 0; for L < n_max the rule spreads the n_max rows over
+    L positions, so positions repeat, as the authors' ``torch.linspace(0, L-1, n_max, dtype=int)``.
     Returns (positions (B, n_max) long, used (B, n_max) bool, n (B,) long); rows k >= n are unused.
     """
     if mask is None:
@@ -114,7 +124,7 @@ def evenly_spaced_rows(mask: torch.Tensor | None, batch: int, length: int, n_max
     else:
         valid_len = mask.sum(1)
         order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # valid positions first, in order
-    n = valid_len.clamp(max=n_max)
+    n = torch.where(valid_len > 0, n_max, 0) if repeat else valid_len.clamp(max=n_max)
     k = torch.arange(n_max, device=device)
     used = k < n[:, None]
     if rule == "floor":
@@ -125,7 +135,7 @@ def evenly_spaced_rows(mask: torch.Tensor | None, batch: int, length: int, n_max
         for value in sorted(set(lengths)):
             if value == 0:
                 continue
-            m = min(n_max, value)
+            m = n_max if repeat else min(n_max, value)
             rows = _linspace_positions(int(value), int(m)).to(device)
             if mask is None:
                 rank[:, :m] = rows
@@ -174,6 +184,7 @@ class PrimalAttention(AttentionBase):
                 raise ValueError(f"primal: {option}={value!r} is not one of {', '.join(CHOICES[option])}")
         self.low_rank, self.rank_multi, self.data_dependent = low_rank, rank_multi, data_dependent
         self.ksvd_form, self.ksvd_square, self.padding, self.row_positions = ksvd_form, ksvd_square, padding, row_positions
+        self.rows = rows
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W_q
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W_k
         if not data_dependent:
@@ -198,7 +209,7 @@ class PrimalAttention(AttentionBase):
         self._accumulating = False
 
     def extra_repr(self) -> str:
-        return (f"low_rank={self.low_rank}, rows={self.we.shape[1]}, data_dependent={self.data_dependent}, "
+        return (f"low_rank={self.low_rank}, rows={self.we.shape[1]} ({self.rows}), data_dependent={self.data_dependent}, "
                 f"ksvd_form={self.ksvd_form}, ksvd_square={self.ksvd_square}, padding={self.padding}, "
                 f"row_positions={self.row_positions}")
 
@@ -209,7 +220,8 @@ class PrimalAttention(AttentionBase):
             return self.we[None], self.wr[None], row_products.sum(-1)[None]
         b, n, _ = x.shape
         n_max = self.we.shape[1]
-        positions, used, n_used = evenly_spaced_rows(mask, b, n, n_max, x.device, self.row_positions)
+        positions, used, n_used = evenly_spaced_rows(mask, b, n, n_max, x.device, self.row_positions,
+                                                     repeat=self.rows == "code")
         sampled = x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1])) * used[..., None].to(x.dtype)
         sampled = split_heads(sampled, self.n_heads)  # X' per head: (B, H, n_max, d)
         we_x = torch.einsum("bhnd,hns->bhds", sampled, self.we)  # W_e|X = X'^T W_e
