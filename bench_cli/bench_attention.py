@@ -25,7 +25,7 @@ from models.attention.modifiers import default_sh_factors
 
 def variant_options(name: str, n: int, heads: int) -> dict | None:
     """Options to build ``name`` for length n; None if the variant cannot run at this length."""
-    if name == "super":
+    if name in ("super", "linformer", "soft"):  # sized by the sequence length (W^A, E, SOFT's landmark window)
         return {"max_len": n}
     if name == "conv2d" and int(n**0.5) ** 2 != n:
         return None

@@ -222,8 +222,10 @@ def cmd_ls(args: list[str]) -> None:
             caps = spec.capabilities
             lacks = ", ".join(label for label, on in (("causal", caps.causal), ("mask", caps.padding_mask),
                                                       ("any length", caps.variable_length), ("cross", caps.cross)) if not on)
-            rows.append([name, att + (" (+ loss)" if caps.extra_loss else ""), lacks or "-"])
-        show_table("models (model=NAME; options: model.attention.KEY=VALUE)", ["model", "attention", "cannot do"], rows,
+            rows.append([name, att + (" (+ loss)" if caps.extra_loss else ""), lacks or "-",
+                         f"{spec.paper}, {spec.equation}"])
+        show_table("models (model=NAME; options: model.attention.KEY=VALUE)",
+                   ["model", "attention", "cannot do", "paper"], rows,
                    caption="cannot do: causal (decoders), mask (padding), any length (Super's fixed l), cross "
                            "(attend to another sequence); + loss: adds an auxiliary loss (KSVD)")
     if what == "runs":

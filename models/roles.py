@@ -87,6 +87,9 @@ def build_layer_attentions(model_cfg, n_layers: int, d_model: int, n_heads: int,
         if attention_dropout is not None:
             options["dropout"] = float(attention_dropout)
         modules.append(build_attention(name, d_model=d_model, n_heads=n_heads, **options))
+    # Variants whose reference shares parameters between layers tie them here (Linformer's one E)
+    for tie in {getattr(type(m), "tie_layers", None) for m in modules} - {None}:
+        tie(modules)
     return modules
 
 

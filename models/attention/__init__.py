@@ -30,3 +30,14 @@ from models.attention import primal_dual  # noqa: F401,E402  attention/linear/sp
 from models.attention import conv  # noqa: F401,E402  conv1d, conv2d
 from models.attention import better  # noqa: F401,E402  standard, optimised, efficient, super
 from models.attention import primal  # noqa: F401,E402  primal
+# The baselines of the Primal-Attention tables (papers/004 Tables 1, 3-5, 7b), each as the code
+# behind the published numbers.
+from models.attention import linformer  # noqa: F401,E402
+from models.attention import nystromformer  # noqa: F401,E402
+from models.attention import performer  # noqa: F401,E402
+from models.attention import reformer  # noqa: F401,E402
+from models.attention import longformer  # noqa: F401,E402
+from models.attention import yoso  # noqa: F401,E402  yoso_e
+from models.attention import cosformer  # noqa: F401,E402
+from models.attention import soft  # noqa: F401,E402
+from models.attention import flowformer  # noqa: F401,E402

@@ -109,6 +109,31 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))[..., None]
 
 
+def causal_linear_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = LINEAR_CHUNK) -> torch.Tensor:
+    """out_i = sum_{j <= i} (q_i . k_j) v_j for q, k (B, H, N, D) and v (B, H, N, E).
+
+    The one causal prefix-sum product of the feature-map attentions (cosFormer, Flowformer,
+    Performer; a denominator is the same product with a column of ones appended to v).
+    The reference codes (cosFormer, Flowformer ``causal_dot_product``) cumsum the N outer products
+    k_j v_j^T, an N x D x E tensor per head; here earlier chunks enter through exclusive prefix
+    sums of per-chunk sums and the current chunk through a masked chunk x chunk product, so
+    memory is O(N (chunk + D E / chunk)). Same sums, different association (float rounding only).
+    """
+    b, h, n, d = q.shape
+    e = v.shape[-1]
+    n_chunks = -(-n // chunk)
+    pad = n_chunks * chunk - n
+    qc = F.pad(q, (0, 0, 0, pad)).view(b, h, n_chunks, chunk, d)
+    kc = F.pad(k, (0, 0, 0, pad)).view(b, h, n_chunks, chunk, d)
+    vc = F.pad(v, (0, 0, 0, pad)).view(b, h, n_chunks, chunk, e)
+    chunk_kv = torch.einsum("bhncd,bhnce->bhnde", kc, vc)
+    earlier_kv = chunk_kv.cumsum(2) - chunk_kv
+    out = torch.einsum("bhnid,bhnde->bhnie", qc, earlier_kv)
+    local = torch.einsum("bhnid,bhnjd->bhnij", qc, kc).tril()
+    out = out + local @ vc
+    return out.reshape(b, h, n_chunks * chunk, e)[:, :, :n]
+
+
 def linear_attention(q: torch.Tensor, keys: KeySet, causal: bool, chunk: int = LINEAR_CHUNK) -> torch.Tensor:
     """Eqn. 27: h_i = sum_j Phi(q_i)^T Phi(k_j) v_j / sum_j Phi(q_i)^T Phi(k_j)."""
     phi_q = elu_feature_map(q)

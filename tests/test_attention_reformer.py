@@ -1,0 +1,247 @@
+"""Reformer LSH attention (models/attention/reformer.py) against a loop-based float64 transcription of
+what mlpen/Nystromformer ``LRA/code/attention_reformer.py`` computes: transformers 3.3.1
+``LSHSelfAttention`` (modeling_reformer.py) with query_key = W_q's weight, value = W_v's weight,
+then the LRA Attention's ``ff``. The random rotations come from the same seeded draw
+(``torch.manual_seed(hash_seed); torch.randn(heads, d, rounds, buckets / 2)``) in both."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import models.attention.reformer  # noqa: F401  (registers "reformer")
+from models.attention import attention_spec, build_attention
+
+pytestmark = pytest.mark.usefixtures("float64_single_thread")
+D_MODEL, HEADS = 8, 2
+
+
+def make(**options):
+    torch.manual_seed(0)
+    return build_attention("reformer", d_model=D_MODEL, n_heads=HEADS, **options).eval()
+
+
+def batch(n, padded, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, D_MODEL, generator=g)
+    mask = None
+    if padded:
+        mask = torch.ones(2, n, dtype=torch.bool)
+        mask[0, n - 3:] = False  # right padding
+        mask[1, [1, 4]] = False  # holes
+    return x, mask
+
+
+# --------------------------------------------------------------------------- transcription
+
+
+def code_num_buckets(length, chunk, max_pos):
+    """LSHSelfAttention._set_num_buckets."""
+    pow2 = (2 * (length // chunk)).bit_length() - 1
+    limit = 2 * max(int((max_pos // chunk) ** 0.5), chunk)
+    return [2 ** (pow2 // 2), 2 ** (pow2 - pow2 // 2)] if 2**pow2 > limit else 2**pow2
+
+
+def code_lsh(m, x, mask, causal, seed, num_buckets=None, max_pos=None):
+    """Output of the reference LSH layer + ff on (B, N, d_model) x, one (batch, head) at a time."""
+    b, n0, _ = x.shape
+    h, d, chunk, rounds = m.n_heads, m.d_head, m.chunk_length, m.num_hashes
+    valid = torch.ones(b, n0, dtype=torch.bool) if mask is None else mask.clone()
+    n = n0
+    if n0 > chunk and n0 % chunk:  # ReformerModel: pad to a multiple of the chunk length, mask the pads
+        n = n0 + (-n0) % chunk
+        x = torch.cat([x, torch.zeros(b, n - n0, x.shape[-1])], 1)
+        valid = torch.cat([valid, torch.zeros(b, n - n0, dtype=torch.bool)], 1)
+    qk = (x @ m.q_proj.weight.T).view(b, n, h, d)  # query_key has no bias
+    v = (x @ m.v_proj.weight.T).view(b, n, h, d)
+    has_padding = not bool(valid.all())  # ReformerModel passes a mask once it pads
+    out = torch.zeros(b, n, h, d)
+    # keys: _len_and_dim_norm of the shared query-key vectors
+    keys = qk / torch.sqrt((qk**2).mean(-1, keepdim=True) + 1e-6) / math.sqrt(d)
+
+    def attend(bi, hi, i, js):
+        """(output, logsumexp) of query i over the candidate key positions js."""
+        js = torch.tensor(js)
+        logits = keys[bi, js, hi] @ qk[bi, i, hi]
+        blocked = ~valid[bi, js] | ((js > i) if causal else torch.zeros_like(js, dtype=torch.bool))
+        logits = torch.where(blocked, torch.tensor(-1e9), logits)
+        logits = torch.where(js == i, torch.tensor(-1e5), logits)
+        lse = torch.logsumexp(logits, 0)
+        return torch.exp(logits - lse) @ v[bi, js, hi], lse
+
+    if n <= chunk:  # do_standard_self_attention
+        for bi in range(b):
+            for hi in range(h):
+                for i in range(n):
+                    out[bi, i, hi] = attend(bi, hi, i, list(range(n)))[0]
+    else:
+        nb = num_buckets or code_num_buckets(n, chunk, max_pos or n)
+        factors = [nb] if isinstance(nb, int) else nb
+        torch.manual_seed(seed)
+        rotations = torch.randn(h, d, rounds, sum(factors) // 2)
+        for bi in range(b):
+            for hi in range(h):
+                slots = []  # (round, position) in sorted order
+                for r in range(rounds):
+                    rotated = qk[bi, :, hi] @ rotations[hi, :, r]  # (n, rot/2)
+                    bucket, start, base = torch.zeros(n, dtype=torch.long), 0, 1
+                    for f in factors:
+                        part = rotated[:, start:start + f // 2]
+                        start += f // 2
+                        bucket += base * torch.cat([part, -part], -1).argmax(-1)
+                        base *= f
+                    if has_padding:
+                        bucket[~valid[bi]] = base  # the extra padding bucket
+                    slots += [(r, i) for i in sorted(range(n), key=lambda i: (int(bucket[i]), i))]
+                n_chunks = len(slots) // chunk
+                results = {}
+                for c in range(n_chunks):
+                    window = [(c + o) % n_chunks for o in range(-m.chunks_before, m.chunks_after + 1)]
+                    js = [slots[w * chunk + t][1] for w in window for t in range(chunk)]
+                    for t in range(chunk):
+                        r, i = slots[c * chunk + t]
+                        results[r, i] = attend(bi, hi, i, js)
+                for i in range(n):
+                    lses = torch.stack([results[r, i][1] for r in range(rounds)])
+                    weights = torch.exp(lses - torch.logsumexp(lses, 0))
+                    out[bi, i, hi] = sum(weights[r] * results[r, i][0] for r in range(rounds))
+    out = out.reshape(b, n, h * d)[:, :n0]
+    return out @ m.out_proj.weight.T + m.out_proj.bias
+
+
+# --------------------------------------------------------------------------- tests
+
+CASES = [  # (length, chunk_length, num_hashes, num_buckets)
+    (7, 8, 2, None),  # one chunk: shared-QK attention over all tokens
+    (32, 8, 2, None),  # 8 buckets chosen from the length
+    (30, 8, 2, None),  # padded to 32 with masked tokens
+    (24, 8, 1, 4),  # one round, fixed buckets
+    (64, 4, 2, None),  # 32 buckets > limit 8: factorised as [4, 8]
+    (20, 4, 3, [2, 4]),  # explicit factorised hash, three rounds
+]
+
+
+@pytest.mark.parametrize("n,chunk,rounds,buckets", CASES)
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_the_reference_transcription(n, chunk, rounds, buckets, padded, causal):
+    m = make(num_hashes=rounds, chunk_length=chunk, num_buckets=buckets, hash_seed=11, chunks_before=1)
+    x, mask = batch(n, padded)
+    out = m(x, mask, causal=causal)
+    expected = code_lsh(m, x, mask, causal, seed=11, num_buckets=buckets)
+    rows = torch.ones(2, n, dtype=torch.bool) if mask is None else mask
+    torch.testing.assert_close(out[rows], expected[rows])
+
+
+def test_chunks_after_and_max_len_bound_on_buckets():
+    m = make(num_hashes=2, chunk_length=4, chunks_before=0, chunks_after=1, hash_seed=3, max_len=1024)
+    x, mask = batch(64, True)
+    # max_len 1024: limit 2 * max(16, 4) = 32 >= 32 buckets, so no factorisation
+    assert code_num_buckets(64, 4, 1024) == 32
+    torch.testing.assert_close(m(x, mask)[mask], code_lsh(m, x, mask, False, seed=3, max_pos=1024)[mask])
+
+
+def test_rotations_redrawn_from_the_global_rng_without_a_seed():
+    """hash_seed None (ReformerConfig default): fresh rotations from torch's global RNG per call."""
+    m = make(chunk_length=4)
+    x, mask = batch(16, True)
+    torch.manual_seed(5)
+    first = m(x, mask)
+    second = m(x, mask)
+    assert not torch.allclose(first, second)  # redrawn
+    torch.manual_seed(5)
+    torch.testing.assert_close(m(x, mask), first)
+    torch.testing.assert_close(first[mask], code_lsh(m, x, mask, False, seed=5)[mask])
+
+
+def test_hash_seed_fixes_rotations_without_touching_the_global_rng():
+    m = make(chunk_length=4, hash_seed=9)
+    x, mask = batch(16, True)
+    state = torch.get_rng_state()
+    first = m(x, mask)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.testing.assert_close(m(x, mask), first)
+    # the reference reseeds the global RNG instead; same rotations either way
+    torch.testing.assert_close(first[mask], code_lsh(m, x, mask, False, seed=9)[mask])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_causal_within_one_chunk_is_strict(padded):
+    m = make(chunk_length=16)
+    x, mask = batch(12, padded)
+    base = m(x, mask, causal=True)
+    for t in (1, 5, 11):
+        y = x.clone()
+        y[:, t:] = 10 * torch.randn(2, 12 - t, D_MODEL)
+        torch.testing.assert_close(m(y, mask, causal=True)[:, :t], base[:, :t])
+
+
+def test_causal_chunked_attention_never_weights_later_tokens():
+    """Scaling later tokens by c > 0 keeps every hash bucket (h(cx) = h(x) without a bias), so the
+    chunks are unchanged and only the causal mask stands between them and earlier outputs. (Other
+    changes of later tokens may move earlier ones between chunks: see the module docstring.)"""
+    m = make(chunk_length=4, hash_seed=2)
+    x, mask = batch(24, True)
+    base = m(x, mask, causal=True)
+    for t in (3, 10, 17):
+        y = x.clone()
+        y[:, t:] *= 7.0
+        out = m(y, mask, causal=True)
+        torch.testing.assert_close(out[:, :t], base[:, :t])
+        assert not torch.allclose(out[:, t:], base[:, t:])
+    # the first token has no other key: it attends to itself (its own value)
+    own = x[:, 0] @ m.v_proj.weight.T @ m.out_proj.weight.T + m.out_proj.bias
+    torch.testing.assert_close(base[:, 0], own)
+
+
+@pytest.mark.parametrize("n,causal", [(12, False), (30, False), (30, True)])
+def test_padded_positions_do_not_reach_real_outputs(n, causal):
+    m = make(chunk_length=4 if n > 12 else 16, hash_seed=4)
+    x, mask = batch(n, True)
+    base = m(x, mask, causal=causal)
+    noisy = torch.where(mask[..., None], x, 50 * torch.randn_like(x))
+    torch.testing.assert_close(m(noisy, mask, causal=causal)[mask], base[mask])
+
+
+def test_parameter_counts_equal_the_reference():
+    """mlpen LRA Attention: W_q, W_k, W_v, ff = nn.Linear(dim, heads * head_dim) x 3 +
+    nn.Linear(heads * head_dim, dim), all with bias. LSHSelfAttention's own query_key / value
+    weights are replaced by W_q's / W_v's, so it adds none; W_k and the biases of W_q, W_v are
+    counted although LSH attention never uses them."""
+
+    def reference_count(dim, heads, head_dim):
+        inner = heads * head_dim
+        return 3 * (dim * inner + inner) + (inner * dim + dim)
+
+    lra = build_attention("reformer", d_model=64, n_heads=2, max_len=2000)  # lra_config: 64 / 2 heads of 32
+    assert sum(p.numel() for p in lra.parameters()) == reference_count(64, 2, 32) == 16_640
+    uea = build_attention("reformer", d_model=64, n_heads=8, max_len=29)  # JapaneseVowels size
+    assert sum(p.numel() for p in uea.parameters()) == reference_count(64, 8, 8)
+
+
+def test_forward_backward_smoke_and_unused_reference_parameters():
+    m = make(chunk_length=4).train()
+    x, mask = batch(18, True)
+    x.requires_grad_(True)
+    m(x, mask)[mask].pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    no_grad = {name for name, p in m.named_parameters() if p.grad is None}
+    assert no_grad == {"k_proj.weight", "k_proj.bias", "q_proj.bias", "v_proj.bias"}
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_registry_entry_options_and_refusals():
+    spec = attention_spec("reformer")
+    caps = spec.capabilities
+    assert caps.causal and caps.padding_mask and caps.variable_length and caps.sized_by_max_len and not caps.cross
+    m = make()
+    assert (m.num_hashes, m.chunk_length, m.num_buckets, m.chunks_before, m.chunks_after, m.hash_seed, m.dropout) == (
+        2, 64, None, 1, 0, None, 0.0)
+    with pytest.raises(TypeError, match="window_size"):
+        make(window_size=4)
+    with pytest.raises(ValueError, match="even"):
+        make(num_buckets=3)
+    x, mask = batch(6, True)
+    with pytest.raises(ValueError, match="cannot attend to a context"):
+        m(x, mask, context=x)
