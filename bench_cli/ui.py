@@ -1,6 +1,7 @@
 """Terminal output: progress bars and summary tables (rich)."""
 from __future__ import annotations
 
+import math
 import sys
 import time
 from contextlib import contextmanager
@@ -160,3 +161,49 @@ def _value(v, name: str = "") -> str:
 def fail(message: str, code: int = 2):
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+# --- value formatting: the one place reports, sweeps and summaries format numbers ----------------
+DASH = "—"  # a missing value in a report (never a 0)
+
+
+def wide(out: Console, width: int) -> Console:
+    """``out`` itself on a terminal; a console of at least ``width`` columns on the same stream
+    otherwise (a log file or a pipe gets the whole table instead of one squeezed into 80 columns)."""
+    return out if out.is_terminal else Console(file=out.file, width=max(out.width, width))
+
+
+def metric_digits(value: float) -> int:
+    """Decimals that show a metric readably (accuracy 98.65, RMSE 0.0123)."""
+    return 2 if abs(value) >= 1 else 4
+
+
+def mean_pm(mean: float | None, std: float | None, digits: int | None = None) -> str:
+    """mean ± std with 2 decimals, or 3 significant digits for values below 1 (an RMSE of 0.0543)."""
+    if mean is None:
+        return DASH
+    if digits is None:
+        digits = 2 if abs(mean) >= 1 or mean == 0 else 2 - math.floor(math.log10(abs(mean)))
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def fixed(value: float | None, digits: int = 2) -> str:
+    """A number with ``digits`` decimals and thousands separators (66,048), or a dash."""
+    return DASH if value is None else f"{value:,.{digits}f}"
+
+
+def signed(value: float | None) -> str:
+    """A difference with its sign and 2 decimals (+0.22), or a dash."""
+    return DASH if value is None else f"{value:+.2f}"
+
+
+def csv_value(value) -> str:
+    """A report CSV cell: blank for missing, true/false, whole numbers from 1000 up as integers,
+    other numbers with 4 decimals."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) >= 1000 else f"{value:.4f}"
+    return str(value)

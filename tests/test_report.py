@@ -1,5 +1,6 @@
 """`attnbench report`: aggregation over seeds, gaps, averages over complete rows only, the paper's
-numbers side by side, Welch's test, efficiency ratios -- on hand-made records."""
+numbers side by side, Welch's test, efficiency ratios, the header read from record columns -- on
+hand-made records. The column spec's fields: tests/test_report_columns.py."""
 from __future__ import annotations
 
 import csv
@@ -110,7 +111,7 @@ def test_welch_and_tolerance():
                         "test_accuracy")
     paper = {("japanesevowels", "softmax"): R.PaperValue(99.46, 0.27, "1")}
     (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper.get((d.lower(), m)),
-                          lambda d: cells.get((d, "softmax")), 5)
+                          lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
     assert row["diff"] == pytest.approx(98.2 - 99.46) and row["tolerance"] == 1.0 and row["within_tolerance"] is False
     # three seeds 98.0, 98.2, 98.4: mean 98.2, sample standard deviation 0.2 (by hand)
     assert row["mean"] == pytest.approx(98.2, abs=1e-12) and row["std"] == pytest.approx(0.2, abs=1e-12) and row["n"] == 3
@@ -124,7 +125,7 @@ def test_gaps_stay_gaps_and_efficiency_is_a_ratio_to_softmax():
                         rec("JapaneseVowels", "attention_bn", 0, status="failed")])
     cells = R.aggregate(rows, "test_accuracy")
     out = R.build_rows(cells, ["JapaneseVowels"], ["softmax", "attention_bn", "attention_sh", "attention_bn_sh"],
-                       lambda d, m: None, lambda d: cells.get((d, "softmax")), 5)
+                       lambda d, m: None, lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
     by = {r["model"]: r for r in out}
     assert by["attention_bn"]["n"] == 0 and by["attention_bn"]["mean"] is None and by["attention_bn"]["n_failed"] == 1
     assert by["attention_bn_sh"]["n"] == 0 and by["attention_bn_sh"]["mean"] is None
@@ -132,15 +133,15 @@ def test_gaps_stay_gaps_and_efficiency_is_a_ratio_to_softmax():
     assert by["softmax"]["params_ratio"] == 1.0
     shown = R.display_rows(out, None, [])
     assert [r[3] for r in shown] == ["99.00", "—", "98.00", "—"]  # a gap is never a 0; one run has no std
-    text = R.to_csv(out, None, [])
-    assert "attention_bn_sh,attention_bn_sh,0,0,,," in text
+    (gap,) = [r for r in R.csv_rows(out, None, []) if r["model"] == "attention_bn_sh"]
+    assert list(gap.values())[:7] == ["JapaneseVowels", "attention_bn_sh", "attention_bn_sh", "0", "0", "", ""]
 
 
 def test_paper_values_from_the_reference_csv():
     from omegaconf import OmegaConf
 
-    values, avg = R.load_paper(OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["1", "9"],
-                                                 "paper_metric": "accuracy"}))
+    values, avg = R.load_paper(OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["1", "9"]}),
+                               "accuracy")
     assert values[("japanesevowels", "softmax")].mean == 99.46 and values[("japanesevowels", "softmax")].std == 0.27
     assert values.get(("japanesevowels", "no_such_model")) is None
     assert values[("basicmotions", "attention_bn_sh")].table == "9"
@@ -168,18 +169,29 @@ def test_report_command_writes_markdown_and_csv(workdir, capsys):
     assert rows[0]["dataset"] == "JapaneseVowels" and rows[0]["paper_mean"] == "99.4600"
 
 
-def test_header_states_the_step_budget_and_the_epochs_run_per_dataset(workdir):
-    budget = {"overrides": "trainer.step_budget=500"}
-    for ds, epochs in (("JapaneseVowels", 100), ("BasicMotions", 400)):
+def test_header_states_the_step_budget_and_the_epochs_from_record_columns(workdir, monkeypatch):
+    """The budget and the epochs come from the records' step_budget / epochs_planned / epochs_run
+    columns, not from their overrides (which say nothing of a budget here), and no config is
+    composed for them: the report composes its experiment once."""
+    import bench_cli.compose as C
+
+    real, composed = C.compose_unchecked, []
+
+    def compose_once(overrides, with_hydra=False):
+        composed.append(overrides)
+        return real(overrides, with_hydra)
+
+    monkeypatch.setattr(C, "compose_unchecked", compose_once)
+    for ds, planned, run in (("JapaneseVowels", 100, 100), ("BasicMotions", 400, 380)):
         for s in range(2):
-            row = rec(ds, "softmax", s, 99.0, epochs_run=epochs)
-            row["overrides"] = f"experiment={EXP} task.dataset={ds} model=softmax seed={s} {budget['overrides']}"
-            append_record(workdir / "runs.csv", row)
+            append_record(workdir / "runs.csv", rec(ds, "softmax", s, 99.0, epochs_run=run - s, epochs_planned=planned,
+                                                    step_budget=500))
     main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
-    assert "- epochs: JapaneseVowels 100; BasicMotions 400;" in md
-    assert ("- budget: trainer.step_budget=500: the experiment's own trainer.max_epochs "
-            "(JapaneseVowels 400, BasicMotions 400), cut to at most ceil(500 / optimiser steps per epoch) whole epochs") in md
+    assert "- epochs: JapaneseVowels 99/100; BasicMotions 379/380;" in md
+    assert ("- budget: trainer.step_budget=500: the experiment's own trainer.max_epochs cut to at most "
+            "ceil(500 / optimiser steps per epoch) whole epochs; planned epochs: JapaneseVowels 100, BasicMotions 400") in md
+    assert composed == [[f"experiment={EXP}"]]
 
 
 def test_report_errors_are_one_line(workdir, capsys):
@@ -205,9 +217,10 @@ def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, mon
         OmegaConf.set_struct(cfg, False)
         cfg.report = OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["11"], "paper_n": 5,
                                        "paper_datasets": {"aan": "Retrieval"}, "baseline": "attention_bn",
-                                       "variants": {"key": "model.attention.beta_learnable",
-                                                    "paper_notes": {"true": "beta learned",
-                                                                    "false": "beta set as hyperparameter"}}})
+                                       "columns": [{"column": "test_accuracy", "paper_metric": "accuracy", "table": "own"}],
+                                       "rows_by": {"key": "model.attention.beta_learnable",
+                                                   "paper_notes": {"true": "beta learned",
+                                                                   "false": "beta set as hyperparameter"}}})
         cfg.hydra.sweeper.params = {"model": "attention_bn,attention_bn_sh",
                                     "model.attention.beta_learnable": "true,false", "seed": "0,1"}
         return cfg

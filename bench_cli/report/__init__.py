@@ -1,0 +1,39 @@
+"""`attnbench report NAME`: the records of an experiment next to the paper's numbers.
+
+For every (dataset, row): mean and sample standard deviation over seeds of the experiment's ``ok``
+records, the paper's mean and std (``results/paper/*.csv``), the difference, whether it is within
+the tolerance max(2 x paper std, floor) (floor: ``report.tolerance_floor``, 1 point by default),
+and Welch's t-test of the two means with their n. Missing runs are gaps, never zeros; the average
+row covers only the datasets where every row has results. Output: a rich table, and
+``<out>/<NAME>.md`` + ``.csv``; ``logger=wandb`` logs the table too.
+
+Where things are:
+- spec.py    the one column spec (``report.columns``, ``report.rows_by``) and the efficiency columns
+- select.py  which records count, into which cells (reads record columns only)
+- paper.py   the paper's numbers
+- stats.py   the comparison: tolerance, Welch, averages, ratios to the baseline
+- render.py  cells, Markdown, CSV (values formatted by bench_cli.ui)
+- command.py the command: the header, the notes, writing the files
+
+The experiment config's ``report:`` (not part of a run's identity): title, paper_csv,
+paper_tables (the first listed table with a value wins), paper_n (the paper's runs per mean, for
+Welch), paper_models / paper_datasets (our name -> the paper's), baseline (softmax) and
+baseline_experiment (the baseline's runs from another experiment with the same setup),
+tolerance_floor, higher_is_better, notes (a mapping of sentences for the Markdown), rows_by and
+columns (spec.py).
+"""
+from __future__ import annotations
+
+from bench_cli.report.command import cmd_report, grid_axes
+from bench_cli.report.paper import PaperTable, PaperValue, load_paper, matches, paper_dir
+from bench_cli.report.render import csv_rows, display_rows, headers, markdown, write_csv
+from bench_cli.report.select import Cell, aggregate, common_overrides, override_value, record_value
+from bench_cli.report.spec import EFFICIENCY, Column, Layout, layout
+from bench_cli.report.stats import average_row, build_rows, tolerance, welch
+from bench_cli.ui import mean_pm as _pm
+from bench_cli.ui import wide  # bench_cli/sweep.py imports it from here; bench_cli.ui is its home
+
+__all__ = ["EFFICIENCY", "Cell", "Column", "Layout", "PaperTable", "PaperValue", "aggregate", "average_row",
+           "build_rows", "cmd_report", "common_overrides", "csv_rows", "display_rows", "grid_axes", "headers",
+           "layout", "load_paper", "markdown", "matches", "override_value", "paper_dir", "record_value",
+           "tolerance", "welch", "wide", "write_csv", "_pm"]

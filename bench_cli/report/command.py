@@ -1,0 +1,357 @@
+"""`attnbench report NAME`: read the experiment's records, build its tables (bench_cli.report.spec
+says which), print them and write ``<out>/<NAME>.md`` + ``.csv`` (+ ``<NAME>.<column>.csv`` per
+further table). The experiment's config is composed once, for its ``report:`` settings and its
+grid's axes; everything about the runs comes from record columns."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from bench_cli import compose as C
+from bench_cli import records
+from bench_cli.errors import UserError, unknown_choice
+from bench_cli.report import render, select, spec, stats
+from bench_cli.report.paper import load_paper
+from bench_cli.ui import mean_pm
+
+USAGE = """\
+usage: attnbench report NAME [--records PATH] [--out DIR] [--all] [overrides...]
+
+  NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1
+  --records PATH  the records file (default: results.path of the config, results/runs.csv)
+  --out DIR       where NAME.md and NAME.csv go (default: reproduced/ beside the records file,
+                  i.e. results/reproduced for results/runs.csv)
+  --all           also list the grid's datasets that have no records (as gaps)
+  --no-write      print only
+  logger=wandb    also log the table to Weights & Biases
+"""
+REPORT_OPTIONS = {"--records": True, "--out": True, "--all": False, "--no-write": False}
+# Overrides that change the schedule: the header names them (the step budget is a record column).
+BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
+
+
+def _parse(args: list[str]):
+    from bench_cli.args import parse
+
+    p = parse("report", args, REPORT_OPTIONS)
+    opts = {"records": p.get("--records"), "out": p.get("--out"), "all": bool(p.get("--all")),
+            "write": not p.get("--no-write")}
+    return p.positional, p.overrides, opts
+
+
+def grid_axes(cfg, extra: str | None = None) -> dict[str, list[str]]:
+    """Values of the experiment's sweep axes (task.dataset, model and ``extra``), in grid order."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
+    params = OmegaConf.to_container(params) if params is not None else {}
+    out = {}
+    for k in ("task.dataset", "model", extra):
+        if k and k in params:
+            out[k] = [v.strip() for v in str(params[k]).split(",") if v.strip()]
+    return out
+
+
+@dataclass
+class Table:
+    """One table of the report: a spec column against the paper, with its cells and rows."""
+    column: spec.Column
+    cells: dict
+    rows: list[dict]
+    average: dict | None
+    columns: tuple = ()       # the spec columns shown beside it
+
+
+@dataclass
+class Report:
+    name: str
+    settings: dict
+    layout: spec.Layout
+    rows: select.Rows
+    datasets: list[str]
+    records: list[dict]
+    base_records: list[dict]
+    path: Path
+    grid_datasets: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    printed_average: dict = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return str(self.settings.get("baseline") or "softmax")
+
+    @property
+    def floor(self) -> float:
+        return float(self.settings.get("tolerance_floor", 1.0))
+
+    def paper_model(self, label: str) -> str:
+        sp = self.rows.by_label.get(label)
+        return dict(self.settings.get("paper_models") or {}).get(sp.model, sp.model) if sp else label
+
+    def paper_lookup(self, column: spec.Column):
+        """(paper_of(dataset, label), printed averages) of a column: the paper's row of the dataset's
+        and model's paper names, matching the column's filter and the row's rows_by value."""
+        table, averages = load_paper(self.settings, column.paper_metric, column.paper_filter)
+        datasets, by = dict(self.settings.get("paper_datasets") or {}), self.layout.rows_by
+
+        def paper_of(d: str, label: str):
+            sp = self.rows.by_label.get(label)
+            value = sp.value if sp else None
+            notes = by.paper_notes.get(str(value).lower()) if by and value is not None else None
+            where = {**column.paper_filter, **({by.paper_column: value} if by and by.paper_column and value is not None
+                                               else {})}
+            return table.get((str(datasets.get(d, d)).lower(), self.paper_model(label)), notes, where)
+        return paper_of, averages
+
+    def table(self, column: spec.Column, beside: tuple) -> Table:
+        """The table of ``column``: cells over seeds, the comparison, and the ``beside`` columns."""
+        cells = select.aggregate(self.records, column.column, self.rows.label_of)
+        base_cells = select.aggregate(self.base_records, column.column, self.rows.label_of)
+        paper_of, averages = self.paper_lookup(column)
+        if not self.tables:
+            self.printed_average = averages
+
+        def baseline_of(d: str, label: str):
+            base_label = self.rows.with_model(label, self.baseline)
+            return base_cells.get((d, base_label)), base_label
+
+        extras = [(c, self.paper_lookup(c)[0] if c.paper_metric else None) for c in beside]
+        rows = stats.build_rows(cells, self.datasets, self.rows.labels, paper_of, baseline_of,
+                                self.settings.get("paper_n") or 5, self.paper_model, self.floor, extras)
+        return Table(column, cells, rows, stats.average_row(cells, self.datasets, self.rows.labels, paper_of, self.floor),
+                     tuple(beside))
+
+    @property
+    def used(self) -> list[dict]:
+        return [r for c in self.tables[0].cells.values() for r in c.rows]
+
+
+def _load(args: list[str]):
+    """(name, composed config, records path, all records, the experiment's records, options)."""
+    names, overrides, opts = _parse(args)
+    experiments = C.group_options("experiment")
+    if len(names) != 1:
+        raise UserError(f"give one experiment name; valid: {', '.join(experiments)}")
+    name = names[0].removeprefix("experiment=")
+    if name not in experiments:
+        raise unknown_choice("experiment", name, experiments)
+    C.check_group_choices(overrides)
+    cfg = C.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
+    settings = cfg.get("report")
+    if settings is None or not settings.get("paper_csv"):
+        raise UserError(f"experiment {name} has no report settings (report.paper_csv)")
+    path = Path(opts["records"] or cfg.results.path)
+    all_records = records.read_records(path)
+    rows = [r for r in all_records if r.get("experiment") == name]
+    if not rows:
+        raise UserError(f"no records of experiment {name} in {path}; run `attnbench sweep experiment={name}` first")
+    return name, cfg, path, all_records, rows, opts
+
+
+def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict], show_all: bool) -> Report:
+    """Every table of the report, from the records and the experiment's ``report:`` settings."""
+    settings = OmegaConf.to_container(cfg.report, resolve=True)
+    layout = spec.layout(settings)
+    key = layout.rows_by.key if layout.rows_by else None
+    axes = grid_axes(cfg, key)
+    report_rows = select.Rows(rows, axes.get("model") or [], key, axes.get(key) or [] if key else [])
+    with_records = {r["dataset"] for r in rows}
+    grid_ds = axes.get("task.dataset") or []
+    datasets = [d for d in grid_ds if show_all or d in with_records] + sorted(with_records - set(grid_ds))
+    baseline = str(settings.get("baseline") or "softmax")
+    base_source = ([r for r in all_records if r.get("experiment") == settings["baseline_experiment"]]
+                   if settings.get("baseline_experiment") else rows)
+    report = Report(name, settings, layout, report_rows, datasets, rows,
+                    [r for r in base_source if r.get("model") == baseline], path, grid_ds)
+    report.tables.append(report.table(layout.headline, layout.every + layout.inline))
+    report.tables += [report.table(c, layout.every) for c in layout.own]
+    return report
+
+
+# --- the header and the notes ---------------------------------------------------------------------
+def wall_clock(rows: list[dict]) -> str | None:
+    """The time from the first run's start to the last run's end, with the summed run times: what
+    the sweep cost on the machine that ran it (runs of several sittings make the span longer)."""
+    from datetime import datetime, timedelta
+
+    spans = []
+    for r in rows:
+        try:
+            start = datetime.fromisoformat(str(r.get("time")))
+            spans.append((start, start + timedelta(seconds=float(r.get("wall_time_s") or 0))))
+        except (TypeError, ValueError):
+            continue
+    if not spans:
+        return None
+    total = sum((end - start).total_seconds() for start, end in spans)
+    span = (max(e for _, e in spans) - min(s for s, _ in spans)).total_seconds()
+    return f"{span / 60:.1f} min from the first run's start to the last run's end ({total / 60:.1f} min of runs)"
+
+
+def direction_note(rows: list[dict], settings) -> str:
+    """The direction of the records' selection metric (or ``report.higher_is_better``), when known."""
+    flags = {str(r.get("higher_is_better", "")).lower() for r in rows} - {""}
+    higher = settings.get("higher_is_better")
+    if higher is None and len(flags) == 1:
+        higher = flags.pop() == "true"
+    return {True: " (higher is better)", False: " (lower is better)"}.get(higher, "")
+
+
+def epochs_line(report: Report) -> str:
+    """The epochs run (``epochs_run``): one list, or per dataset when the datasets differ."""
+    cells = report.tables[0].cells
+    epochs_of = {d: sorted({e for (cd, _), c in cells.items() if cd == d for e in c.epochs}) for d in report.datasets}
+    if len({tuple(es) for es in epochs_of.values() if es}) > 1:
+        return "; ".join(f"{d} {'/'.join(map(str, es))}" for d, es in epochs_of.items() if es)
+    return "/".join(map(str, sorted({e for es in epochs_of.values() for e in es})))
+
+
+def budget_lines(report: Report, axes_keys) -> list[str]:
+    """The step budget (``step_budget``) and the schedule overrides the runs share, with the epochs
+    the records planned (``epochs_planned``)."""
+    used = report.used
+    planned = select.planned_epochs(used, report.datasets)
+    planned = f"; planned epochs: {planned}" if planned else ""
+    lines = [f"budget: trainer.step_budget={b}: the experiment's own trainer.max_epochs cut to at most "
+             f"ceil({b} / optimiser steps per epoch) whole epochs{planned}" for b in select.step_budgets(used)]
+    return lines + [f"budget: {token} instead of the experiment's own{planned}"
+                    for token in select.common_overrides(used, axes_keys)
+                    if token.split("=", 1)[0].lstrip("+") in BUDGET_KEYS]
+
+
+def header_lines(report: Report) -> list[str]:
+    s, used, headline = report.settings, report.used, report.tables[0]
+    protocols = sorted({r.get("protocol", "") for r in used})
+    seeds = sorted({r.get("seed") for r in used}, key=lambda x: (len(str(x)), str(x)))
+    per_cell = sorted({c.n for c in headline.cells.values()})
+    commits = sorted({(r.get("git_commit", "")[:10] + (" (dirty)" if r.get("git_dirty") == "true" else "")) for r in used})
+    paper_models = dict(s.get("paper_models") or {})
+    every = report.layout.every
+    header = [
+        f"protocol: {', '.join(protocols) or '—'}" + ("  (the test set selects the epoch, as the paper's code did: optimistic)"
+                                                       if "paper" in protocols else ""),
+        f"seeds: {len(seeds)} ({', '.join(map(str, seeds))}); runs per cell: {'/'.join(map(str, per_cell))}"
+        + f"; paper n assumed {s.get('paper_n') or 5}",
+        f"epochs: {epochs_line(report) or '—'}; metric: {headline.column.column}{direction_note(used, s)}; "
+        f"paper: results/paper/{s['paper_csv']} table(s) {', '.join(str(t) for t in s.get('paper_tables') or [])}",
+        *([f"paper names: {', '.join(f'{k} = {v}' for k, v in paper_models.items())}"] if paper_models else []),
+        f"efficiency: ratios to {report.baseline} on the same dataset"
+        + (f" (its runs in {s['baseline_experiment']})" if s.get("baseline_experiment") else "")
+        + ": " + ", ".join(c.what or c.name for c in every),
+        f"records: {report.path} ({len(used)} runs; git {', '.join(commits) or '—'}; "
+        f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})",
+        *([f"wall clock: {span}"] if (span := wall_clock(used)) else []),
+    ]
+    key = report.layout.rows_by.key if report.layout.rows_by else None
+    axes_keys = ("task.dataset", "model", "seed", "experiment", *((key,) if key else ()))
+    return header + budget_lines(report, axes_keys) + [sweep_line(report, axes_keys)]
+
+
+def sweep_line(report: Report, axes_keys) -> str:
+    """The sweep that made the records (the command typed, launcher options included) and the report's."""
+    used, name = report.used, report.name
+    commands = {r.get("command") for r in used} - {None, ""}
+    grid_ds = report.grid_datasets
+    sweep_cmd = (commands.pop() if len(commands) == 1 else
+                 " ".join(["attnbench sweep", f"experiment={name}", *select.common_overrides(used, axes_keys)]
+                          + ([f"task.dataset={','.join(report.datasets)}"]
+                             if grid_ds and set(report.datasets) != set(grid_ds) else [])))
+    return (f"sweep: `{sweep_cmd}`; report: `attnbench report {name}`"
+            + (f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""))
+
+
+def inline_note(report: Report, column: spec.Column) -> str:
+    what = f"ratio to {report.baseline}, " if column.ratio else ""
+    filt = ", ".join(f"{k} {v}" for k, v in column.paper_filter.items())
+    return (f"{column.name}: {what}ours `{column.column}` (mean over the runs) and, in parentheses, the paper's "
+            f"`{column.paper_metric}`" + (f" ({filt})" if filt else "") + ".")
+
+
+def notes(report: Report) -> list[str]:
+    headline, out = report.tables[0], []
+    ignored = sum(c.ignored for c in headline.cells.values())
+    if ignored:
+        out.append(f"{ignored} older records of other configurations of the same cells were ignored (newest variant shown).")
+    printed = report.printed_average
+    shown = ", ".join(f"{sp.label} {mean_pm(printed[report.paper_model(sp.label)].mean, printed[report.paper_model(sp.label)].std)}"
+                      for sp in report.rows.specs if report.paper_model(sp.label) in printed)
+    if shown:
+        out.append(f"Paper's printed average over all its datasets (Table {report.settings['paper_tables'][0]}): {shown}.")
+    if headline.average is None:
+        out.append("No dataset has results for every model: no average row.")
+    missing = [f"{r['dataset']}/{r['model']}" for r in headline.rows if r["n"] == 0]
+    if missing:
+        out.append(f"Gaps (no ok run): {', '.join(missing)}.")
+    no_paper = sorted({r["dataset"] for r in headline.rows if r["paper_mean"] is None})
+    if no_paper:
+        out.append(f"No paper number for: {', '.join(no_paper)} (not in the paper's table).")
+    extra = report.settings.get("notes") or []
+    out += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra)]
+    return out + [inline_note(report, c) for c in report.layout.inline]
+
+
+# --- the command --------------------------------------------------------------------------------
+def cmd_report(args: list[str]) -> None:
+    from bench_cli.ui import console
+
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return
+    if not args:
+        raise UserError(f"give the experiment to report: attnbench report NAME; valid: {', '.join(C.group_options('experiment'))}")
+    name, cfg, path, all_records, rows, opts = _load(args)
+    report = build(name, cfg, path, all_records, rows, opts["all"])
+    header, title = header_lines(report), str(report.settings.get("title") or name)
+    tables = [(t, render.display_rows(t.rows, t.average, report.rows.labels, t.columns),
+               render.headers(report.floor, t.columns)) for t in report.tables]
+    (headline, display, cols), sections = tables[0], tables[1:]
+    render.print_table(console, title, header, display, notes(report), cols)
+    for table, shown, section_cols in sections:
+        render.print_table(console, f"{title}: {table.column.subtitle}", [], shown, [], section_cols)
+    if opts["write"]:
+        # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/.
+        out = Path(opts["out"] or path.parent / "reproduced") / name
+        write(console, out, report, title, header, display, cols, sections)
+    if cfg.logger.get("name", "none") != "none":
+        _log(cfg, name, headline.rows)
+
+
+def write(console, out: Path, report: Report, title, header, display, cols, sections) -> None:
+    """``<out>.md``, ``<out>.csv`` and ``<out>.<column>.csv`` per further table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replaced = committed_from_other_records(out.with_suffix(".md"), header)
+    if replaced:
+        console.print(f"[yellow]note[/]: {out.with_suffix('.md')} is committed and was made from other records "
+                      f"({replaced}); it is replaced (git diff shows the change, git checkout restores it)",
+                      soft_wrap=True)
+    out.with_suffix(".md").write_text(render.markdown(title, header, display, notes(report), cols,
+                                                      [(t.column.subtitle, shown, c) for t, shown, c in sections]))
+    labels, written = report.rows.labels, [out.with_suffix(".md")]
+    for i, table in enumerate(report.tables):
+        written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")
+        render.write_csv(written[-1], table.rows, table.average, labels, table.columns)
+    console.print(f"wrote {', '.join(map(str, written))}", soft_wrap=True)
+
+
+def committed_from_other_records(md: Path, header: list[str]) -> str | None:
+    """The ``records:`` line of a report that git tracks at ``md``, when it differs from the new
+    report's (another records file or other runs); None otherwise."""
+    from bench_cli.records import _git
+
+    if not md.is_file() or _git("ls-files", "--error-unmatch", str(md.resolve()), root=md.resolve().parent) is None:
+        return None
+    old = next((line[len("- records: "):] for line in md.read_text().splitlines() if line.startswith("- records: ")), None)
+    new = next((h[len("records: "):] for h in header if h.startswith("records: ")), None)
+    return old if old is not None and old != new else None
+
+
+def _log(cfg, name: str, table_rows: list[dict]) -> None:
+    from bench_cli.loggers import make_logger
+
+    run_dir = Path(cfg.paths.output_dir) / "reports" / name.replace("/", "-")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logger = make_logger(cfg.logger, {"experiment": name, "report": OmegaConf.to_container(cfg.report)}, run_dir,
+                         name=f"report-{name}", job_type="report")
+    logger.log_table(f"report/{name}", [dict(r) for r in table_rows])
+    logger.finish("ok")

@@ -1,0 +1,109 @@
+"""How a report looks: the table cells, the Markdown, the CSV and the terminal table. Numbers are
+formatted by bench_cli.ui (mean_pm, fixed, signed, csv_value)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench_cli.report.spec import EFFICIENCY
+from bench_cli.ui import DASH, csv_value, fixed, mean_pm, signed
+
+HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)", "Welch (p ≥ 0.05)"]
+CSV_COLUMNS = ["dataset", "model", "paper_model", "n", "n_failed", "seeds", "epochs", "mean", "std", "paper_mean",
+               "paper_std", "paper_table", "diff", "tolerance", "within_tolerance", "welch_t", "welch_p",
+               "within_spread"]
+
+
+def headers(floor: float = 1.0, columns=EFFICIENCY) -> list[str]:
+    """The table's headers: the comparison, then one per spec column (``label (paper)`` when it
+    has paper values)."""
+    return ([f"within max(2σ, {floor:g})" if h.startswith("within") else h for h in HEADERS]
+            + [c.header for c in columns])
+
+
+def column_cell(row: dict, column) -> str:
+    shown = fixed(row.get(column.csv_name), column.digits)
+    return f"{shown} ({fixed(row.get(f'paper_{column.csv_name}'), column.digits)})" if column.paper_metric else shown
+
+
+def _average_rows(avg: dict | None, labels: list[str], columns) -> list[list[str]]:
+    out = []
+    for m in labels if avg else []:
+        a = avg["models"][m]
+        diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
+        within = DASH if diff is None else ("yes" if abs(diff) <= a["tolerance"] else "NO")
+        out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), mean_pm(a["mean"], a["std"]),
+                    mean_pm(a["paper_mean"], a["paper_std"]) + (" [same sets]" if a["paper_mean"] is not None else ""),
+                    signed(diff), within, DASH, *("" for _ in columns)])
+    return out
+
+
+def display_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> list[list[str]]:
+    """Table cells: one line per row, then the average rows (their spec columns left empty)."""
+    out = []
+    for r in rows:
+        n = str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
+        within = DASH if r.get("within_tolerance") is None else ("yes" if r["within_tolerance"] else "NO")
+        spread = DASH if r.get("welch_p") is None else f"{'yes' if r['within_spread'] else 'no'} (p={r['welch_p']:.2f})"
+        paper = mean_pm(r["paper_mean"], r["paper_std"]) + (f" [T{r['paper_table']}]" if r["paper_table"] else "")
+        out.append([r["dataset"], r["model"], n, mean_pm(r["mean"], r["std"]), paper, signed(r.get("diff")), within,
+                    spread, *(column_cell(r, c) for c in columns)])
+    return out + _average_rows(avg, labels, columns)
+
+
+def _markdown_table(table: list[list[str]], cols: list[str]) -> list[str]:
+    return (["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+            + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table])
+
+
+def markdown(title: str, header_lines: list[str], table: list[list[str]], notes: list[str], cols: list[str],
+             sections: list[tuple[str, list[list[str]], list[str]]] = ()) -> str:
+    """The report; ``sections`` are further (subtitle, table, headers): the columns' own tables."""
+    lines = [f"# {title}", "", *[f"- {h}" for h in header_lines], "", *_markdown_table(table, cols)]
+    if notes:
+        lines += ["", *notes]
+    for subtitle, rows, section_cols in sections:
+        lines += ["", f"## {subtitle}", "", *_markdown_table(rows, section_cols)]
+    return "\n".join(lines) + "\n"
+
+
+def csv_columns(columns=EFFICIENCY) -> list[str]:
+    """The CSV's columns: the comparison; the plain means of the spec columns without paper values,
+    then their shown values; ours and the paper's of the others."""
+    plain = [c for c in columns if not c.paper_metric]
+    return (CSV_COLUMNS + [c.column for c in plain] + [c.csv_name for c in plain]
+            + [n for c in columns if c.paper_metric for n in (c.csv_name, f"paper_{c.csv_name}")])
+
+
+def csv_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> list[dict]:
+    """The CSV's rows (every value a string), the average rows last."""
+    names = csv_columns(columns)
+    out = [{k: csv_value(r.get(k)) for k in names} for r in rows]
+    for m in labels if avg else []:
+        a = avg["models"][m]
+        diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
+        values = {"dataset": f"Average ({' '.join(avg['datasets'])})", "model": m, "n": a["n"], "mean": a["mean"],
+                  "std": a["std"], "paper_mean": a["paper_mean"], "paper_std": a["paper_std"], "diff": diff,
+                  "tolerance": a["tolerance"], "within_tolerance": None if diff is None else abs(diff) <= a["tolerance"]}
+        out.append({k: csv_value(values.get(k)) for k in names})
+    return out
+
+
+def write_csv(path: Path, rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> None:
+    """The table as CSV, through the one atomic CSV writer (bench_cli.records.write_rows)."""
+    from bench_cli.records import write_rows
+
+    write_rows(path, csv_rows(rows, avg, labels, columns), csv_columns(columns), append=False)
+
+
+def print_table(console, title: str, header: list[str], display: list[list[str]], notes: list[str],
+                cols: list[str]) -> None:
+    """The table as wide as its cells on a pipe or log (``ui.wide``); on a narrower terminal one block
+    per row instead of squeezed, wrapped cells (ui.show_table). Rows that miss the tolerance are red."""
+    from rich.markup import escape
+
+    from bench_cli.ui import show_table, wide
+
+    show_table(title, cols, [[escape(c) for c in row] for row in display], caption="\n".join(header) or None,
+               row_styles=["red" if "NO" in row[6:7] else None for row in display], out=wide(console, 200))
+    for n in notes:
+        console.print(escape(n), soft_wrap=True)
