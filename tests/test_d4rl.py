@@ -154,20 +154,25 @@ def test_fetcher_downloads_to_d4rl_file_name_with_checksum(workdir, monkeypatch,
     assert task_class("d4rl").dataset_status("hopper-medium-v2", workdir / "data") == "local"
 
 
-def record_d4rl_layout(path, env_name="Hopper-v4", episodes=12, steps=60):
-    """A small dataset in D4RL's HDF5 layout, recorded from a real gymnasium MuJoCo environment."""
+def record_d4rl_layout(path, env_name="Hopper-v4", episodes=12, steps=60, noise=0.05):
+    """A small dataset in D4RL's HDF5 layout, recorded from a real gymnasium MuJoCo environment by a
+    fixed policy plus a little noise, a = clip(tanh(W s) + noise): the action is (almost) a function
+    of the state, which a learning model can predict. W skips s[0] (the torso height, nearly
+    constant), so the actions vary."""
     import gymnasium as gym
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         env = gym.make(env_name, max_episode_steps=steps)
     rng = np.random.RandomState(0)
+    weights = rng.randn(env.action_space.shape[0], env.observation_space.shape[0])
+    weights[:, 0] = 0.0
     cols = {k: [] for k in ("observations", "actions", "rewards", "terminals", "timeouts")}
     for ep in range(episodes):
         obs, _ = env.reset(seed=ep)
         done = False
         while not done:
-            a = np.clip(0.5 * rng.randn(env.action_space.shape[0]), -1, 1).astype(np.float32)
+            a = np.clip(np.tanh(weights @ obs) + noise * rng.randn(len(weights)), -1, 1).astype(np.float32)
             nxt, r, term, trunc, _ = env.step(a)
             for k, v in zip(cols, (obs, a, r, term, trunc)):
                 cols[k].append(v)
@@ -179,20 +184,31 @@ def record_d4rl_layout(path, env_name="Hopper-v4", episodes=12, steps=60):
 
 @pytest.mark.slow
 def test_end_to_end_on_a_dataset_recorded_from_mujoco(workdir):
-    record_d4rl_layout(workdir / "data" / "d4rl" / "hopper-recorded-v2.hdf5")
+    """The whole run learns the recorder's policy: the training loss (action MSE) falls far below
+    the actions' variance (what predicting their mean gives); then the rollouts are recorded."""
+    import h5py
+
+    path = record_d4rl_layout(workdir / "data" / "d4rl" / "hopper-recorded-v2.hdf5")
+    with h5py.File(path) as f:
+        mean_prediction_mse = float(np.var(f["actions"][:], axis=0).mean())  # 0.22; the noise's 0.0025
     main(["run", "task=d4rl", "task.dataset=hopper-recorded-v2", "model=primal_plus",
           "+per_dataset.data_dependent.primal_plus.hopper-recorded-v2=false", "task.backbone.d_model=16",
-          "task.backbone.d_ff=32", "task.backbone.n_heads=2", "trainer.max_steps=200", "trainer.batch_size=16",
-          "trainer.scheduler.warmup_steps=20", "task.eval.test_episodes=2", "task.eval.val_episodes=1",
-          "task.eval.max_episode_steps=30", "trainer.progress=false", "results.path=res.csv", "measure.flops=false",
+          "task.backbone.d_ff=32", "task.backbone.n_heads=2", "task.backbone.dropout=0", "task.backbone.attention_dropout=0",
+          "trainer.max_steps=100", "trainer.eval_every_steps=25", "trainer.batch_size=16", "trainer.optimizer.lr=1e-2",
+          "trainer.scheduler.warmup_steps=10", "task.eval.test_episodes=2", "task.eval.val_episodes=1",
+          "task.eval.max_episode_steps=30", "seed=0", "trainer.progress=false", "results.path=res.csv", "measure.flops=false",
           "measure.memory=false"])
     row = read_records("res.csv")[-1]
+    history = json.loads(row["metrics_json"])["history"]
+    losses = [h["train_loss"] for h in history]
+    assert [h["step"] for h in history] == [25, 50, 75, 100]
+    assert losses[-1] < 0.2 * mean_prediction_mse and losses[-1] < 0.5 * losses[0], (losses, mean_prediction_mse)
     assert row["status"] == "ok" and row["metric"] == "normalized_return" and row["higher_is_better"] == "True"
-    assert int(row["steps_run"]) == 200 and int(float(row["test_episodes"])) == 2
+    assert int(row["steps_run"]) == 100 and int(float(row["test_episodes"])) == 2
     assert float(row["test_normalized_return"]) == float(row["test_normalized_return_3600"]) == float(row["test_score"])
     assert float(row["test_normalized_return"]) == pytest.approx(float(normalized_score("hopper", float(row["test_return"]))))
     assert "test_normalized_return_1800" in row and 0 < float(row["test_episode_length_3600"]) <= 30
     facts = json.loads(row["metrics_json"])["data"]
     assert facts["environment"].startswith("gymnasium Hopper-v4") and facts["trajectories"] == 12
-    history = json.loads(row["metrics_json"])["history"]
-    assert [h["step"] for h in history] == [200]  # one evaluation, at the end (the code's final evaluation)
+    # without eval_every_steps the preset evaluates once, at the last step (the code's final evaluation)
+    assert compose(["task=d4rl", "trainer.max_steps=200"]).trainer.eval_every_steps == 200

@@ -1,10 +1,11 @@
 """Language modelling (task=lm): fairseq-preprocess tokenisation on a fixture in the wiki.*.tokens
 conventions, token blocks and their shifted inputs, the fairseq-eval-lm sliding window (every token
 scored once; equal to scoring each token on its own context), causality of every causal variant,
-fairseq's inverse-sqrt schedule, the published-facts check, a tiny run and the refusal of
-non-causal variants."""
+fairseq's inverse-sqrt schedule, the published-facts check, a tiny run that learns a predictable
+corpus and the refusal of non-causal variants."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -185,14 +186,37 @@ def test_published_facts_are_checked_for_wikitext103(tmp_path):
         task.setup("holdout")
 
 
-def test_tiny_lm_run_records_perplexity(workdir):
-    write_wikitext(workdir / "data" / "wikitext" / "fixture")
+# One sentence over and over: with a few tokens of context every next token is certain, so a model
+# that learns ends far below the unigram perplexity (what word frequencies alone give).
+SENTENCE = " The game is a role @-@ playing game made in Japan . \n"
+PREDICTABLE = {"train": SENTENCE * 40, "valid": SENTENCE * 4, "test": SENTENCE * 4}
+
+
+def unigram_perplexity(train: str, test: str) -> float:
+    """exp of the mean NLL of the test tokens (words and one </s> per line) under the training
+    split's token frequencies."""
+    from collections import Counter
+
+    tokens = lambda text: [t for line in text.splitlines() for t in [*line.split(), "</s>"]]  # noqa: E731
+    counts = Counter(tokens(train))
+    total = sum(counts.values())
+    scored = tokens(test)
+    return math.exp(-sum(math.log(counts[t] / total) for t in scored) / len(scored))
+
+
+def test_tiny_lm_run_learns_a_predictable_corpus_and_records_perplexity(workdir):
+    write_wikitext(workdir / "data" / "wikitext" / "fixture", PREDICTABLE)
     main(["run", "task=lm", "task.dataset=fixture", "model=primal_plus", "+per_dataset.data_dependent.primal_plus.fixture=false",
           "+per_dataset.low_rank.primal_plus.fixture=4", "task.backbone.d_model=16", "task.backbone.d_ff=32",
-          "task.backbone.n_layers=2", "task.backbone.n_heads=2", "task.tokens_per_sample=8", "task.context_window=5",
-          "trainer.max_steps=4", "trainer.batch_size=4", "trainer.micro_batch_size=2", "trainer.scheduler.warmup_steps=2",
-          "trainer.progress=false", "results.path=res.csv", "measure.flops=false"])
+          "task.backbone.n_layers=2", "task.backbone.n_heads=2", "task.backbone.dropout=0", "task.tokens_per_sample=8",
+          "task.context_window=5", "trainer.max_steps=60", "trainer.eval_every_steps=15", "trainer.batch_size=8",
+          "trainer.micro_batch_size=4", "trainer.optimizer.lr=1e-2", "trainer.scheduler.warmup_steps=2", "seed=0",
+          "trainer.progress=false", "results.path=res.csv", "measure.flops=false", "measure.memory=false"])
     row = read_records("res.csv")[-1]
     assert row["status"] == "ok" and row["metric"] == "perplexity" and row["higher_is_better"] == "False"
     assert float(row["test_perplexity"]) == float(row["test_score"]) == pytest.approx(math.exp(float(row["test_loss"])))
-    assert 1 < float(row["test_perplexity"]) < 200 and row["attention"] == "softmax"
+    assert row["attention"] == "softmax"
+    losses = [h["train_loss"] for h in json.loads(row["metrics_json"])["history"]]
+    unigram = unigram_perplexity(PREDICTABLE["train"], PREDICTABLE["test"])  # 11.7; the vocabulary: 16 ids
+    assert float(row["test_perplexity"]) < 0.25 * unigram, (row["test_perplexity"], unigram)
+    assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
