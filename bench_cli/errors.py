@@ -26,6 +26,10 @@ def unknown_choice(kind: str, name: str, choices) -> UserError:
     return UserError(f"unknown {kind} '{name}'{did_you_mean(name, choices)}; valid: {', '.join(choices)}")
 
 
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite (the run's status is ``nan``)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """A run stopped from outside: Ctrl-C (SIGINT) or SIGTERM (what Slurm, torchrun and `timeout`
     send). Raised by the handler ``catch_termination`` installs, so a SIGTERM unwinds like Ctrl-C:

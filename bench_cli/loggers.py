@@ -95,18 +95,18 @@ class LineLogger(NullLogger):
 
         self.metric, self.split, self.prefix = metric, split, prefix
         self.echo = (not console.is_terminal) if echo is None else echo
-        self.log, self.started, self.best = logging.getLogger("attnbench.train"), time.perf_counter(), None
+        self.log, self.started = logging.getLogger("attnbench.train"), time.perf_counter()
 
     def log_epoch(self, row: dict) -> None:
         import time
 
         from bench_cli.ui import console
 
-        value = row.get(f"{self.split}_{self.metric.name}")
-        if value is not None and (self.best is None or self.metric.better(value, self.best[0])):
-            self.best = (value, row["epoch"], row["step"])
+        name = f"{self.split}_{self.metric.name}"
+        value = row.get(name)
         shown = "-" if value is None else f"{value:.4g}"
-        best = f" (best {self.best[0]:.4g} @ epoch {self.best[1]})" if self.best else ""
+        # the trainer's selection (bench_cli.trainer.Selection: ties to the lower loss), as the record says
+        best = f" (best {row['best_' + name]:.4g} @ epoch {row['best_epoch']})" if "best_epoch" in row else ""
         line = (f"{self.prefix}epoch {row['epoch']} step {row['step']} | train loss {row.get('train_loss', float('nan')):.4g}"
                 f" | {self.split} {self.metric.name} {shown}{best} | {time.perf_counter() - self.started:.0f} s")
         self.log.info(line)

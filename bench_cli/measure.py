@@ -379,19 +379,94 @@ def process_peak_rss_bytes() -> int:
 # --------------------------------------------------------------------------- all together
 
 
-def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int,
-                  *, meta: bool = False) -> dict[str, int | float]:
-    """All measurements of ``model`` on one batch of ``batch_size`` samples.
+# --------------------------------------------------------------------------- time
 
-    FLOPs are per sample; peak memory is per batch as measured (it does not scale linearly
-    with the batch: parameters are shared). Nothing is caught: a measurement that cannot be
-    made raises.
-    """
-    return {
-        "params": count_parameters(model),
-        **attention_parameters(model),
-        "flops_forward": per_sample(flops_forward(model, inputs, meta=meta), batch_size),
-        "flops_train_step": per_sample(flops_train_step(model, inputs, loss_fn, meta=meta), batch_size),
-        "peak_mem_train_bytes": peak_memory_train_step(model, inputs, loss_fn, meta=meta),
-        "peak_mem_infer_bytes": peak_memory_inference(model, inputs, meta=meta),
-    }
+
+def seconds(fn: Callable[[], Any], device: torch.device | None = None) -> float:
+    """Wall-clock seconds of ``fn()``, the device synchronised before and after (CUDA runs
+    asynchronously: without it a timer measures the launch, not the work). The one timer of a
+    run's inference timing, `attnbench profile` and `make bench`."""
+    def sync():
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- all measurements
+
+
+class PredictedOOM(MemoryError):
+    """The tracked peak of a training step exceeds the memory budget (``profile.memory_budget_gb``)."""
+
+
+def _counted_flops(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, how: str) -> dict:
+    """FLOPs per sample of a forward and of a training step; ``how``: real, or meta (fake
+    tensors), falling back to real tensors when the model needs tensor values."""
+    meta = how == "meta"
+    try:
+        fwd = flops_forward(model, inputs, meta=meta)
+        train = flops_train_step(model, inputs, loss_fn, meta=meta)
+    except MetaCountingError:
+        meta = False
+        fwd = flops_forward(model, inputs)
+        train = flops_train_step(model, inputs, loss_fn)
+    return {"flops_forward": per_sample(fwd, batch_size), "flops_train_step": per_sample(train, batch_size),
+            "flops_method": "FlopCounterMode on " + ("fake tensors" if meta else "real tensors")}
+
+
+def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, device: torch.device,
+                 budget_bytes: int | None) -> dict:
+    """Peak memory of a training step and of inference. ``how``: real, fake (tracked on fake
+    tensors), auto (fake unless on CUDA) or off; with ``budget_bytes``, a training step whose
+    tracked peak exceeds it raises PredictedOOM before anything real runs."""
+    out: dict = {}
+    fake = how in ("fake", "off") or (how == "auto" and device.type != "cuda")
+    if fake or budget_bytes is not None:
+        try:
+            train_peak = peak_memory_train_step(model, inputs, loss_fn, meta=True)
+            infer_peak = peak_memory_inference(model, inputs, meta=True)
+        except MetaCountingError:
+            if budget_bytes is not None and device.type != "cuda":
+                raise PredictedOOM("cannot estimate the peak on fake tensors, so it is not run under "
+                                   "profile.memory_budget_gb; set profile.memory_budget_gb=null to run it anyway") from None
+            train_peak = infer_peak = None
+            fake = False
+        if budget_bytes is not None and train_peak is not None and train_peak > budget_bytes:
+            raise PredictedOOM(f"tracked training peak {train_peak / 2**30:.2f} GiB > profile.memory_budget_gb="
+                               f"{budget_bytes / 2**30:.2f} GiB (not run)")
+        if fake and how != "off":
+            out.update(peak_mem_train_bytes=train_peak, peak_mem_infer_bytes=infer_peak,
+                       memory_method=f"MemTracker on fake tensors ({device.type})")
+    if how != "off" and not fake:
+        out.update(peak_mem_train_bytes=peak_memory_train_step(model, inputs, loss_fn),
+                   peak_mem_infer_bytes=peak_memory_inference(model, inputs),
+                   memory_method=("CUDA allocator peak" if device.type == "cuda"
+                                  else f"MemTracker on real tensors ({device.type})"))
+    return out
+
+
+def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, *, flops: str = "real",
+                  memory: str = "real", budget_bytes: int | None = None,
+                  into: dict | None = None) -> dict[str, int | float | str]:
+    """The one measurement path (a run's record and `attnbench profile` alike): parameters,
+    FLOPs per sample of a forward and of a training step (``loss_fn``: the run's objective,
+    bench_cli.objective) and the peak memory of a training step and of inference, per batch as
+    measured (it does not scale linearly with the batch: parameters are shared).
+
+    ``flops``: real | meta (fake tensors, falling back to real) | off. ``memory``: real | fake |
+    auto (fake unless on CUDA) | off. ``budget_bytes``: refuse (PredictedOOM) a training step whose
+    tracked peak exceeds it. Nothing else is caught: a measurement that cannot be made raises.
+    ``into``: the dict to fill (and return), measurement by measurement, so what was measured
+    before a failure is kept."""
+    out: dict = {} if into is None else into
+    out.update(params=count_parameters(model), **attention_parameters(model))
+    if flops != "off":
+        out.update(_counted_flops(model, inputs, loss_fn, batch_size, flops))
+    if memory != "off" or budget_bytes is not None:
+        out.update(_peak_memory(model, inputs, loss_fn, memory, _device(model, inputs), budget_bytes))
+    return out

@@ -25,26 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-# One schema for every task (DESIGN.md): identity, metrics, provenance. Task-specific extras go
-# to `metrics_json`. Columns are only ever added, never renamed.
-COLUMNS = [
-    # identity
-    "run_id", "time", "status", "error", "task", "dataset", "model", "attention", "seed", "protocol",
-    "experiment", "config_hash", "job_key", "variant_key",
-    # task metric (classification's names; every task also writes the generic columns below, and
-    # test_<name> for each metric it declares, e.g. test_rmse, test_top5_accuracy)
-    "test_accuracy", "val_accuracy", "best_epoch", "epochs_run", "test_accuracy_last", "test_loss",
-    "metric", "higher_is_better", "val_score", "test_score", "test_score_last",
-    # efficiency
-    "params", "attn_params", "attn_params_per_layer", "flops_forward", "flops_train_step",
-    "peak_mem_train_bytes", "peak_mem_infer_bytes", "peak_rss_bytes", "train_time_s", "time_per_epoch_s",
-    "wall_time_s", "device",
-    # provenance
-    "git_commit", "git_dirty", "torch_version", "attnbench_version", "python_version", "platform",
-    "config_path", "output_dir", "overrides", "metrics_json", "command",
-]
-_IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
-STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
+from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY, STATUSES  # noqa: F401  (the schema names the columns)
 
 # Config parts that do not change a result: where things are written and how progress is shown.
 _NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
@@ -76,7 +57,6 @@ ADDED_KEYS: dict[str, object] = {
     "trainer.train_metrics": False,
     "trainer.strategy": "none",
     "trainer.precision": "32",
-    "measure.inference_time": False,
 }
 
 
@@ -277,13 +257,16 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
 
     The one CSV writer (run records, profile points). Under the lock, the whole file is written to a
     temporary file in the same directory and renamed over the original, so a crash mid-write or a
-    parallel writer cannot corrupt earlier rows. The header is ``columns``, then every other key in
-    the order it first appears: unknown keys become new columns, older rows get blanks.
+    parallel writer cannot corrupt earlier rows. The header is the file's own (when appending),
+    then ``columns`` it lacks, then every other key in the order it first appears: unknown keys
+    become new columns at the end and older rows get blanks; existing columns never move.
     """
     path = Path(path)
     with _locked(path):
-        rows = (read_records(path) if append else []) + list(rows)
-        header = list(columns)
+        old = read_records(path) if append else []
+        rows = old + list(rows)
+        header = list(old[0]) if old else []
+        header += [c for c in columns if c not in header]
         for r in rows:
             header += [k for k in r if k not in header]
         buf = io.StringIO()

@@ -16,11 +16,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import distributed as D
-from bench_cli import records
-from bench_cli.errors import UserError, interruption_name
+from bench_cli import records, schema
+from bench_cli.errors import UserError
 from bench_cli.loggers import LineLogger, Loggers, make_logger
-from bench_cli.measure import is_oom
-from bench_cli.trainer import DivergedError, Trainer, seed_everything, select_device
+from bench_cli.objective import Objective
+from bench_cli.trainer import Trainer, seed_everything, select_device
 
 
 def build_task(cfg: DictConfig):
@@ -53,28 +53,20 @@ def example_batch(task, split: str, batch_size: int, device) -> dict:
     return to_device(next(iter(loader)), device)
 
 
-def measure(task, model, cfg: DictConfig, device) -> dict:
-    """Parameters, FLOPs per sample and peak memory of one training step / inference batch."""
+def measure(task, model, cfg: DictConfig, device, objective: Objective) -> dict:
+    """Parameters, FLOPs per sample and peak memory of one training step of the run's objective
+    (the KSVD term included) and of one inference batch: the one measurement path
+    (bench_cli.measure.measure_model), as `attnbench profile` measures."""
     from bench_cli import measure as M
 
-    out = {"params": M.count_parameters(model), **M.attention_parameters(model)}
     # one forward/backward of training: a micro-batch when the batch is accumulated (a 64 x 512-token
     # batch of the 267,744-word LM would need 35 GB of logits; training never holds it at once)
     size = min(int(cfg.trainer.batch_size), int(cfg.trainer.get("micro_batch_size") or cfg.trainer.batch_size))
     batch = example_batch(task, "train", size, device)
-    inputs = task.model_inputs(batch)
-    n = task.batch_len(batch)
-
-    def loss_fn(output):
-        return task.loss(output, batch)
-
-    if cfg.measure.flops:
-        meta = bool(cfg.measure.get("meta_flops", False))
-        out["flops_forward"] = M.flops_forward(model, inputs, meta=meta) // n
-        out["flops_train_step"] = M.flops_train_step(model, inputs, loss_fn) // n
-    if cfg.measure.memory:
-        out["peak_mem_train_bytes"] = M.peak_memory_train_step(model, inputs, loss_fn)
-        out["peak_mem_infer_bytes"] = M.peak_memory_inference(model, inputs)
+    flops = ("meta" if cfg.measure.get("meta_flops", False) else "real") if cfg.measure.flops else "off"
+    measured = M.measure_model(model, task.model_inputs(batch), objective.on(model, batch), task.batch_len(batch),
+                               flops=flops, memory="real" if cfg.measure.memory else "off")
+    out = {k: v for k, v in measured.items() if k not in ("flops_method", "memory_method")}
     samples = int(cfg.measure.get("inference_samples") or 0)
     if samples:
         out.update(inference_time(task, model, cfg, device, samples))
@@ -90,6 +82,7 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
     ``infer_time_per_batch_s`` the median batch. Ratios between attentions are what compares."""
     from torch.utils.data import DataLoader
 
+    from bench_cli.measure import seconds
     from bench_cli.trainer import autocast, to_device
 
     loader = DataLoader(task.dataset("test"), batch_size=int(cfg.trainer.eval_batch_size), shuffle=False,
@@ -97,11 +90,6 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
     was_training = model.training
     model.eval()
     times, seen, warm = [], 0, False
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     try:
         with torch.no_grad(), autocast(device, str(cfg.trainer.get("precision", "32"))):
             for batch in loader:
@@ -111,11 +99,7 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
                 if not warm:
                     model(**inputs)
                     warm = True
-                sync()
-                t0 = time.perf_counter()
-                model(**inputs)
-                sync()
-                times.append(time.perf_counter() - t0)
+                times.append(seconds(lambda: model(**inputs), device))
                 seen += task.batch_len(batch)
                 if seen >= samples:
                     break
@@ -131,7 +115,7 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
                    run_id: str | None = None, line_prefix: str = "") -> dict:
     """Train and evaluate one configuration (checked beforehand: bench_cli.validate); append and
-    return its record (a dict).
+    return its record (a dict; bench_cli.schema names its columns).
 
     The run folder gets ``config.yaml`` and ``run.json`` (who runs it, since when) at the start and
     ``record.json`` at the end, whatever happens; a folder without ``record.json`` is a run that
@@ -147,85 +131,74 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     env = D.setup(str(cfg.trainer.get("strategy", "none")), str(cfg.trainer.device))
     if env.is_main:
         OmegaConf.save(cfg, config_path, resolve=True)
-    protocol = str(cfg.task.get("protocol", "holdout"))
-    row = {
-        "run_id": run_id,
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "status": "failed",
-        "task": cfg.task.name,
-        "dataset": cfg.task.get("dataset", cfg.task.name),
-        "model": cfg.model.name,
-        "attention": cfg.model.attention.name,
-        "seed": int(cfg.seed),
-        "protocol": protocol,
-        "experiment": OmegaConf.select(cfg, "experiment_name", default="") or "",
-        "config_hash": records.config_hash(cfg),
-        "job_key": records.job_key(cfg),
-        "variant_key": records.variant_key(cfg),
-        "config_path": str(config_path),
-        "output_dir": str(run_dir),
-        "overrides": " ".join(overrides) if overrides is not None else records.command_line(),
-        "command": records.invocation(),
-        **records.provenance(),
-    }
+    row = schema.identity(cfg, run_id=run_id, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                          config_path=config_path, output_dir=run_dir,
+                          overrides=" ".join(overrides) if overrides is not None else records.command_line(),
+                          keys=(records.config_hash(cfg), records.job_key(cfg), records.variant_key(cfg)),
+                          command=records.invocation(), provenance=records.provenance())
     if env.is_main:
         records.write_run_marker(run_dir, row)
-    logger, result, error = None, None, None
+    loggers: list = []
+    error = None
     try:
-        device = D.device_for(env, select_device(str(cfg.trainer.device)))
-        row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
-        if cfg.trainer.get("num_threads"):
-            torch.set_num_threads(int(cfg.trainer.num_threads))
-        task = build_task(cfg)
-        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
-        task.setup(protocol)
-        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
-        model = task.build_model(cfg.model).to(device)
-        if env.world_size > 1:  # same initial weights everywhere; each process its own dropout
-            torch.manual_seed(int(cfg.seed) + env.rank)
-        if env.is_main:
-            tracker = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir,
-                                  name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
-            logger = Loggers(tracker, LineLogger(task.selection_metric(), "val" if protocol == "holdout" else "test",
-                                                 prefix=line_prefix))
-        trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), eta=cfg.model.get("eta", 0.0),
-                          logger=logger, progress=progress if env.is_main else None, dist=env,
-                          auxiliary_layers=cfg.model.get("ksvd_layers", "sum"))
-        result = trainer.fit(protocol)
-        row.update(result.metrics)
-        row.update(best_epoch=result.best_epoch, epochs_run=result.epochs_run,
-                   train_time_s=round(result.train_time_s, 3),
-                   time_per_epoch_s=round(result.train_time_s / max(result.epochs_run, 1), 4))
-        if env.is_main:
-            row.update(measure(task, model, cfg, device))
-        row["metrics_json"] = {"data": task.describe(), "history": result.history}
-        row["status"] = "ok"
-    except DivergedError as e:
-        row["status"], error = "nan", e
-    except Exception as e:  # noqa: BLE001 - every failure is recorded, then re-raised
-        row["status"], error = ("oom" if is_oom(e) else "failed"), e
-    except KeyboardInterrupt as e:
-        row["status"], error = "interrupted", e
+        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers)
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
+        error = e
     finally:
-        if error is not None:
-            row["error"] = (f"{type(error).__name__}: {error}".splitlines()[0][:500]
-                            if not isinstance(error, KeyboardInterrupt) else f"interrupted ({interruption_name(error)})")
-            if not isinstance(error, (UserError, KeyboardInterrupt)):
-                name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
-                (run_dir / name).write_text("".join(traceback.format_exception(error)))
-        row["wall_time_s"] = round(time.perf_counter() - started, 3)
-        if env.is_main:
-            (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
-            try:
-                records.append_record(cfg.results.path, row)
-            except OSError as e:  # the record is safe in the run folder; say where
-                row["_append_error"] = (f"could not append to {cfg.results.path} ({e.strerror or e}); the record is "
-                                        f"in {run_dir / 'record.json'}")
-        if logger is not None:
-            logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
-            logger.finish(row["status"])
-        D.shutdown()
+        finish(cfg, row, error, env, run_dir, started, loggers[0] if loggers else None)
     if isinstance(error, (UserError, KeyboardInterrupt)):
         raise error
     row["_error"], row["_rank"] = error, env.rank
     return row
+
+
+def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, line_prefix: str, loggers: list) -> None:
+    """Set up the task, build the model, train it, measure it: the row's result columns."""
+    device = D.device_for(env, select_device(str(cfg.trainer.device)))
+    row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
+    if cfg.trainer.get("num_threads"):
+        torch.set_num_threads(int(cfg.trainer.num_threads))
+    task = build_task(cfg)
+    seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
+    task.setup(row["protocol"])
+    seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
+    model = task.build_model(cfg.model).to(device)
+    if env.world_size > 1:  # same initial weights everywhere; each process its own dropout
+        torch.manual_seed(int(cfg.seed) + env.rank)
+    logger = None
+    if env.is_main:
+        tracker = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir,
+                              name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
+        logger = Loggers(tracker, LineLogger(task.selection_metric(), schema.protocol(row["protocol"]).selects,
+                                             prefix=line_prefix))
+        loggers.append(logger)
+    objective = Objective.of(task, cfg.model)
+    trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), objective=objective, logger=logger,
+                      progress=progress if env.is_main else None, dist=env)
+    result = trainer.fit(row["protocol"])
+    row.update(result.metrics)
+    if env.is_main:
+        row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
+    row["metrics_json"] = {"data": task.describe(), "history": result.history}
+    row["status"] = "ok"
+
+
+def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir: Path, started: float, logger) -> None:
+    """How the run ended (status, error, error.txt), its wall time, then the record: to the run
+    folder first, then appended to ``results.path``; the loggers' summary; the processes shut down."""
+    row.update(schema.ending(error))
+    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt)):
+        name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
+        (run_dir / name).write_text("".join(traceback.format_exception(error)))
+    row["wall_time_s"] = round(time.perf_counter() - started, 3)
+    if env.is_main:
+        (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
+        try:
+            records.append_record(cfg.results.path, row)
+        except OSError as e:  # the record is safe in the run folder; say where
+            row["_append_error"] = (f"could not append to {cfg.results.path} ({e.strerror or e}); the record is "
+                                    f"in {run_dir / 'record.json'}")
+    if logger is not None:
+        logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
+        logger.finish(row["status"])
+    D.shutdown()

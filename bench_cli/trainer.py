@@ -5,13 +5,11 @@ The trainer knows no dataset and no metric by name: batches come from the task's
 loss from ``task.loss``, evaluations from ``task.evaluate`` and the direction of the selection
 metric from ``task.selection_metric()`` (bench_cli.metrics). The same loop runs data-parallel over
 several processes (``strategy: ddp``, bench_cli/distributed.py) and in mixed precision
-(``precision: bf16 | fp16``).
+(``precision: bf16 | fp16``). The loss is the run's one objective (bench_cli/objective.py).
 
-Protocols (recorded in every result):
-- ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of the
-  selection metric, ties to the lower loss); the test metrics of those weights are reported.
-- ``paper``: the papers' practice, the best test value over the evaluations (highest accuracy,
-  lowest RMSE...). Optimistic: the test set selects the model. Reported under this name only.
+``fit`` returns the evaluation history and what the protocol selected (``TrainResult``); it names
+no record column: bench_cli/schema.py turns the result into the row, and resolves the protocols
+(holdout: 'val' selects; paper: 'test' selects, flagged as optimistic).
 """
 from __future__ import annotations
 
@@ -29,13 +27,10 @@ from torch.utils.data import DataLoader
 
 from bench_cli import distributed as D
 from bench_cli import metrics as M
-from bench_cli.errors import UserError, unknown_choice
-from models.attention import collect_auxiliary_loss
+from bench_cli import schema
+from bench_cli.errors import DivergedError, UserError, unknown_choice
+from bench_cli.objective import Objective
 from tasks.base import EvalContext
-
-
-class DivergedError(RuntimeError):
-    """The loss became NaN or infinite."""
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -156,14 +151,122 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 @dataclass
+class Schedule:
+    """How long a fit runs: epochs of ``steps_per_epoch`` optimiser steps (``accum`` loader batches
+    each), or ``max_steps`` steps with the loader cycled; evaluations after the first, every
+    ``eval_every_epochs``-th and the last epoch, or every ``eval_every`` steps."""
+
+    steps_per_epoch: int
+    accum: int
+    epochs: int
+    total_steps: int
+    max_steps: int | None
+    eval_every: int | None
+    eval_every_epochs: int
+    budget: int | None
+
+    @property
+    def by_steps(self) -> bool:
+        return bool(self.max_steps or self.eval_every)
+
+    def evaluates_after(self, epoch: int) -> bool:
+        """mvts_transformer's rule (--val_interval): the first, every k-th and the last epoch."""
+        return not self.eval_every and (epoch == 1 or epoch % self.eval_every_epochs == 0 or epoch == self.epochs)
+
+    def evaluates_at_step(self, step: int) -> bool:
+        return bool(self.eval_every) and (step % self.eval_every == 0 or step == self.total_steps)
+
+
+def plan_schedule(cfg, loader_batches: int, accum: int) -> Schedule:
+    """``max_steps`` (optimiser steps) replaces ``max_epochs``; ``step_budget`` caps either: at most
+    ceil(budget / steps per epoch) whole epochs, or min(max_steps, budget) steps, so a reduced
+    budget cuts big datasets and spares small ones."""
+    steps_per_epoch = math.ceil(loader_batches / accum)
+    max_steps = int(cfg.get("max_steps") or 0) or None
+    budget = int(cfg.get("step_budget") or 0) or None
+    if budget and max_steps:
+        max_steps = min(max_steps, budget)
+    epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
+    if budget and not max_steps:
+        epochs = min(epochs, math.ceil(budget / steps_per_epoch))
+    return Schedule(steps_per_epoch, accum, epochs, max_steps or epochs * steps_per_epoch, max_steps,
+                    int(cfg.get("eval_every_steps") or 0) or None, max(1, int(cfg.get("eval_every_epochs") or 1)),
+                    budget)
+
+
+TRAIN_METRICS = {False: "", True: "batches"}  # trainer.train_metrics -> train_metrics_source
+
+
+@dataclass
 class TrainResult:
-    metrics: dict = field(default_factory=dict)
+    """What a fit gave: the evaluation history (one row per evaluation), the selected evaluation
+    (``best_epoch``, ``best_step``), the schedule planned and run, and the evaluations made with
+    the reported weights (holdout: ``test`` of the selected weights and ``test_last`` of the last;
+    ``splits``: other splits the task reports). bench_cli.schema names the columns."""
+
+    metric: M.Metric
+    protocol: schema.Protocol
+    schedule: Schedule
     history: list = field(default_factory=list)
     best_epoch: int = 0
-    epochs_run: int = 0
     best_step: int = 0  # optimiser steps at the selected evaluation
+    epochs_run: int = 0
     steps_run: int = 0
     train_time_s: float = 0.0
+    test: dict = field(default_factory=dict)
+    test_last: dict = field(default_factory=dict)
+    splits: dict = field(default_factory=dict)
+    train_metrics_source: str = ""
+
+    @property
+    def epochs_planned(self) -> int:
+        return self.schedule.epochs
+
+    @property
+    def steps_planned(self) -> int:
+        return self.schedule.total_steps
+
+    @property
+    def step_budget(self) -> int | None:
+        return self.schedule.budget
+
+    @property
+    def by_steps(self) -> bool:
+        return self.schedule.by_steps
+
+    def selected_row(self) -> dict:
+        return next(r for r in self.history if (r["epoch"], r["step"]) == (self.best_epoch, self.best_step))
+
+    @property
+    def metrics(self) -> dict:
+        """The record's columns of this fit (bench_cli.schema)."""
+        return schema.fit_columns(self)
+
+
+class Selection:
+    """The best evaluation so far under the selection rule (the metric in its direction, ties to
+    the lower loss: bench_cli.metrics.selection_key), a copy of its weights when they are needed
+    later, and early stopping (``patience`` evaluations without improvement)."""
+
+    def __init__(self, metric: M.Metric, tie: M.Metric | None, keep_weights: bool, patience):
+        self.metric, self.tie, self.keep_weights = metric, tie, keep_weights
+        self.patience = None if patience is None else int(patience)
+        self.key, self.state, self.since_best = None, None, 0
+        self.epoch = self.step = 0
+
+    def offer(self, metrics: dict, model: torch.nn.Module, epoch: int, step: int) -> bool:
+        """Consider one evaluation; True when patience has run out."""
+        key = M.selection_key(self.metric, metrics, self.tie)
+        if self.key is None or key > self.key:
+            self.key, self.epoch, self.step, self.since_best = key, epoch, step, 0
+            self.state = copy.deepcopy(model.state_dict()) if self.keep_weights else None
+        else:
+            self.since_best += 1
+        return self.patience is not None and self.since_best >= self.patience
+
+    @property
+    def best_value(self) -> float:
+        return self.metric.sort_key(self.key[0])  # sort_key is its own inverse
 
 
 PRECISIONS = ("32", "bf16", "fp16")
@@ -179,11 +282,10 @@ def autocast(device: torch.device, precision: str):
 
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
-                 eta: float = 0.0, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
-                 auxiliary_layers: str = "sum"):
+                 objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
-        self.model, self.eta, self.logger, self.progress = model, float(eta or 0.0), logger, progress
-        self.auxiliary_layers = auxiliary_layers  # model.ksvd_layers: sum | mean over the Primal layers
+        self.model, self.logger, self.progress = model, logger, progress
+        self.objective = objective or Objective(task)  # the task loss (+ eta x the KSVD term)
         self.dist, self.precision = dist, str(cfg.get("precision", "32"))
         self.train_model = model  # what the training step calls: the model, or its DDP wrapper
         if dist.active:
@@ -248,177 +350,179 @@ class Trainer:
                 self.progress.remove_task(bar)
 
     def forward_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, model output) of a training batch: the task's loss plus eta x the auxiliary loss."""
+        """(loss, model output) of a training batch: the objective on the model's output."""
         with self.autocast():
             out = self.train_model(**self.task.model_inputs(batch))
-            loss = self.task.loss(out, batch)
-            if self.eta:
-                j = collect_auxiliary_loss(self.model, self.auxiliary_layers)
-                if j is not None:
-                    loss = loss + self.eta * j
-        return loss, out
+            return self.objective(self.model, out, batch), out
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         return self.forward_loss(batch)[0]
 
-    def fit(self, protocol: str) -> TrainResult:
-        """Train, evaluating on the selection split after the first, every ``eval_every_epochs``-th
-        and the last epoch or, with ``eval_every_steps``, every that many optimiser steps (the LRA
-        code's ``eval_frequency``).
-        ``max_steps`` (optimiser steps; the train loader is cycled) replaces ``max_epochs``.
-        ``step_budget`` caps either: at most ceil(budget / steps per epoch) whole epochs, or
-        min(max_steps, budget) steps, so a reduced budget cuts big datasets and spares small ones."""
-        cfg, model = self.cfg, self.model
-        metric, tie = self.task.selection_metric(), self.task.loss_metric()
-        select_split = {"holdout": "val", "paper": "test"}[protocol]
-        train_loader = self.loader("train", train=True)
-        accum = max(1, int(cfg.get("accumulate_grad_batches", 1)))
-        if cfg.get("micro_batch_size"):  # keep the effective batch_size on a small machine
+    def schedule(self, train_loader: DataLoader) -> Schedule:
+        accum = max(1, int(self.cfg.get("accumulate_grad_batches", 1)))
+        if self.cfg.get("micro_batch_size"):  # keep the effective batch_size on a small machine
             accum *= math.ceil(self.batch_size(True) / train_loader.batch_size)
-        steps_per_epoch = math.ceil(len(train_loader) / accum)
-        max_steps = int(cfg.get("max_steps") or 0) or None
-        eval_every = int(cfg.get("eval_every_steps") or 0) or None
-        eval_every_epochs = max(1, int(cfg.get("eval_every_epochs") or 1))
-        # A reduced (CPU) budget in optimiser steps: small datasets keep their whole schedule.
-        budget = int(cfg.get("step_budget") or 0)
-        if budget and max_steps:
-            max_steps = min(max_steps, budget)
-        epochs = math.ceil(max_steps / steps_per_epoch) if max_steps else int(cfg.max_epochs)
-        if budget and not max_steps:
-            epochs = min(epochs, math.ceil(budget / steps_per_epoch))
-        total_steps = max_steps or epochs * steps_per_epoch
-        # optimizer.lr_reference_batch: the lr is given for that batch and scaled linearly to the
-        # (global) batch_size (DeiT: 5e-4 x batch / 512).
+        return plan_schedule(self.cfg, len(train_loader), accum)
+
+    def optimisation(self, plan: Schedule):
+        """(optimiser, lr scheduler or None, grad scaler) of the trainer config. The lr of
+        ``optimizer.lr_reference_batch`` is scaled linearly to the (global) batch_size (DeiT:
+        5e-4 x batch / 512)."""
+        cfg = self.cfg
         reference = cfg.optimizer.get("lr_reference_batch")
         lr_scale = int(cfg.batch_size) / float(reference) if reference else 1.0
-        params = parameter_groups(model, float(cfg.optimizer.get("weight_decay", 0.0)),
+        params = parameter_groups(self.model, float(cfg.optimizer.get("weight_decay", 0.0)),
                                   bool(cfg.optimizer.get("no_decay_1d", False)))
         opt = make_optimizer(params, cfg.optimizer, lr_scale)
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        train_metrics, train_stats = bool(cfg.get("train_metrics", False)), {}
-        sched = make_scheduler(opt, cfg.scheduler, total_steps, steps_per_epoch)
-        clip = cfg.get("grad_clip")
-        patience = cfg.early_stopping.get("patience")
-        result, best_key, best_state, since_best = TrainResult(), None, None, 0
+        return opt, make_scheduler(opt, cfg.scheduler, plan.total_steps, plan.steps_per_epoch), scaler
+
+    def fit(self, protocol: str) -> TrainResult:
+        """Train on the schedule (``Schedule``), evaluating the protocol's selection split after the
+        first, every ``eval_every_epochs``-th and the last epoch or every ``eval_every_steps``
+        optimiser steps (the LRA code's ``eval_frequency``); then evaluate what the protocol
+        reports with the selected weights."""
+        proto = schema.protocol(protocol)
+        train_loader = self.loader("train", train=True)
+        plan = self.schedule(train_loader)
+        opt, sched, scaler = self.optimisation(plan)
         report_splits = tuple(self.task.report_splits())  # evaluated at the end with the reported weights
-        keep_best = protocol == "holdout" or bool(report_splits)
-        bar_total, bar_unit = (total_steps, "steps") if (max_steps or eval_every) else (epochs, "epochs")
-        bar = self.progress.add_task("train", total=bar_total, status="") if self.progress else None
-        step, loss_sum, n_batches, stop = 0, 0.0, 0, False
+        result = TrainResult(self.task.selection_metric(), proto, plan,
+                             train_metrics_source=TRAIN_METRICS[bool(self.cfg.get("train_metrics", False))])
+        selection = Selection(result.metric, self.task.loss_metric(), proto.holds_out or bool(report_splits),
+                              self.cfg.early_stopping.get("patience"))
+        loop = _Loop(self, plan, opt, sched, scaler, result, selection)
+        loop.run(train_loader)
+        result.best_epoch, result.best_step = selection.epoch, selection.step
+        self.evaluate_reported(result, selection, report_splits)
+        return result
 
-        def evaluate_and_select(epoch: int) -> bool:
-            """One evaluation (a history row); True when early stopping says stop."""
-            nonlocal best_key, best_state, since_best, loss_sum, n_batches, train_stats
-            sums = D.all_reduce_sums({"loss": loss_sum, "batches": float(n_batches)}, same_keys=True)
-            row = {"epoch": epoch, "step": step, "train_loss": sums["loss"] / max(sums["batches"], 1),
-                   "lr": opt.param_groups[0]["lr"]}
-            if train_metrics:  # the task's metrics over the training batches since the last evaluation
-                # (dropout and augmentation on, as keras reports them); its loss metric is train_loss
-                row.update({f"train_{k}": v for k, v in M.compute_all(self.task.metrics, D.all_reduce_sums(train_stats)).items()})
-            loss_sum, n_batches, train_stats = 0.0, 0, {}
-            selected = self.evaluate(select_split)
-            row.update({f"{select_split}_{k}": v for k, v in selected.items()})
-            key = M.selection_key(metric, selected, tie)
-            if best_key is None or key > best_key:
-                best_key, result.best_epoch, result.best_step, since_best = key, epoch, step, 0
-                best_state = copy.deepcopy(model.state_dict()) if keep_best else None
-            else:
-                since_best += 1
-            result.history.append(row)
-            if self.logger is not None:
-                self.logger.log_epoch(row)
-            if bar is not None:
-                at = f"step {result.best_step}" if bar_unit == "steps" else result.best_epoch
-                best = metric.sort_key(best_key[0])  # sort_key is its own inverse
-                self.progress.update(bar, status=f"{select_split} {metric.name} {selected[metric.name]:.2f}  "
-                                     f"best {best:.2f} @ {at}")
-            return patience is not None and since_best >= int(patience)
-
-        for epoch in range(1, epochs + 1):
-            self.train_model.train()
-            if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
-                train_loader.sampler.set_epoch(epoch - 1)
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            for i, batch in enumerate(train_loader):
-                batch = to_device(batch, self.device)
-                last_micro = (i + 1) % accum == 0 or i + 1 == len(train_loader)
-                # DDP averages the gradients on the last micro-batch of a step only
-                sync = contextlib.nullcontext() if last_micro or not self.dist.active else self.train_model.no_sync()
-                with sync:
-                    loss, out = self.forward_loss(batch)
-                    value = local = loss.item()
-                    if self.dist.active:  # every process stops together when one diverges
-                        value = D.all_reduce_sums({"loss": local}, same_keys=True)["loss"]
-                    if not math.isfinite(value):
-                        raise DivergedError(f"loss is {value} at epoch {epoch}, batch {i}")
-                    scaler.scale(loss / accum).backward()
-                loss_sum, n_batches = loss_sum + local, n_batches + 1
-                if train_metrics:
-                    with torch.no_grad():
-                        M.accumulate(train_stats, self.task.batch_stats(out.detach().float(), batch))
-                if last_micro:
-                    if clip:
-                        scaler.unscale_(opt)
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
-                    scaler.step(opt)
-                    scaler.update()
-                    opt.zero_grad(set_to_none=True)
-                    step += 1
-                    if sched is not None and step < total_steps:  # the lr after the last step is never used
-                        sched.step()
-                    if bar is not None and bar_unit == "steps":
-                        self.progress.update(bar, advance=1)
-                    if eval_every and (step % eval_every == 0 or step == total_steps):
-                        result.train_time_s += time.perf_counter() - t0
-                        stop = evaluate_and_select(epoch)
-                        self.train_model.train()
-                        t0 = time.perf_counter()
-                    if stop or step >= total_steps:
-                        break
-            result.train_time_s += time.perf_counter() - t0
-            result.epochs_run = epoch
-            if not eval_every:
-                # mvts_transformer's rule (--val_interval): the first, every k-th and the last epoch
-                if epoch == 1 or epoch % eval_every_epochs == 0 or epoch == epochs:
-                    stop = evaluate_and_select(epoch)
-                if bar is not None and bar_unit == "epochs":
-                    self.progress.update(bar, advance=1)
-            if stop or step >= total_steps:
-                break
-        result.steps_run = step
-
-        last = self.evaluate("test") if protocol == "holdout" else None
-        m = result.metrics
-        if max_steps or eval_every:
-            m["best_step"], m["steps_run"] = result.best_step, result.steps_run
-        if protocol == "holdout":
+    def evaluate_reported(self, result: TrainResult, selection: Selection, report_splits: tuple[str, ...]) -> None:
+        """Holdout: TEST of the last and of the selected weights (once when they are the same:
+        rollouts are costly). Then the task's other report splits with the selected weights."""
+        if result.protocol.holds_out:
+            result.test_last = self.evaluate("test")
             final = result.history[-1]
-            if (final["epoch"], final["step"]) == (result.best_epoch, result.best_step) and final["step"] == step:
-                test = last  # the selected weights are the final ones: evaluated once (rollouts are costly)
+            if (final["epoch"], final["step"]) == (selection.epoch, selection.step) and final["step"] == result.steps_run:
+                result.test = result.test_last
             else:
-                model.load_state_dict(best_state)
-                test = self.evaluate("test")
-            selected_row = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
-            m[f"val_{metric.name}"] = m["val_score"] = selected_row[f"val_{metric.name}"]
-        else:  # the best evaluation on TEST is the reported number (optimistic by construction)
-            best_row = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
-            test = {k[len("test_"):]: v for k, v in best_row.items() if k.startswith("test_")}
-            last = {k[len("test_"):]: v for k, v in result.history[-1].items() if k.startswith("test_")}
-        m.update(metric=metric.name, higher_is_better=metric.higher_is_better, test_score=test[metric.name],
-                 test_score_last=last[metric.name])
-        m[f"test_{metric.name}_last"] = last[metric.name]
-        m.update({f"test_{k}": v for k, v in test.items()})
+                self.model.load_state_dict(selection.state)
+                result.test = self.evaluate("test")
         if report_splits:
-            model.load_state_dict(best_state)  # the weights whose test metrics are reported
+            self.model.load_state_dict(selection.state)  # the weights whose test metrics are reported
             for split in report_splits:
                 # with train_metrics the training batches gave the per-batch metrics of 'train'
                 # (keras' logs, what the tables print): the evaluation adds only the others (BLEU)
                 wanted = ([x.name for x in self.task.metrics if not x.per_batch]
-                          if split == "train" and train_metrics else None)
+                          if split == "train" and result.train_metrics_source == "batches" else None)
                 if wanted != []:
-                    m.update({f"{split}_{k}": v for k, v in self.evaluate(split, wanted).items()})
-        if train_metrics:  # the training metrics of the reported (selected) evaluation
-            chosen = next(r for r in result.history if r["epoch"] == result.best_epoch and r["step"] == result.best_step)
-            m.update({k: v for k, v in chosen.items() if k.startswith("train_")})
-        return result
+                    result.splits[split] = self.evaluate(split, wanted)
+
+
+class _Loop:
+    """One fit's training loop and its running state (steps, running loss, training-batch
+    statistics), evaluating and selecting as the schedule says."""
+
+    def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection):
+        self.t, self.plan, self.opt, self.sched, self.scaler = trainer, plan, opt, sched, scaler
+        self.result, self.selection = result, selection
+        self.train_metrics = result.train_metrics_source == "batches"
+        self.step, self.loss_sum, self.n_batches, self.train_stats = 0, 0.0, 0, {}
+        self.bar_unit = "steps" if plan.by_steps else "epochs"
+        progress = trainer.progress
+        self.bar = (progress.add_task("train", total=plan.total_steps if plan.by_steps else plan.epochs, status="")
+                    if progress else None)
+
+    def run(self, train_loader) -> None:
+        t, plan = self.t, self.plan
+        for epoch in range(1, plan.epochs + 1):
+            t.train_model.train()
+            if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
+                train_loader.sampler.set_epoch(epoch - 1)
+            stop = self.epoch(train_loader, epoch)
+            self.result.epochs_run = epoch
+            if plan.evaluates_after(epoch):
+                stop = self.evaluate_and_select(epoch)
+            if self.bar is not None and self.bar_unit == "epochs":
+                t.progress.update(self.bar, advance=1)
+            if stop or self.step >= plan.total_steps:
+                break
+        self.result.steps_run = self.step
+
+    def epoch(self, train_loader, epoch: int) -> bool:
+        """One pass over the training loader (or until the step budget); True when early stopping
+        says stop at an evaluation inside the epoch (``eval_every_steps``)."""
+        t, plan, result = self.t, self.plan, self.result
+        t0, stop = time.perf_counter(), False
+        self.opt.zero_grad(set_to_none=True)
+        for i, batch in enumerate(train_loader):
+            last_micro = (i + 1) % plan.accum == 0 or i + 1 == len(train_loader)
+            self.backward(to_device(batch, t.device), last_micro, epoch, i)
+            if last_micro:
+                self.optimiser_step()
+                if plan.evaluates_at_step(self.step):
+                    result.train_time_s += time.perf_counter() - t0
+                    stop = self.evaluate_and_select(epoch)
+                    t.train_model.train()
+                    t0 = time.perf_counter()
+                if stop or self.step >= plan.total_steps:
+                    break
+        result.train_time_s += time.perf_counter() - t0
+        return stop
+
+    def backward(self, batch: dict, last_micro: bool, epoch: int, i: int) -> None:
+        t = self.t
+        # DDP averages the gradients on the last micro-batch of a step only
+        sync = contextlib.nullcontext() if last_micro or not t.dist.active else t.train_model.no_sync()
+        with sync:
+            loss, out = t.forward_loss(batch)
+            value = local = loss.item()
+            if t.dist.active:  # every process stops together when one diverges
+                value = D.all_reduce_sums({"loss": local}, same_keys=True)["loss"]
+            if not math.isfinite(value):
+                raise DivergedError(f"loss is {value} at epoch {epoch}, batch {i}")
+            self.scaler.scale(loss / self.plan.accum).backward()
+        self.loss_sum, self.n_batches = self.loss_sum + local, self.n_batches + 1
+        if self.train_metrics:
+            with torch.no_grad():
+                M.accumulate(self.train_stats, t.task.batch_stats(out.detach().float(), batch))
+
+    def optimiser_step(self) -> None:
+        t, opt = self.t, self.opt
+        clip = t.cfg.get("grad_clip")
+        if clip:
+            self.scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(t.model.parameters(), float(clip))
+        self.scaler.step(opt)
+        self.scaler.update()
+        opt.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.sched is not None and self.step < self.plan.total_steps:  # the lr after the last step is never used
+            self.sched.step()
+        if self.bar is not None and self.bar_unit == "steps":
+            t.progress.update(self.bar, advance=1)
+
+    def evaluate_and_select(self, epoch: int) -> bool:
+        """One evaluation (a history row); True when early stopping says stop."""
+        t, result, selection = self.t, self.result, self.selection
+        split = result.protocol.selects
+        sums = D.all_reduce_sums({"loss": self.loss_sum, "batches": float(self.n_batches)}, same_keys=True)
+        row = {"epoch": epoch, "step": self.step, "train_loss": sums["loss"] / max(sums["batches"], 1),
+               "lr": self.opt.param_groups[0]["lr"]}
+        if self.train_metrics:  # the task's metrics over the training batches since the last evaluation
+            # (dropout and augmentation on, as keras reports them); its loss metric is train_loss
+            stats = D.all_reduce_sums(self.train_stats)
+            row.update({f"train_{k}": v for k, v in M.compute_all(t.task.metrics, stats).items()})
+        self.loss_sum, self.n_batches, self.train_stats = 0.0, 0, {}
+        selected = t.evaluate(split)
+        row.update({f"{split}_{k}": v for k, v in selected.items()})
+        stop = selection.offer(selected, t.model, epoch, self.step)
+        result.history.append(row)
+        if t.logger is not None:  # with the selection so far, so every line agrees with the record
+            t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step,
+                                f"best_{split}_{result.metric.name}": selection.best_value})
+        if self.bar is not None:
+            at = f"step {selection.step}" if self.bar_unit == "steps" else selection.epoch
+            t.progress.update(self.bar, status=f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
+                              f"best {selection.best_value:.2f} @ {at}")
+        return stop

@@ -248,4 +248,40 @@ def test_measure_model():
     assert result["flops_train_step"] == (9 * PROJ + 7 * SDPA_MM) / B
     assert result["peak_mem_train_bytes"] > result["peak_mem_infer_bytes"] > 0
     assert set(result) == {"params", "attn_params", "attn_layers", "attn_params_per_layer", "flops_forward",
-                           "flops_train_step", "peak_mem_train_bytes", "peak_mem_infer_bytes"}
+                           "flops_train_step", "peak_mem_train_bytes", "peak_mem_infer_bytes", "flops_method",
+                           "memory_method"}
+    assert result["flops_method"] == "FlopCounterMode on real tensors"
+    assert result["memory_method"] == "MemTracker on real tensors (cpu)"
+    off = measure.measure_model(model, inputs, loss_fn, batch_size=B, flops="off", memory="off")
+    assert set(off) == {"params", "attn_params", "attn_layers", "attn_params_per_layer"}
+
+
+def test_a_run_and_profile_measure_the_same_objective_ksvd_term_included(uea_fixture, single_thread):
+    """One objective, one measurement path: a Primal model's training-step FLOPs and peak memory are
+    those of task loss + eta x KSVD, and the run's measurement equals `attnbench profile`'s on the
+    same batch."""
+    from bench_cli.compose import compose
+    from bench_cli.objective import Objective
+    from bench_cli.profile import harness
+    from bench_cli.runner import build_task, example_batch
+    from bench_cli.runner import measure as run_measure
+
+    cfg = compose(["task.dataset=Fixture", "model=primalformer", "task.backbone.d_model=16", "task.backbone.n_heads=2",
+                   "task.backbone.n_layers=1", "task.backbone.d_ff=16", "model.attention.low_rank=2",
+                   "trainer.batch_size=4"])
+    task = build_task(cfg)
+    task.setup("holdout")
+    torch.manual_seed(0)
+    model = task.build_model(cfg.model)
+    objective = Objective.of(task, cfg.model)
+    assert objective.eta > 0
+    ran = run_measure(task, model, cfg, torch.device("cpu"), objective)
+    batch = example_batch(task, "train", 4, torch.device("cpu"))
+    side = harness.Side("model", cfg.model, harness.Budget(None))
+    side.module, side.inputs, side.loss_fn = model, task.model_inputs(batch), objective.on(model, batch)
+    harness.measure_static(side, 4, "real", "real", torch.device("cpu"), None)
+    for key in ("params", "flops_forward", "flops_train_step", "peak_mem_train_bytes", "peak_mem_infer_bytes"):
+        assert ran[key] == side.metrics[key], key
+    # what both measured is the objective with the KSVD term (not the task loss alone)
+    out = model(**task.model_inputs(batch))
+    assert objective.on(model, batch)(out) != task.loss(out, batch)

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_cli.objective import Objective
 from bench_cli.compose import compose
 from bench_cli.runner import build_task
 from models.attention import accumulate_auxiliary_losses, build_attention, collect_auxiliary_loss
@@ -431,8 +432,7 @@ def test_auxiliary_loss_never_leaks_between_steps():
         fresh = collect_auxiliary_loss(net, "mean")
         net(**task.model_inputs(other))  # an evaluation of another batch
     net.train()
-    trainer = Trainer(cfg.trainer, task, net, torch.device("cpu"), 0, eta=cfg.model.eta,
-                      auxiliary_layers=cfg.model.ksvd_layers)
+    trainer = Trainer(cfg.trainer, task, net, torch.device("cpu"), 0, objective=Objective.of(task, cfg.model))
     loss = trainer.training_loss(batch)
     ce = task.loss(net(**task.model_inputs(batch)), batch)
     torch.testing.assert_close(loss, ce + 0.1 * fresh)
@@ -514,15 +514,14 @@ def test_primal_refuses_a_context():
         build_attention("primal", d_model=8, n_heads=2, padding="code")
 
 
-def test_profile_training_loss_includes_the_ksvd_term():
-    """`attnbench profile` measures a training step with eta times the KSVD loss (layers as the model says)."""
-    from bench_cli.profile.grid import _side_loss
-
+def test_the_objective_includes_the_ksvd_term():
+    """The run's one objective (trainer, a run's measurements, `attnbench profile`): the task loss
+    plus eta times the KSVD loss, combined over the layers as the model says."""
     cfg, task, net = built(["experiment=primal_attention/lra", "task=lra_listops", "model=primalformer",
                             "model.attention.low_rank=4"], synthetic_len=32)
     batch = task.synthetic_batch(2, 32)
     out = net(**task.model_inputs(batch))
-    loss = _side_loss(task, batch, net, float(cfg.model.eta), cfg.model.ksvd_layers)(out)
+    loss = Objective.of(task, cfg.model).on(net, batch)(out)
     torch.testing.assert_close(loss, task.loss(out, batch) + 0.1 * collect_auxiliary_loss(net, "mean"))
 
 

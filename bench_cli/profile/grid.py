@@ -69,20 +69,6 @@ def _layers(backbone) -> int:
     return sum(int(v) for k, v in backbone.items() if str(k).startswith("n_") and str(k).endswith("_layers"))
 
 
-def _side_loss(task, batch, module, eta: float, layers: str = "sum") -> Callable:
-    def loss_fn(output):
-        loss = task.loss(output, batch)
-        if eta:
-            from models.attention import collect_auxiliary_loss
-
-            extra = collect_auxiliary_loss(module, layers)
-            if extra is not None:
-                loss = loss + eta * extra
-        return loss
-
-    return loss_fn
-
-
 def grid(cfg: DictConfig) -> list[tuple[str, int | None, int]]:
     """Points (sdpa_backend, d_model or None, seq_len), in the order they are measured."""
     p = cfg.profile
@@ -110,6 +96,7 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
 
     from bench_cli import measure as M
     from bench_cli import records
+    from bench_cli.objective import Objective
     from bench_cli.runner import build_task, check_model_fits_task
     from bench_cli.trainer import seed_everything, select_device
 
@@ -149,8 +136,7 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
                 side.module = task.build_model(side.model_cfg).to(device)
                 batch = task.synthetic_batch(int(p.batch_size), seq_len, device)
                 side.inputs = task.model_inputs(batch)
-                side.loss_fn = _side_loss(task, batch, side.module, float(side.model_cfg.get("eta", 0.0) or 0.0),
-                                          side.model_cfg.get("ksvd_layers", "sum"))
+                side.loss_fn = Objective.of(task, side.model_cfg).on(side.module, batch)  # the run's objective
 
             H.guarded(side, "build", build, p.get("timeout_s"))
             with H.sdpa_backend(backend):

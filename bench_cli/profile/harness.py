@@ -17,15 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench_cli.measure import is_oom
+from bench_cli.measure import PredictedOOM, is_oom  # noqa: F401  (PredictedOOM: raised by the one measurement path)
 
 
 class PointTimeout(Exception):
     """A side of a point used up its ``profile.timeout_s``."""
-
-
-class PredictedOOM(MemoryError):
-    """The tracked peak of a training step exceeds ``profile.memory_budget_gb``."""
 
 
 # =========================================================================== budgets
@@ -144,62 +140,18 @@ def guarded(side: Side, stage: str, fn: Callable[[], Any], timeout_s: float | No
 
 
 def measure_static(side: Side, batch_size: int, flops: str, memory: str, device, budget_bytes: int | None) -> None:
-    """Parameters, FLOPs (per sample) and peak memory (per batch) of a built side."""
+    """Parameters, FLOPs (per sample) and peak memory (per batch) of a built side: the run's own
+    measurement path (bench_cli.measure.measure_model) on the side's objective."""
     from bench_cli import measure as M
 
-    module, inputs, loss_fn = side.module, side.inputs, side.loss_fn
-    m = side.metrics
-    m["params"] = M.count_parameters(module)
-    attn = M.attention_parameters(module)
-    m["attn_params_per_layer"], m["attn_layers"] = attn["attn_params_per_layer"], attn["attn_layers"]
-
-    if flops != "off":
-        meta = flops == "meta"
-        try:
-            fwd = M.flops_forward(module, inputs, meta=meta)
-            train = M.flops_train_step(module, inputs, loss_fn, meta=meta)
-        except M.MetaCountingError:  # the model needs tensor values: count on the real device
-            meta = False
-            fwd = M.flops_forward(module, inputs)
-            train = M.flops_train_step(module, inputs, loss_fn)
-        m["flops_forward"] = M.per_sample(fwd, batch_size)
-        m["flops_train_step"] = M.per_sample(train, batch_size)
-        m["flops_method"] = "FlopCounterMode on " + ("fake tensors" if meta else "real tensors")
-
-    if memory == "off" and budget_bytes is None:
-        return
-    fake = memory in ("fake", "off") or (memory == "auto" and device.type != "cuda")
-    if fake or budget_bytes is not None:
-        try:  # the tracker on fake tensors: also the OOM pre-check before anything real runs
-            train_peak = M.peak_memory_train_step(module, inputs, loss_fn, meta=True)
-            infer_peak = M.peak_memory_inference(module, inputs, meta=True)
-            method = f"MemTracker on fake tensors ({device.type})"
-        except M.MetaCountingError:
-            if budget_bytes is not None and device.type != "cuda":
-                raise PredictedOOM("cannot estimate the peak on fake tensors, so it is not run under "
-                                   "profile.memory_budget_gb; set profile.memory_budget_gb=null to run it anyway") from None
-            train_peak = infer_peak = None
-            fake = False
-        if budget_bytes is not None and train_peak is not None and train_peak > budget_bytes:
-            raise PredictedOOM(f"tracked training peak {train_peak / 2**30:.2f} GiB > profile.memory_budget_gb="
-                               f"{budget_bytes / 2**30:.2f} GiB (not run)")
-        if fake and memory != "off":
-            m["peak_mem_train_bytes"], m["peak_mem_infer_bytes"], m["memory_method"] = train_peak, infer_peak, method
-    if memory != "off" and not fake:
-        m["peak_mem_train_bytes"] = M.peak_memory_train_step(module, inputs, loss_fn)
-        m["peak_mem_infer_bytes"] = M.peak_memory_inference(module, inputs)
-        m["memory_method"] = ("CUDA allocator peak" if device.type == "cuda"
-                              else f"MemTracker on real tensors ({device.type})")
+    try:
+        M.measure_model(side.module, side.inputs, side.loss_fn, batch_size, flops=flops, memory=memory,
+                        budget_bytes=budget_bytes, into=side.metrics)
+    finally:
+        side.metrics.pop("attn_params", None)  # a profile row has the per-layer count
 
 
 # =========================================================================== timing
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_step(side: Side) -> None:
@@ -237,11 +189,9 @@ def _reset_peak_rss() -> bool:
 
 
 def _timed(fn: Callable[[], None], device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
+    from bench_cli.measure import seconds
+
+    return seconds(fn, device)
 
 
 def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s) -> None:

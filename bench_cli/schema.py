@@ -1,0 +1,137 @@
+"""The result schema: the one place that names record columns and turns a run into its row.
+
+A run's row is built from four parts, each a function here: who the run is (``identity``), what
+training and evaluation gave (``fit_columns``, from the trainer's history), what was measured
+(``measurement_columns``) and how it ended (``ending``). The protocol resolves into splits here
+too (``protocol``), so the trainer, the per-evaluation lines and the record agree on which split
+selects. Columns are only ever added, never renamed (records.py writes them; report reads them).
+
+Protocols (recorded in every result):
+- ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of the
+  selection metric, ties to the lower loss); the test metrics of those weights are reported.
+- ``paper``: the papers' practice, the best test value over the evaluations (highest accuracy,
+  lowest RMSE...). Optimistic: the test set selects the model. Reported under this name only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# One schema for every task (DESIGN.md): identity, metrics, provenance. Task-specific extras go
+# to `metrics_json`. Columns are only ever added, never renamed.
+COLUMNS = [
+    # identity
+    "run_id", "time", "status", "error", "task", "dataset", "model", "attention", "seed", "protocol",
+    "experiment", "config_hash", "job_key", "variant_key",
+    # task metric (classification's names, the first schema's; every task also writes the generic
+    # columns below, and test_<name> for each metric it declares, e.g. test_rmse, test_top5_accuracy)
+    "test_accuracy", "val_accuracy", "best_epoch", "epochs_run", "test_accuracy_last", "test_loss",
+    "metric", "higher_is_better", "val_score", "test_score", "test_score_last",
+    # efficiency
+    "params", "attn_params", "attn_params_per_layer", "flops_forward", "flops_train_step",
+    "peak_mem_train_bytes", "peak_mem_infer_bytes", "peak_rss_bytes", "train_time_s", "time_per_epoch_s",
+    "wall_time_s", "device",
+    # provenance
+    "git_commit", "git_dirty", "torch_version", "attnbench_version", "python_version", "platform",
+    "config_path", "output_dir", "overrides", "metrics_json", "command",
+    # the schedule: planned and run (a report reads these instead of recomposing the config)
+    "epochs_planned", "steps_planned", "steps_run", "step_budget", "train_metrics_source",
+]
+IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
+STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a protocol uses the splits: ``selects`` is the split whose evaluations select the
+    reported one; ``holds_out`` means test is evaluated apart, with the selected weights."""
+
+    name: str
+    selects: str
+    holds_out: bool
+
+
+PROTOCOLS = {"holdout": Protocol("holdout", "val", True), "paper": Protocol("paper", "test", False)}
+
+
+def protocol(name: str) -> Protocol:
+    from bench_cli.errors import unknown_choice
+
+    if name not in PROTOCOLS:
+        raise unknown_choice("protocol", name, PROTOCOLS)
+    return PROTOCOLS[name]
+
+
+def _prefixed(prefix: str, metrics: dict) -> dict:
+    return {f"{prefix}_{k}": v for k, v in metrics.items()}
+
+
+def _unprefixed(prefix: str, row: dict) -> dict:
+    return {k[len(prefix) + 1:]: v for k, v in row.items() if k.startswith(prefix + "_")}
+
+
+def fit_columns(result) -> dict:
+    """The columns of a finished fit (bench_cli.trainer.TrainResult): the selected evaluation's
+    metrics under the protocol, the last evaluation's, the schedule planned and run."""
+    metric, proto = result.metric, result.protocol
+    chosen = result.selected_row()
+    if proto.holds_out:
+        test, last = result.test, result.test_last
+    else:  # the best evaluation on TEST is the reported number (optimistic by construction)
+        test, last = _unprefixed("test", chosen), _unprefixed("test", result.history[-1])
+    row = {"best_epoch": result.best_epoch, "epochs_run": result.epochs_run,
+           "epochs_planned": result.epochs_planned, "steps_planned": result.steps_planned,
+           "steps_run": result.steps_run, "step_budget": result.step_budget,
+           "train_metrics_source": result.train_metrics_source,
+           "train_time_s": round(result.train_time_s, 3),
+           "time_per_epoch_s": round(result.train_time_s / max(result.epochs_run, 1), 4)}
+    if result.by_steps:
+        row["best_step"] = result.best_step
+    if proto.holds_out:
+        row[f"val_{metric.name}"] = row["val_score"] = chosen[f"val_{metric.name}"]
+    row.update(metric=metric.name, higher_is_better=metric.higher_is_better, test_score=test[metric.name],
+               test_score_last=last[metric.name])
+    row[f"test_{metric.name}_last"] = last[metric.name]
+    row.update(_prefixed("test", test))
+    for split, metrics in result.splits.items():
+        row.update(_prefixed(split, metrics))
+    if result.train_metrics_source == "batches":  # the training metrics of the reported evaluation
+        row.update({k: v for k, v in chosen.items() if k.startswith("train_")})
+    return row
+
+
+def measurement_columns(measured: dict) -> dict:
+    """What bench_cli.measure gave, under the record's names (FLOPs per sample; whole numbers as
+    integers, as the records always held them)."""
+    return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in measured.items()}
+
+
+def ending(error: BaseException | None) -> dict:
+    """``status`` and ``error`` of a run that ended with ``error`` (None: ok)."""
+    from bench_cli.errors import DivergedError, interruption_name
+    from bench_cli.measure import is_oom
+
+    if error is None:
+        return {"status": "ok"}
+    if isinstance(error, KeyboardInterrupt):
+        return {"status": "interrupted", "error": f"interrupted ({interruption_name(error)})"}
+    status = "nan" if isinstance(error, DivergedError) else "oom" if is_oom(error) else "failed"
+    return {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0][:500]}
+
+
+def identity(cfg, *, run_id: str, time: str, config_path, output_dir, overrides: str, keys: tuple[str, str, str],
+             command: str, provenance: dict) -> dict:
+    """The columns that say which run this is: from its composed config, its keys (config hash, job
+    key, variant key: bench_cli.records), the command and the provenance; status failed until it ends."""
+    from omegaconf import OmegaConf
+
+    config_hash, job_key, variant_key = keys
+    return {
+        "run_id": run_id, "time": time, "status": "failed",
+        "task": cfg.task.name, "dataset": cfg.task.get("dataset", cfg.task.name),
+        "model": cfg.model.name, "attention": cfg.model.attention.name, "seed": int(cfg.seed),
+        "protocol": str(cfg.task.get("protocol", "holdout")),
+        "experiment": OmegaConf.select(cfg, "experiment_name", default="") or "",
+        "config_hash": config_hash, "job_key": job_key, "variant_key": variant_key,
+        "config_path": str(config_path), "output_dir": str(output_dir), "overrides": overrides,
+        "command": command, **provenance,
+    }
