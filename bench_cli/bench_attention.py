@@ -13,9 +13,9 @@ data-independent, Listing 1); lines under the table say why a variant shows n/a.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -91,17 +91,49 @@ def time_length(names, n, args) -> dict:
     return {name: (tuple(statistics.median(t) for t in times[name]) if name in live else None) for name in names}
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096])
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--causal", action="store_true", help="time causal forward passes")
-    parser.add_argument("--variants", nargs="+", default=None, help="subset of variants (softmax is always timed)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    return parser.parse_args(argv)
+# --name: (arity for bench_cli.args.parse, type, default); "+" takes one or more values.
+BENCH_OPTIONS = {
+    "--seq-lens": ("+", int, [1024, 4096]),
+    "--d-model": (True, int, 64),
+    "--heads": (True, int, 2),
+    "--batch": (True, int, 1),
+    "--repeats": (True, int, 3),
+    "--causal": (False, bool, False),  # time causal forward passes
+    "--variants": ("+", str, None),  # subset of variants (softmax is always timed)
+    "--threads": (True, int, None),  # torch.set_num_threads
+}
+USAGE = ("usage: attnbench bench [--seq-lens N [N ...]] [--d-model D] [--heads H] [--batch B] [--repeats R] "
+         "[--causal] [--variants NAME [NAME ...]] [--threads T]\n\n" + __doc__.strip())
+
+
+def parse_args(argv=None) -> SimpleNamespace | None:
+    """The options as attributes (``args.seq_lens``), parsed by the parser of every command; None
+    after printing the usage (-h, --help)."""
+    import sys
+
+    from bench_cli.args import parse
+    from bench_cli.errors import UserError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = parse("bench", argv, {**{k: arity for k, (arity, _, _) in BENCH_OPTIONS.items()}, "-h": False, "--help": False})
+    if p.get("-h") or p.get("--help"):
+        print(USAGE)
+        return None
+    extra = p.positional + p.overrides
+    if extra:
+        raise UserError(f"`attnbench bench` takes no argument '{extra[0]}' (options only; --help lists them)")
+    values = {}
+    for name, (arity, kind, default) in BENCH_OPTIONS.items():
+        given = p.get(name)
+        try:
+            if given is None or arity is False:
+                value = default if given is None else True
+            else:
+                value = [kind(v) for v in given] if arity == "+" else kind(given)
+        except ValueError:
+            raise UserError(f"option {name} of `attnbench bench` takes {kind.__name__} values (got {given})") from None
+        values[name[2:].replace("-", "_")] = value
+    return SimpleNamespace(**values)
 
 
 def render(rows, title: str, notes: list[str] = ()) -> None:
@@ -130,6 +162,8 @@ def notes_for(names, seq_lens, args) -> list[str]:
 
 def main(argv=None) -> list[tuple]:
     args = parse_args(argv)
+    if args is None:
+        return []
     if args.threads:
         torch.set_num_threads(args.threads)
     names = available_attentions()
@@ -158,4 +192,10 @@ def main(argv=None) -> list[tuple]:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli.errors import UserError
+    from bench_cli.ui import fail
+
+    try:
+        main()
+    except UserError as e:  # one line and exit status 2, as `attnbench bench` says it
+        fail(str(e))

@@ -113,16 +113,16 @@ def check_single_job(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def cmd_run(args: list[str]) -> None:
-    flags, overrides = C.split_args(args)
-    if {"-m", "--multirun"} & set(flags):
+    p = parse("run", args, {}, hydra=True, positional=False)
+    if {"-m", "--multirun"} & set(p.hydra):
         raise UserError("`attnbench run` runs one job; for a grid use `attnbench sweep` (it resumes and records failures)")
-    if _HYDRA_INFO_FLAGS & set(flags):  # Hydra prints what was asked; nothing runs
+    if _HYDRA_INFO_FLAGS & set(p.hydra):  # Hydra prints what was asked; nothing runs
         C.dispatch_to_hydra(_hydra_run, args)
         return
-    unknown = [f for f in flags if f.startswith("-")]
-    if unknown:
-        raise UserError(f"unknown option '{unknown[0]}' for `attnbench run` (overrides are key=value; "
+    if p.hydra:
+        raise UserError(f"unknown option '{next(iter(p.hydra))}' for `attnbench run` (overrides are key=value; "
                         f"Hydra's --cfg job, --info and --help work)")
+    overrides = p.overrides
     cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
     check_config(cfg, build=True)
@@ -148,9 +148,7 @@ def cmd_validate(args: list[str]) -> None:
 
     from bench_cli.measure import attention_parameters, count_parameters
 
-    flags, overrides = C.split_args(args)
-    if flags:
-        raise UserError(f"unknown option '{flags[0]}' for `attnbench validate` (overrides are key=value)")
+    overrides = parse("validate", args, {}, positional=False).overrides
     cfg = C.compose(overrides, with_hydra=True)
     check_single_job(cfg, overrides)
     with open_dict(cfg):
@@ -276,7 +274,7 @@ def cmd_data(args: list[str]) -> None:
 def cmd_bench(args: list[str]) -> None:
     from bench_cli.bench_attention import main as bench_main
 
-    bench_main(args)
+    bench_main(args)  # parsed there, with bench_cli.args.parse (`python -m bench_cli.bench_attention` too)
 
 
 def cmd_sweep(args: list[str]) -> None:

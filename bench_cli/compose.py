@@ -1,8 +1,9 @@
 """Config composition: the conf/ tree, option listings, and validation of user overrides.
 
 Validation composes the config with Hydra's compose API first, so mistakes become one-line
-errors with the valid choices; the run itself then goes through a ``@hydra.main`` function so
-multirun and the launcher plugins keep working.
+errors with the valid choices. `run` and `sweep` compose through ``HydraApp`` (Hydra set up as
+``@hydra.main`` sets it up), once per run and once per job, and run through Hydra's own job
+runner and launchers.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import functools
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -17,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from bench_cli.errors import UserError, did_you_mean, unknown_choice
 
 CONFIG_NAME = "config"
+HYDRA_VERSION_BASE = "1.3"
 GROUPS = ("task", "model", "trainer", "logger", "paths", "experiment")
 
 
@@ -69,30 +72,6 @@ def load_option(group: str, option: str) -> DictConfig:
     raw = OmegaConf.load(conf_dir() / group / f"{option}.yaml")
     parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
     return OmegaConf.merge(*(load_option(group, p) for p in parents), raw) if parents else raw
-
-
-# Hydra command-line flags, and whether each takes a value.
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
-
-
-def split_args(args: list[str]) -> tuple[list[str], list[str]]:
-    """(hydra flags, overrides) of a command line."""
-    flags, overrides, i = [], [], 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("-"):
-            flags.append(a)
-            if a in _FLAGS_WITH_VALUE and i + 1 < len(args):
-                flags.append(args[i + 1])
-                i += 1
-            elif a in ("--info", "-i") and i + 1 < len(args) and "=" not in args[i + 1]:
-                flags.append(args[i + 1])
-                i += 1
-        else:
-            overrides.append(a)
-        i += 1
-    return flags, overrides
 
 
 def parse_overrides(overrides: list[str]):
@@ -191,58 +170,114 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
 
 # --- running through Hydra ------------------------------------------------------------------------
 def dispatch_to_hydra(entry, args: list[str]) -> None:
-    """Call a ``@hydra.main`` function as if from the command line (``sys.argv`` rewritten), so
-    Hydra's multirun, launchers and flags (--cfg, --info, --help) all work."""
+    """Call a ``@hydra.main`` function as if from the command line (``sys.argv`` rewritten): for
+    Hydra's own flags (--cfg, --info, --help), which print and run nothing."""
     import sys
 
     sys.argv = ["attnbench", *args]
     entry()
 
 
+@dataclass
+class HydraApp:
+    """Hydra set up over conf/ as ``@hydra.main(config_path="pkg://conf")`` sets it up for a
+    function of module ``bench_cli.<job_name>`` (hydra/_internal/utils.py ``_run_hydra``), with
+    Hydra's --config-path, --config-dir and --config-name flags: `run` and `sweep` compose and run
+    through it instead of going through ``@hydra.main``, so that they compose each job once."""
+    hydra: object  # hydra._internal.hydra.Hydra
+    config_name: str
+
+    @property
+    def config_loader(self):
+        return self.hydra.config_loader
+
+    def compose(self, overrides: list[str], run_mode, with_log_configuration: bool = False) -> DictConfig:
+        """The config with its hydra node, as Hydra's run (RunMode.RUN) or multirun composes it."""
+        from hydra.errors import HydraException
+
+        try:
+            return self.hydra.compose_config(config_name=self.config_name, overrides=overrides, run_mode=run_mode,
+                                             with_log_configuration=with_log_configuration)
+        except HydraException as e:
+            raise _explain(e, overrides) from None
+
+    def compose_job(self, master: DictConfig, overrides: list[str]) -> DictConfig:
+        """One job of a multirun, composed as every Hydra launcher composes it (``load_sweep_config``)."""
+        from hydra.errors import HydraException
+
+        try:
+            return self.config_loader.load_sweep_config(master, list(overrides))
+        except HydraException as e:
+            raise _explain(e, overrides) from None
+
+
+@contextmanager
+def hydra_app(job_name: str, flags: dict | None = None):
+    """A ``HydraApp`` for the time of the ``with`` (Hydra's global state set, then cleared);
+    ``flags`` are Hydra's flags as ``bench_cli.args.Parsed.hydra`` holds them."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    version.setbase(HYDRA_VERSION_BASE)  # as @hydra.main(version_base=...) does
+    flags = flags or {}
+    config_path = flags.get("--config-path") or flags.get("-cp") or "pkg://conf"
+    search_path = create_automatic_config_search_path(None, f"bench_cli.{job_name}", str(config_path))
+    config_dir = flags.get("--config-dir") or flags.get("-cd")
+    if config_dir:  # as _run_hydra's add_conf_dir
+        path = os.path.abspath(str(config_dir))
+        if not os.path.isdir(path):
+            raise UserError(f"--config-dir {path}: no such directory")
+        search_path.prepend(provider="command-line", path=f"file://{path}", anchor=SearchPathQuery(provider="schema"))
+    GlobalHydra.instance().clear()  # a composition of the checks may have left one
+    try:
+        hydra = Hydra.create_main_hydra2(task_name=job_name, config_search_path=search_path)
+        yield HydraApp(hydra, str(flags.get("--config-name") or flags.get("-cn") or CONFIG_NAME))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+RUN_JOB_NAME = "attnbench"  # hydra.job.name of `attnbench run`: its log file is <run folder>/attnbench.log
+
+
 def compose_run(overrides: list[str]) -> DictConfig:
     """The config of one `attnbench run`, with its hydra node, composed once: validation and the
     run use this same object (``run_job``)."""
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
     from hydra.types import RunMode
 
     check_group_choices(overrides)
-    GlobalHydra.instance().clear()
-    initialize_config_module(config_module="conf", version_base="1.3", job_name="attnbench")
-    try:
-        cfg = GlobalHydra.instance().hydra.compose_config(
-            config_name=CONFIG_NAME, overrides=overrides, run_mode=RunMode.RUN, with_log_configuration=True)
-    except HydraException as e:
-        raise _explain(e, overrides) from None
-    finally:
-        GlobalHydra.instance().clear()
+    with hydra_app(RUN_JOB_NAME) as app:
+        cfg = app.compose(overrides, RunMode.RUN, with_log_configuration=True)
     check_value_types(cfg, overrides)
     return cfg
 
 
 def run_job(cfg: DictConfig, task_function) -> object:
-    """Run ``task_function(cfg)`` as Hydra's single-run mode does (output folder from
-    ``hydra.run.dir``, HydraConfig, job logging), with the config ``compose_run`` made."""
-    from hydra.core.global_hydra import GlobalHydra
+    """Run ``task_function(cfg)`` with the config ``compose_run`` made, as Hydra's run mode does
+    (hydra/_internal/hydra.py ``Hydra.run``: callbacks, output folder from ``hydra.run.dir``,
+    HydraConfig, job logging).
+
+    Not ``Hydra.run`` itself: it composes the config from the overrides, so `attnbench run` would
+    compose twice (once to check the config before anything is created, once to run) or check it
+    only inside the job, after Hydra has made the run folder, so a mistake would leave a folder
+    behind and the run id of a distributed run (decided from the composed config, and part of
+    ``hydra.run.dir``) could not be set first. Only the composition differs from ``Hydra.run``."""
+    from hydra._internal.callbacks import Callbacks
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext, RunMode
-    from hydra._internal.callbacks import Callbacks
 
-    from hydra import initialize_config_module
-
-    GlobalHydra.instance().clear()  # validation may have composed in between
-    initialize_config_module(config_module="conf", version_base="1.3", job_name="attnbench")
-    hydra = GlobalHydra.instance().hydra
-    with open_dict(cfg.hydra):
-        cfg.hydra.mode = RunMode.RUN
-    try:
-        ret = hydra_run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(cfg)),
+    with hydra_app(RUN_JOB_NAME) as app:
+        with open_dict(cfg.hydra):
+            cfg.hydra.mode = RunMode.RUN
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=app.config_name)
+        ret = hydra_run_job(hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
                             task_function=task_function, config=cfg, job_dir_key="hydra.run.dir",
                             job_subdir_key=None, configure_logging=True)
+        callbacks.on_run_end(config=cfg, config_name=app.config_name, job_return=ret)
         return ret.return_value  # re-raises the task's exception
-    finally:
-        GlobalHydra.instance().clear()
 
 
 _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", list: "a list", dict: "a mapping"}

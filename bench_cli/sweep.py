@@ -1,17 +1,21 @@
-"""`attnbench sweep`: a grid of runs through Hydra's multirun, resumable, failure tolerant.
+"""`attnbench sweep`: a grid of runs through Hydra's multirun machinery, resumable, failure tolerant.
 
 The grid is the experiment's ``hydra.sweeper.params`` plus sweeps on the command line
 (``model=softmax,attention_bn seed=0,1``); the command line wins for the same key, as in Hydra.
-The sweep dispatches to a ``@hydra.main`` function (``sys.argv`` rewritten, ``--multirun``), so
-the basic launcher, ``hydra/launcher=joblib`` (local processes) and ``hydra/launcher=submitit_slurm``
-all work, and so do the launcher configs shipped in ``conf/hydra/launcher/``.
 
-Before anything runs the grid is expanded and every job composed with the compose API: a mistake
-in any job's config, a missing dataset or an impossible (task, model) pair is one line, exit 2.
+Planning is Hydra's own, once per job: the multirun config is composed as ``Hydra.multirun`` does,
+the grid is expanded by Hydra's ``BasicSweeper.split_arguments``, and each job is composed by
+``load_sweep_config``, the function every launcher composes its jobs with. That one composition
+is what is checked (a mistake in any job's config, a missing dataset or an impossible (task,
+model) pair is one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``.
 
 Resume: a job whose result record (``results.path``) already holds an ``ok`` row with the same
-``job_key`` (hash of the resolved config, seed included) is skipped; missing and failed jobs run.
-``--force`` reruns everything. The check happens inside each job, so it holds for every launcher.
+``job_key`` (hash of the resolved config, seed included) is skipped by the plan; missing and
+failed jobs are handed to the launcher of the config (the basic launcher, ``hydra/launcher=joblib``
+(local processes), ``hydra/launcher=submitit_slurm``, the configs of ``conf/hydra/launcher/``).
+``--force`` reruns everything. A launcher composes each job again where it runs it (possibly in
+another process); the job checks that its config has the planned ``job_key`` before it runs, and
+a mismatch is an error that names both keys.
 
 Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recorded by the runner
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
@@ -19,19 +23,21 @@ without an ``ok`` record after the sweep (capped at 125); 0 when all are ok.
 """
 from __future__ import annotations
 
-import itertools
+import functools
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from bench_cli import compose as C
 from bench_cli import records
+from bench_cli.args import parse
 from bench_cli.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 
 USAGE = """\
@@ -51,21 +57,26 @@ record and runs only what is missing or failed.
 options:
   --force     rerun jobs that already have an ok record
   --dry-run   list the jobs and whether each is done, run nothing
+  Hydra's --config-dir DIR (and --config-name, --config-path) are used by the plan and the jobs;
+  Hydra's --cfg job, --info and --hydra-help print and run nothing
 
 exit status: 0 when every job of the grid has an ok record; otherwise the number of jobs that
 failed (status failed / nan / oom, or no record), at most 125; 2 for a usage error.
 """
 
-FORCE_ENV = "ATTNBENCH_SWEEP_FORCE"
-SWEEP_PID_ENV = "ATTNBENCH_SWEEP_PID"
-TOTAL_ENV = "ATTNBENCH_SWEEP_TOTAL"
+SWEEP_OPTIONS = {"--force": False, "--dry-run": False, "-h": False, "--help": False}
+# Hydra's flags that print something and run nothing (handed to Hydra), and those that say where
+# the configs are (used by the plan and the launch alike).
+HYDRA_SHOW_FLAGS = {"--hydra-help", "--info", "-i", "--cfg", "-c", "--version", "--shell-completion", "-sc"}
+HYDRA_SEARCH_FLAGS = {"--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp"}
+JOB_NAME = "sweep"  # hydra.job.name of the jobs (their log is <job folder>/sweep.log), as @hydra.main named it
 MAX_EXIT = 125
 
 
 @dataclass
 class Job:
     overrides: list[str]
-    cfg: DictConfig = field(repr=False)
+    cfg: DictConfig = field(repr=False)  # as the job gets it: composed by Hydra, without its hydra node
     key: str = ""
 
     @property
@@ -73,89 +84,115 @@ class Job:
         return job_label(self.cfg)
 
 
+@dataclass
+class Sweep:
+    """The plan: the multirun config (with its hydra node: launcher, sweep folder) and its jobs."""
+    master: DictConfig = field(repr=False)
+    jobs: list[Job]
+    flags: dict = field(default_factory=dict)  # Hydra's search-path flags (--config-dir ...)
+
+
+class PlanMismatchError(RuntimeError):
+    """A launcher composed a job to another config than the plan did."""
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What each launched job gets of the plan (pickled to the launcher's worker processes)."""
+    keys: dict  # the job's task overrides (tuple) -> (position in the plan, planned job_key)
+    total: int
+    sweep_pid: int
+
+    def check(self, overrides: tuple[str, ...], cfg: DictConfig) -> int:
+        """The job's position in the plan, after checking that ``cfg`` is the planned config."""
+        if overrides not in self.keys:
+            raise PlanMismatchError(f"job '{' '.join(overrides)}' is not in the sweep's plan; nothing was run")
+        position, planned = self.keys[overrides]
+        key = records.job_key(cfg)
+        if key != planned:
+            raise PlanMismatchError(f"job '{' '.join(overrides)}': the launcher composed a config with job_key {key}, "
+                                    f"the plan has {planned}: conf/ or the environment differs between the sweep "
+                                    "and the process that runs the job; nothing was run")
+        return position
+
+
 def job_label(cfg) -> str:
     ds = OmegaConf.select(cfg, "task.dataset", default=None)
     return f"{cfg.task.name}/{ds or '-'} {cfg.model.name} seed={cfg.seed}"
 
 
-# --- the grid ---------------------------------------------------------------------------------
-def _values(o) -> list[str]:
-    key = o.get_key_element()
-    if o.is_sweep_override():
-        return [f"{key}={v}" for v in o.sweep_string_iterator()]
-    return [f"{key}={o.get_value_element_as_str()}"]
+# --- the plan ---------------------------------------------------------------------------------
+def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
+    """Override lists of every job, as Hydra's BasicSweeper.sweep makes them: the config's
+    ``hydra.sweeper.params`` first, then the command line (which replaces a param of the same key)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    sweeper = master.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        raise UserError(f"`attnbench sweep` plans with Hydra's basic sweeper; {sweeper._target_} is not supported")
+    params = OmegaConf.to_container(sweeper.params, resolve=True) if sweeper.get("params") else {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(master.hydra.overrides.task)
+    try:
+        parsed = OverridesParser.create(config_loader=app.config_loader).parse_overrides(lines)
+        (grid,) = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as e:
+        raise UserError(f"cannot expand the grid: {str(e).strip().splitlines()[0]}") from None
+    return grid
 
 
-def expand_grid(overrides: list[str]) -> list[list[str]]:
-    """Override lists of every job, in Hydra's BasicSweeper order (config params first, then the
-    command line; the command line replaces a config param of the same key)."""
-    parsed = C.parse_overrides(overrides)
-    hydra_ovs = [o.input_line for o in parsed if o.key_or_group.startswith("hydra")]
-    fixed = [o.input_line for o in parsed if not o.key_or_group.startswith("hydra") and not o.is_sweep_override()]
-    master = C.compose_unchecked(fixed + hydra_ovs, with_hydra=True)
-    params = OmegaConf.select(master, "hydra.sweeper.params", default=None)
-    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
-    lines = [f"{k}={v}" for k, v in params.items()]
-    axes: dict[str, list[str]] = {}
-    for o in C.parse_overrides(lines) + [o for o in parsed if not o.key_or_group.startswith("hydra")]:
-        axes[o.get_key_element()] = _values(o)
-    return [list(combo) for combo in itertools.product(*axes.values())]
+def compose_job(app: C.HydraApp, master: DictConfig, overrides: list[str]) -> Job:
+    """One job, composed once by Hydra as its launcher composes it, with its job_key."""
+    C.check_group_choices(overrides)
+    cfg = app.compose_job(master, overrides)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]  # as hydra.core.utils.run_job hands the config to the job
+    try:
+        key = records.job_key(cfg)
+    except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
+        raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
+                        f"{str(e).splitlines()[0]}") from None
+    return Job(list(overrides), cfg, key)
 
 
-def _is_structural(o) -> bool:
-    """An override that changes which config files are composed (a group choice, a hydra key, a
-    deletion), as opposed to setting a value."""
-    key = o.key_or_group
-    return (key.startswith("hydra") or o.is_delete() or "/" in key or "@" in key
-            or (C.conf_dir() / key).is_dir())
+@contextmanager
+def _multirun(overrides: list[str], flags: dict | None):
+    """(HydraApp, the multirun config) for the time of the ``with``, composed as Hydra's multirun
+    composes it (``hydra.mode=MULTIRUN`` added as hydra/_internal/utils.py ``_run_app`` adds it)."""
+    from hydra.types import RunMode
+
+    C.check_group_choices(overrides, allow_sweep=True)
+    given = {o.split("=", 1)[0] for o in overrides}
+    mode = [] if "hydra.mode" in given else ["hydra.mode=MULTIRUN"]
+    with C.hydra_app(JOB_NAME, flags) as app:
+        yield app, app.compose([*overrides, *mode], RunMode.MULTIRUN)
 
 
-def _apply_value(cfg: DictConfig, o) -> None:
-    """What Hydra does with a value override after composing (``key=v``, ``+key=v``, ``++key=v``);
-    KeyError where Hydra would refuse (the caller then lets Hydra say why)."""
-    key, exists = o.key_or_group, _has_key(cfg, o.key_or_group)
-    if (o.is_add() and exists) or (not o.is_add() and not o.is_force_add() and not exists):
-        raise KeyError(key)
-    OmegaConf.update(cfg, key, o.value(), merge=True, force_add=o.is_add() or o.is_force_add())
+def expand_grid(overrides: list[str], flags: dict | None = None) -> list[list[str]]:
+    """The override lists of every job of a sweep (nothing composed but the multirun config)."""
+    with _multirun(overrides, flags) as (app, master):
+        return job_overrides(app, master)
 
 
-def _has_key(cfg, key: str) -> bool:
-    parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    return isinstance(node, DictConfig) and leaf in node
+def plan_sweep(overrides: list[str], flags: dict | None = None) -> Sweep:
+    """The multirun config and its distinct jobs (a grid can name the same config twice, e.g.
+    seed=0,0), each composed once. ``flags``: Hydra's --config-dir / --config-name / --config-path."""
+    with _multirun(overrides, flags) as (app, master):
+        jobs = [compose_job(app, master, ovs) for ovs in job_overrides(app, master)]
+    seen, unique = set(), []
+    for job in jobs:
+        if job.key not in seen:
+            seen.add(job.key)
+            unique.append(job)
+    if unique:  # outside Hydra's session: the check composes the group defaults with the compose API
+        C.check_value_types(unique[0].cfg, unique[0].overrides)
+    return Sweep(master, unique, dict(flags or {}))
 
 
-def compose_jobs(grid: list[list[str]]) -> list[Job]:
-    """Compose every job. Jobs that differ only in values (seed, task.dataset, trainer.*) share one
-    Hydra composition of their group choices, then get their values set as Hydra sets them; anything
-    unusual falls back to a full composition. Errors name the job."""
-    import copy
-
-    if grid:
-        C.check_group_choices(grid[0])
-        C.check_value_types(C.compose_unchecked(grid[0]), grid[0])
-    jobs, bases = [], {}
-    with C.composer() as full:
-        for ovs in grid:
-            C.check_group_choices(ovs)
-            parsed = C.parse_overrides(ovs)
-            structural = tuple(o.input_line for o in parsed if _is_structural(o))
-            if structural not in bases:
-                bases[structural] = full(list(structural))
-            cfg = copy.deepcopy(bases[structural])
-            try:
-                for o in parsed:
-                    if not _is_structural(o):
-                        _apply_value(cfg, o)
-            except Exception:  # noqa: BLE001 - let Hydra produce its own error or result
-                cfg = full(ovs)
-            try:
-                key = records.job_key(cfg)
-            except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
-                raise UserError(f"job '{' '.join(ovs)}': cannot resolve its config: "
-                                f"{str(e).splitlines()[0]}") from None
-            jobs.append(Job(ovs, cfg, key))
-    return jobs
+def plan(overrides: list[str]) -> list[Job]:
+    """The distinct jobs of a sweep's overrides."""
+    return plan_sweep(overrides).jobs
 
 
 def validate_jobs(jobs: list[Job]) -> None:
@@ -196,17 +233,6 @@ def done_keys(path) -> dict[str, dict]:
     return {r["job_key"]: r for r in records.read_records(path) if r.get("status") == "ok" and r.get("job_key")}
 
 
-def plan(overrides: list[str]) -> list[Job]:
-    C.check_group_choices(overrides, allow_sweep=True)
-    jobs = compose_jobs(expand_grid(overrides))
-    seen, unique = set(), []
-    for j in jobs:  # a grid can name the same config twice (e.g. seed=0,0)
-        if j.key not in seen:
-            seen.add(j.key)
-            unique.append(j)
-    return unique
-
-
 # --- the job, run by the launcher -------------------------------------------------------------
 def _threads_for_launcher(cfg) -> int | None:
     """Intra-op threads when jobs run side by side: cores / parallel jobs (trainer.num_threads wins)."""
@@ -227,13 +253,12 @@ def _threads_for_launcher(cfg) -> int | None:
 _WATCHING = False
 
 
-def die_with_sweep() -> None:
+def die_with_sweep(sweep_pid: int) -> None:
     """In a local worker process of the sweep (joblib/loky), exit as soon as the sweep process is
     gone: a sweep killed with kill -9 must not leave workers that finish their jobs and then idle.
     Only direct children of the sweep process watch it (the basic launcher runs jobs in the sweep
     process itself; Slurm/submitit jobs are meant to outlive their submitter)."""
     global _WATCHING
-    sweep_pid = int(os.environ.get(SWEEP_PID_ENV, "0") or 0)
     if _WATCHING or not sweep_pid or os.getpid() == sweep_pid or os.getppid() != sweep_pid:
         return
     import threading
@@ -247,26 +272,20 @@ def die_with_sweep() -> None:
     _WATCHING = True
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name=C.CONFIG_NAME)
-def _hydra_sweep_job(cfg: DictConfig) -> str:
+def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
+    """The task function the launcher runs for each job (``functools.partial`` with the plan):
+    check the config against the plan, train, record, print the job's line."""
     import torch
     from rich.markup import escape
 
     from bench_cli.runner import run_experiment
     from bench_cli.ui import console
 
-    die_with_sweep()
+    die_with_sweep(plan.sweep_pid)
     catch_termination()  # a worker process SIGTERMed (Slurm, joblib) records its job as interrupted
     hc = HydraConfig.get()
-    num, total = int(hc.job.num) + 1, os.environ.get(TOTAL_ENV, "?")
-    head = escape(f"[sweep {num:>{len(str(total))}}/{total}]")
-    label = job_label(cfg)
-    key = records.job_key(cfg)
-    if not os.environ.get(FORCE_ENV):
-        done = done_keys(cfg.results.path).get(key)
-        if done is not None:
-            console.print(f"{head} [dim]skip[/]    {label}  (ok record {done.get('run_id', '')})", highlight=False, soft_wrap=True)
-            return "skipped"
+    position = plan.check(tuple(hc.overrides.task), cfg)
+    head, label = _head(position, plan.total), job_label(cfg)
     threads = _threads_for_launcher(cfg)
     if threads:
         torch.set_num_threads(threads)
@@ -274,7 +293,7 @@ def _hydra_sweep_job(cfg: DictConfig) -> str:
     t0 = time.perf_counter()
     try:
         row = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
-                             line_prefix=f"[sweep {num}/{total}] {label}: ")
+                             line_prefix=f"[sweep {position + 1}/{plan.total}] {label}: ")
     except UserError as e:  # recorded by the runner; the sweep goes on
         console.print(f"{head} [red]failed[/]  {label}: {escape(str(e))}", highlight=False, soft_wrap=True)
         return "failed"
@@ -289,83 +308,151 @@ def _hydra_sweep_job(cfg: DictConfig) -> str:
     return row["status"]
 
 
+def _head(position: int, total: int) -> str:
+    from rich.markup import escape
+
+    return escape(f"[sweep {position + 1:>{len(str(total))}}/{total}]")
+
+
 def _digits(value: float) -> int:
     """Decimals that show a metric readably (accuracy 98.65, RMSE 0.0123)."""
     return 2 if abs(value) >= 1 else 4
 
 
+def launch(sweep: Sweep, todo: list[Job]) -> list:
+    """Run ``todo`` with the launcher of the sweep's config, in batches of
+    ``hydra.sweeper.max_batch_size``, as Hydra's ``Hydra.multirun`` and ``BasicSweeper.sweep`` do
+    (callbacks, ``multirun.yaml`` in the sweep folder), minus their second expansion and
+    composition of the grid: the jobs are the plan's. Returns Hydra's JobReturns; stops after a
+    batch in which a job did not match the plan."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.plugins import Plugins
+    from hydra.core.utils import setup_globals
+    from hydra.types import HydraContext
+
+    master = sweep.master
+    keys = {tuple(j.overrides): (i, j.key) for i, j in enumerate(sweep.jobs)}
+    task_function = functools.partial(run_planned_job, plan=JobPlan(keys, len(sweep.jobs), os.getpid()))
+    returns: list = []
+    with C.hydra_app(JOB_NAME, sweep.flags) as app:
+        setup_globals()
+        callbacks = Callbacks(master)
+        callbacks.on_multirun_start(config=master, config_name=app.config_name)
+        launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+            task_function=task_function, config=master)
+        sweep_dir = Path(str(master.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(master, sweep_dir / "multirun.yaml")
+        batches = BasicSweeper.split_overrides_to_chunks([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
+        for batch in batches:
+            returns += launcher.launch(batch, initial_job_idx=len(returns))
+            if any(isinstance(_error_of(r), PlanMismatchError) for r in returns):
+                break
+        callbacks.on_multirun_end(config=master, config_name=app.config_name)
+    return returns
+
+
+def _error_of(job_return) -> BaseException | None:
+    from hydra.core.utils import JobStatus
+
+    return job_return._return_value if job_return.status == JobStatus.FAILED else None  # no public accessor
+
+
 # --- the command ------------------------------------------------------------------------------
+@hydra.main(version_base=C.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=C.CONFIG_NAME)
+def _hydra_sweep_flags(cfg: DictConfig) -> None:
+    """Only for Hydra's own flags (--cfg, --info, --hydra-help): nothing is run through it."""
+    raise SystemExit("attnbench sweep: internal error: the Hydra entry point only serves Hydra's flags")
+
+
+def parse_sweep_args(args: list[str]):
+    """(parsed arguments, Hydra's search-path flags); Hydra's flags that print are handed to Hydra
+    (None is returned then)."""
+    p = parse("sweep", args, SWEEP_OPTIONS, hydra=True, positional=False)
+    flags = {k: v for k, v in p.hydra.items() if k not in ("-m", "--multirun")}  # a sweep is a multirun
+    if HYDRA_SHOW_FLAGS & set(flags):
+        C.dispatch_to_hydra(_hydra_sweep_flags, [a for a in p.hydra_args if a not in ("-m", "--multirun")]
+                            + p.overrides)
+        return None
+    other = sorted(set(flags) - HYDRA_SEARCH_FLAGS)
+    if other:
+        raise UserError(f"Hydra's {other[0]} does not apply to `attnbench sweep`; it takes --force, --dry-run, "
+                        f"Hydra's --config-dir, --config-name, --config-path, and prints with --cfg job or --info")
+    return p, flags
+
+
 def cmd_sweep(args: list[str]) -> None:
-    from bench_cli.records import new_run_id
     from bench_cli.ui import console
 
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)
         return
-    force = "--force" in args
-    dry_run = "--dry-run" in args
-    args = [a for a in args if a not in ("--force", "--dry-run", "--multirun", "-m")]
-    flags, overrides = C.split_args(args)
-    if {"--hydra-help", "--info", "-i", "--cfg", "-c", "--version"} & set(flags):
-        C.dispatch_to_hydra(_hydra_sweep_job, ["--multirun", *args])
+    parsed = parse_sweep_args(args)
+    if parsed is None:
         return
-    unknown = [f for f in flags if f.startswith("--") and f not in ("--config-dir", "--config-name", "--config-path")]
-    if unknown:
-        raise UserError(f"unknown option '{unknown[0]}'; valid: --force, --dry-run (and Hydra's --cfg, --info)")
-
-    jobs = plan(overrides)
+    p, flags = parsed
+    force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
+    sweep = plan_sweep(p.overrides, flags)
+    jobs = sweep.jobs
     if not jobs:
         raise UserError("the sweep has no jobs")
     validate_jobs(jobs)
     paths = {str(j.cfg.results.path) for j in jobs}
     done = {}
-    for p in paths:
-        done.update(done_keys(p))
+    for path in paths:
+        done.update(done_keys(path))
     n_done = sum(j.key in done for j in jobs)
     what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
-    todo = len(jobs) if force else len(jobs) - n_done
+    todo = jobs if force else [j for j in jobs if j.key not in done]
     console.print(f"[bold]{what}[/]: {len(jobs)} jobs, {n_done} already done"
-                  + (" (rerun: --force)" if force and n_done else "") + f", {todo} to run; records: {', '.join(sorted(paths))}",
-                  soft_wrap=True)
+                  + (" (rerun: --force)" if force and n_done else "")
+                  + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
     if dry_run:
         _print_plan(jobs, done, force)
         return
-    if todo == 0:
+    if not todo:
         console.print("[green]nothing to do[/]: every job has an ok record (use --force to rerun)")
         return
+    for i, job in enumerate(jobs):
+        if not force and job.key in done:
+            console.print(f"{_head(i, len(jobs))} [dim]skip[/]    {job.label}  (ok record {done[job.key].get('run_id', '')})",
+                          highlight=False, soft_wrap=True)
+    n_failed = run_sweep(sweep, todo, paths, done if not force else {})
+    if n_failed:
+        raise SystemExit(min(n_failed, MAX_EXIT))
+
+
+def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict) -> int:
+    """Launch ``todo``, then summarise; the number of jobs without an ok record."""
+    from rich.markup import escape
+
+    from bench_cli.records import new_run_id
+    from bench_cli.ui import console
 
     before = {p: len(records.read_records(p)) for p in paths}
-    os.environ[TOTAL_ENV] = str(len(jobs))
-    if force:
-        os.environ[FORCE_ENV] = "1"
-    hydra_failed = None
     started = time.perf_counter()
-    os.environ["ATTNBENCH_RUN_ID"] = new_run_id()  # the sweep's folder
-    os.environ[SWEEP_PID_ENV] = str(os.getpid())
+    os.environ["ATTNBENCH_RUN_ID"] = new_run_id()  # the sweep's folder (hydra.sweep.dir)
     try:
-        C.dispatch_to_hydra(_hydra_sweep_job, ["--multirun", *args])
-    except SystemExit as e:  # Hydra reports a launcher/job error and exits; still summarise
-        hydra_failed = e.code
+        returns = launch(sweep, todo)
     except KeyboardInterrupt as e:
-        summarize(jobs, paths, before, done if not force else {}, time.perf_counter() - started)
+        summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)
         console.print(f"[red]interrupted[/] ({interruption_name(e)}): rerun the same command to run only the "
                       "missing and failed jobs")
         raise SystemExit(exit_code_of(e)) from None
-    finally:
-        os.environ.pop(FORCE_ENV, None)
-    n_failed = summarize(jobs, paths, before, done if not force else {}, time.perf_counter() - started)
-    if hydra_failed not in (None, 0) and n_failed == 0:
-        n_failed = 1
-    if n_failed:
-        raise SystemExit(min(n_failed, MAX_EXIT))
+    errors = [e for e in map(_error_of, returns) if e is not None]
+    for e in errors:  # a job that failed outside its run (the run records its own failures)
+        console.print(f"[bold red]error:[/] {escape(type(e).__name__)}: {escape(str(e))}", highlight=False,
+                      soft_wrap=True)
+    n_failed = summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)
+    return max(n_failed, 1) if errors else n_failed
 
 
 def _print_plan(jobs: list[Job], done: dict, force: bool) -> None:
     from rich.table import Table
 
-    from bench_cli.report import wide
-
-    from bench_cli.ui import console
+    from bench_cli.ui import console, wide
 
     t = Table(title="jobs")
     for col in ("#", "job", "job_key", "status"):
@@ -398,9 +485,7 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from bench_cli.report import wide
-
-    from bench_cli.ui import console
+    from bench_cli.ui import console, wide
 
     res = outcomes(jobs, paths, before, done_before)
     counts: dict[str, int] = {}

@@ -103,6 +103,105 @@ def test_grid_mistakes_are_one_line_exit_2(uea_fixture, workdir, capsys):
         assert len(err.splitlines()) == 1 and expected in err, err
 
 
+# --- the plan is the run: Hydra's composition, once per job, one job_key -----------------------
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """Jobs launched for real (Hydra's basic launcher, in process) that train nothing: the runner
+    gets the config the launcher composed and records an ok row with its job_key."""
+    from bench_cli import records, runner
+
+    seen = []
+
+    def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix=""):
+        seen.append(cfg)
+        row = {"run_id": f"fake{len(seen)}", "status": "ok", "job_key": records.job_key(cfg), "metric": "accuracy",
+               "test_score": 50.0, "overrides": " ".join(overrides or ()), "output_dir": str(run_dir)}
+        records.append_record(cfg.results.path, row)
+        return row
+
+    monkeypatch.setattr(runner, "run_experiment", run_experiment)
+    return seen
+
+
+def as_dict(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture, workdir, fake_runs, capsys):
+    """Each job of an experiment's grid runs with the config the plan composed (not a second,
+    different composition): equal as resolved configs, with the planned job_key."""
+    args = ["experiment=primal_dual/table1", "task.dataset=Fixture", "seed=0,1", f"paths.output_dir={workdir / 'outputs'}",
+            f"results.path={workdir / 'res.csv'}"]
+    sweep = S.plan_sweep(args)
+    assert len(sweep.jobs) == 4 * 2
+    returns = S.launch(sweep, sweep.jobs)
+    assert [S._error_of(r) for r in returns] == [None] * len(sweep.jobs)
+    assert [as_dict(c) for c in fake_runs] == [as_dict(j.cfg) for j in sweep.jobs]
+    assert [r["job_key"] for r in read_records(workdir / "res.csv")] == [j.key for j in sweep.jobs]
+    assert "[sweep 8/8] ok" in capsys.readouterr().out
+    # Hydra's multirun layout: multirun.yaml in the sweep folder, a folder per job with Hydra's
+    # files and the job's log (hydra.job.name 'sweep', as @hydra.main named it)
+    (sweep_dir,) = (workdir / "outputs" / "multirun").glob("*/*")
+    assert (sweep_dir / "multirun.yaml").is_file()
+    assert {p.parent.name for p in sweep_dir.glob("*/sweep.log")} == {str(i) for i in range(8)}
+    assert (sweep_dir / "7" / ".hydra" / "overrides.yaml").read_text().count("seed=1") == 1
+
+
+def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, workdir, fake_runs, capsys):
+    sweep = S.plan_sweep([*tiny(workdir), "seed=0,1"])
+    sweep.jobs[1].key = "0" * 16  # as if the launcher's process composed another config
+    errors = [S._error_of(r) for r in S.launch(sweep, sweep.jobs)]
+    assert errors[0] is None and isinstance(errors[1], S.PlanMismatchError)
+    assert "the plan has 0000000000000000" in str(errors[1]) and len(fake_runs) == 1  # nothing run for it
+
+
+def test_job_key_is_computed_once_per_planned_job(uea_fixture, workdir, monkeypatch, capsys):
+    from bench_cli import records
+
+    calls = []
+    monkeypatch.setattr(records, "job_key", lambda cfg, real=records.job_key: calls.append(1) or real(cfg))
+    assert sweep(*tiny(workdir), "model=softmax,attention_sh", "seed=0,1,0", "--dry-run") == 0
+    assert len(calls) == 2 * 3  # one per job of the grid (seed=0 twice: one job), none to decide what is done
+    assert "4 jobs, 0 already done, 4 to run" in capsys.readouterr().out
+
+
+def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs, capsys):
+    """A finished job (an ok record with its job_key) is skipped by the plan and never launched;
+    --force launches it again. The jobs that run get the plan's numbers ([sweep 2/3])."""
+    args = [*tiny(workdir), "seed=0,1,2"]
+    jobs = S.plan(args)
+    from bench_cli import records
+
+    records.append_record(workdir / "res.csv", {"run_id": "earlier", "status": "ok", "job_key": jobs[0].key})
+    records.append_record(workdir / "res.csv", {"run_id": "crashed", "status": "failed", "job_key": jobs[1].key})
+    capsys.readouterr()
+    assert sweep(*args, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "3 jobs, 1 already done, 2 to run" in out and "done, skip" in out and not fake_runs
+    assert all(j.key in out for j in jobs)
+    assert sweep(*args) == 0
+    out = capsys.readouterr().out
+    assert [int(c.seed) for c in fake_runs] == [1, 2]
+    assert "[sweep 1/3] skip" in out and "(ok record earlier)" in out and "[sweep 3/3] ok" in out
+    assert "sweep done" in out and "1 skipped" in out
+    fake_runs.clear()
+    assert sweep(*args, "--force") == 0
+    assert [int(c.seed) for c in fake_runs] == [0, 1, 2]
+
+
+def test_sweep_arguments_and_hydra_flags(workdir, capsys):
+    assert sweep("--help") == 0 and "usage: attnbench sweep" in capsys.readouterr().out
+    assert sweep("--cfg", "job", "model=attention_bn") == 0  # handed to Hydra, which prints the config
+    assert "name: attention_bn" in capsys.readouterr().out
+    for args, expected in ((["--resolve"], "does not apply to `attnbench sweep`"),
+                           (["--config-dir", str(workdir / "nowhere")], "no such directory")):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", *args])
+        assert e.value.code == 2 and expected in capsys.readouterr().err
+
+
 # --- experiment configs -----------------------------------------------------------------------
 def reference(file: str) -> list[dict]:
     with open(REFERENCE / file, newline="") as f:
@@ -113,7 +212,10 @@ UEA_NAME = {"HandWriting": "Handwriting", "HeartBeat": "Heartbeat"}  # paper spe
 
 
 def grid(*overrides: str) -> list:
-    return S.compose_jobs(S.expand_grid(list(overrides)))
+    """The planned jobs (each composed by Hydra). Tests narrow the grids they compose: a job's
+    composition takes a fraction of a second, and the axes they do not check are counted with
+    ``S.expand_grid`` (which composes nothing but the multirun config)."""
+    return S.plan(list(overrides))
 
 
 def test_every_experiment_composes_and_lists_its_grid():
@@ -127,14 +229,18 @@ def test_every_experiment_composes_and_lists_its_grid():
 
 
 def test_table1_grid_is_the_papers_protocol_and_datasets_restrict_it():
-    jobs = grid("experiment=primal_dual/table1")
-    assert len(jobs) == 10 * 4 * 5
-    assert {j.cfg.task.protocol for j in jobs} == {"paper"} and {int(j.cfg.seed) for j in jobs} == set(range(5))
-    assert {j.cfg.task.backbone.n_heads for j in jobs} == {8}
-    sub = grid("experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions")
-    assert len(sub) == 2 * 4 * 5 and {j.cfg.task.dataset for j in sub} == {"JapaneseVowels", "BasicMotions"}
+    full = S.expand_grid(["experiment=primal_dual/table1"])
+    assert len(full) == 10 * 4 * 5
+    assert {o for job in full for o in job if o.startswith("seed=")} == {f"seed={s}" for s in range(5)}
+    sub = S.expand_grid(["experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions"])
+    assert len(sub) == 2 * 4 * 5
+    assert {o for job in sub for o in job if o.startswith("task.dataset=")} == {"task.dataset=JapaneseVowels",
+                                                                               "task.dataset=BasicMotions"}
+    jobs = grid("experiment=primal_dual/table1", "model=softmax", "seed=0")
+    assert len(jobs) == 10
+    assert {j.cfg.task.protocol for j in jobs} == {"paper"} and {j.cfg.task.backbone.n_heads for j in jobs} == {8}
     # Zerveas et al.'s setup for most sets, Flowformer's for PEMS-SF / SCP2 / UWave (Appendix A.1)
-    by_ds = {j.cfg.task.dataset: j.cfg for j in jobs if j.cfg.model.name == "softmax" and j.cfg.seed == 0}
+    by_ds = {j.cfg.task.dataset: j.cfg for j in jobs}
     assert by_ds["JapaneseVowels"].task.backbone.d_model == 64 and by_ds["JapaneseVowels"].trainer.batch_size == 64
     assert by_ds["PEMS-SF"].task.backbone.d_model == 512 and by_ds["PEMS-SF"].trainer.max_epochs == 400
     assert by_ds["UWaveGestureLibrary"].trainer.max_epochs == 100
@@ -145,16 +251,24 @@ def test_table1_grid_is_the_papers_protocol_and_datasets_restrict_it():
 def test_beta_per_dataset_and_model_is_the_papers_table(table, exp):
     want = {(UEA_NAME.get(r["dataset"], r["dataset"]), r["model"]): float(r["value"])
             for r in reference("primal_dual_2023.csv") if r["table"] == table and "UEA" in r["notes"]}
-    jobs = grid(f"experiment={exp}", "seed=0")
-    got = {(j.cfg.task.dataset, j.cfg.model.name): float(j.cfg.model.attention.beta)
-           for j in jobs if "beta" in j.cfg.model.attention}
-    assert got and {k: want[k] for k in got} == got
+    axes: dict[str, set] = {}
+    for job in S.expand_grid([f"experiment={exp}", "seed=0"]):
+        for o in job:
+            axes.setdefault(o.split("=")[0], set()).add(o)
+    models = axes["model"]
+    bn = sorted(m for m in models if "_bn" in m)
+    jobs = grid(f"experiment={exp}", "seed=0", ",".join(bn).replace(",model=", ","))
+    got = {(j.cfg.task.dataset, j.cfg.model.name): float(j.cfg.model.attention.beta) for j in jobs}
+    assert len(got) == len(axes["task.dataset"]) * len(bn) and {k: want[k] for k in got} == got
     # variants without BN never see a beta (they reject unknown options)
-    assert all("beta" not in j.cfg.model.attention for j in jobs if "_bn" not in j.cfg.model.name)
+    others = grid(f"experiment={exp}", "seed=0", "task.dataset=JapaneseVowels",
+                  ",".join(sorted(models - set(bn))).replace(",model=", ","))
+    assert others and all("beta" not in j.cfg.model.attention for j in others)
 
 
 def test_primal_attention_uea_hyperparameters_per_dataset():
-    jobs = {(j.cfg.task.dataset, j.cfg.model.name): j.cfg for j in grid("experiment=primal_attention/uea", "seed=0")}
+    jobs = {(j.cfg.task.dataset, j.cfg.model.name): j.cfg for j in grid("experiment=primal_attention/uea", "seed=0",
+                                                                                "task.dataset=JapaneseVowels,SpokenArabicDigits,PEMS-SF")}
     pf, pp = jobs[("JapaneseVowels", "primalformer")], jobs[("JapaneseVowels", "primal_plus")]
     # published eta (run_primalformer.sh / run_primal_trans.sh), averaged over layers as the authors' loss.py
     assert (pf.model.attention.low_rank, pf.model.attention.rank_multi, pf.model.eta) == (40, 5, 0.5)

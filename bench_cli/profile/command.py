@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import compose as C
-from bench_cli.errors import UserError
+from bench_cli.args import parse
 from bench_cli.profile.config import load_config
 
 USAGE = """\
@@ -25,27 +25,21 @@ keys: see conf/profile/default.yaml; `attnbench profile --cfg` prints the compos
 """
 
 
+# --cfg prints the composed config (its optional value, as Hydra's --cfg takes, changes nothing).
+PROFILE_OPTIONS = {"-h": False, "--help": False, "--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all")}
+
+
 def cmd_profile(args: list[str]) -> None:
     from bench_cli import records
     from bench_cli.profile import render
     from bench_cli.profile.grid import PROFILE_COLUMNS, run_profile
     from bench_cli.ui import console, progress_bar
 
-    show_cfg, overrides, i = False, [], 0
-    while i < len(args):
-        a = args[i]
-        if a in ("-h", "--help"):
-            print(USAGE.format(presets=", ".join(C.group_options("profile"))))
-            return
-        if a in ("--cfg", "-c"):
-            show_cfg = True
-            if i + 1 < len(args) and args[i + 1] in ("job", "hydra", "all"):
-                i += 1
-        elif a.startswith("-"):
-            raise UserError(f"unknown option {a} for `attnbench profile` (overrides are key=value; see --help)")
-        else:
-            overrides.append(a)
-        i += 1
+    p = parse("profile", args, PROFILE_OPTIONS, positional=False)
+    if p.get("-h") or p.get("--help"):
+        print(USAGE.format(presets=", ".join(C.group_options("profile"))))
+        return
+    show_cfg, overrides = bool(p.get("--cfg") or p.get("-c")), p.overrides
     cfg = load_config(overrides)
     if show_cfg:
         print(OmegaConf.to_yaml(cfg, resolve=True))
