@@ -14,11 +14,11 @@ data-independent, Listing 1); lines under the table say why a variant shows n/a.
 from __future__ import annotations
 
 import statistics
-import time
 from types import SimpleNamespace
 
 import torch
 
+from bench_cli.measure import seconds
 from models.attention import attention_spec, available_attentions, build_attention
 from models.attention.modifiers import default_sh_factors
 
@@ -32,12 +32,6 @@ def variant_options(name: str, n: int, heads: int) -> dict | None:
     if name.endswith("_sh"):
         return {"sh_factors": default_sh_factors(heads)}
     return {}
-
-
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def skip_reason(name: str, n: int, args) -> str | None:
@@ -87,7 +81,7 @@ def time_length(names, n, args) -> dict:
             fns[mode]()
         for _ in range(args.repeats):
             for name, fns in live.items():
-                times[name][mode].append(seconds(fns[mode]))
+                times[name][mode].append(seconds(fns[mode]))  # the one timer (bench_cli.measure)
     return {name: (tuple(statistics.median(t) for t in times[name]) if name in live else None) for name in names}
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY, STATUSES  # noqa: F401  (the schema names the columns)
+from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
 _NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")

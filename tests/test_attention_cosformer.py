@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import models.attention.cosformer  # noqa: F401  registers "cosformer"
 from models.attention import attention_spec, build_attention
 from models.attention.kernels import causal_linear_product
 

@@ -19,7 +19,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import models.attention.flowformer  # noqa: F401  registers "flowformer"
 from models.attention import attention_spec, build_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")

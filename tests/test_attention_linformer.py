@@ -9,7 +9,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import models.attention.linformer  # noqa: F401  registers "linformer"
 from models.attention import attention_spec, build_attention
 from models.attention.linformer import share_projection_across_layers
 

@@ -14,7 +14,6 @@ import math
 import pytest
 import torch
 
-import models.attention.longformer  # noqa: F401  (registers "longformer")
 from models.attention import attention_spec, build_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")

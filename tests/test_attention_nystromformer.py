@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-import models.attention.nystromformer  # noqa: F401  registers "nystromformer"
 from models.attention import attention_spec, build_attention
 from models.attention.nystromformer import iterative_pinv
 

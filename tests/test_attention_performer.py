@@ -10,7 +10,6 @@ import math
 import pytest
 import torch
 
-import models.attention.performer  # noqa: F401  registers "performer"
 from models.attention import attention_spec, build_attention
 from models.attention.performer import orthogonal_gaussian_matrix
 

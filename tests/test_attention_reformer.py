@@ -10,7 +10,6 @@ import math
 import pytest
 import torch
 
-import models.attention.reformer  # noqa: F401  (registers "reformer")
 from models.attention import attention_spec, build_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")

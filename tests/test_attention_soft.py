@@ -14,7 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-import models.attention.soft  # noqa: F401  registers "soft"
 from models.attention import attention_spec, build_attention
 from models.attention.soft import newton_pseudo_inverse
 

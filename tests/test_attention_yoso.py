@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import models.attention.yoso  # noqa: F401  (registers "yoso_e")
 from models.attention import attention_spec, build_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from bench_cli.objective import Objective
 from bench_cli.compose import compose
 from bench_cli.runner import build_task
-from models.attention import accumulate_auxiliary_losses, build_attention, collect_auxiliary_loss
+from models.attention import build_attention, collect_auxiliary_loss
 from models.attention.primal import evenly_spaced_rows
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
