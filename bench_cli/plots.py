@@ -101,81 +101,88 @@ def pba_figures(rows: list[dict], figures, c_attn: dict) -> list[Path]:
     rows = _select(rows, sdpa_backend=backend)
     variants = list(dict.fromkeys(r["model"] for r in rows))
     out = []
-
-    f2 = figures.get("figure2")
+    f2, f3, f4 = figures.get("figure2"), figures.get("figure3"), figures.get("figure4")
     if f2 and _select(rows, seq_len=f2["seq_len"], heads=f2["heads"]):
-        sel = _select(rows, seq_len=f2["seq_len"], heads=f2["heads"])
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for v in variants:
-            pts = sorted((int(r["d_model"]), r["flops_train_step"], r["eqn24"]) for r in sel if r["model"] == v)
-            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
-            axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=f"{v} (C={c_attn[v]})")
-        axes[0].set_title(f"counted (FlopCounterMode, sdpa={backend})")
-        axes[1].set_title("papers/002 Eqn. (24): C_Attn l d_m + 15 h l^2")
-        for ax in axes:
-            ax.set_xlabel("projection dimension d_m")
-            ax.set_ylabel("FLOPs, forward + backward")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.suptitle(f"Figure 2: one attention layer, l={f2['seq_len']}, h={f2['heads']}, batch 1", fontsize=10)
-        fig.tight_layout()
-        out.append(_save(fig, f2["path"], plt))
-
-    f3 = figures.get("figure3")
+        out.append(_pba_figure2(plt, rows, f2, variants, c_attn, backend))
     if f3 and _select(rows, model="efficient") and _select(rows, model="standard"):
-        heads = sorted({int(r["heads"]) for r in rows})
-        fig, axes = plt.subplots(2, len(heads), figsize=(3.6 * len(heads) + 1.5, 7.5), squeeze=False,
-                                 layout="constrained")
-        for j, h in enumerate(heads):
-            sel = _select(rows, heads=h, model="efficient")
-            ds = sorted({int(r["d_model"]) for r in sel})
-            ns = sorted({int(r["seq_len"]) for r in sel})
-            for i, (key, name) in enumerate((("ratio_standard_measured", "counted"), ("ratio_standard_eqn24", "Eqn. (24)"))):
-                grid = [[next((float(r[key]) for r in sel if int(r["d_model"]) == d and int(r["seq_len"]) == n), float("nan"))
-                         for d in ds] for n in ns]
-                ax = axes[i][j]
-                im = ax.imshow(grid, origin="lower", cmap="magma", vmin=1.0, vmax=2.0, aspect="auto")
-                for a, row in enumerate(grid):
-                    for b, v in enumerate(row):
-                        ax.text(b, a, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                                color="white" if v < 1.6 else "black")
-                mean = sum(v for row in grid for v in row) / max(sum(len(row) for row in grid), 1)
-                ax.set_title(f"{name}, h={h}: mean {mean:.2f}", fontsize=9)
-                ax.set_xticks(range(len(ds)), [str(d) for d in ds], fontsize=7)
-                ax.set_yticks(range(len(ns)), [str(n) for n in ns], fontsize=7)
-                if i == 1:
-                    ax.set_xlabel("d_m", fontsize=8)
-                if j == 0:
-                    ax.set_ylabel("sequence length l", fontsize=8)
-        fig.colorbar(im, ax=axes, shrink=0.6, label="FLOPs standard / efficient")
-        fig.suptitle(f"Figure 3: FLOPs of standard / efficient attention, one forward + backward pass "
-                     f"(top: counted, sdpa={backend}; bottom: Eqn. (24))", fontsize=10)
-        out.append(_save(fig, f3["path"], plt))
-
-    f4 = figures.get("figure4")
+        out.append(_pba_figure3(plt, rows, f3, backend))
     sel4 = _select(rows, heads=f4["heads"]) if f4 else []
-    ls4, ds4 = sorted({int(r["seq_len"]) for r in sel4}), sorted({int(r["d_model"]) for r in sel4})
-    if f4 and len(ls4) > 1 and len(ds4) > 1:  # a surface needs a 2-D grid
-        import numpy as np
-
-        fig = plt.figure(figsize=(4 * len(variants), 7.5))
-        x, y = np.meshgrid(np.log2(ls4), np.log2(ds4), indexing="ij")
-        for i, (key, name) in enumerate((("flops_train_step", "counted"), ("eqn24", "Eqn. (24)"))):
-            for j, v in enumerate(variants):
-                value = {(int(r["seq_len"]), int(r["d_model"])): float(r[key]) for r in sel4 if r["model"] == v}
-                z = np.array([[np.log10(value.get((n, d), np.nan)) for d in ds4] for n in ls4])
-                ax = fig.add_subplot(2, len(variants), i * len(variants) + j + 1, projection="3d")
-                ax.plot_surface(x, y, z, cmap="viridis", linewidth=0.2, edgecolor="k")
-                ax.set_title(f"{v}: {name}", fontsize=9)
-                ax.set_xlabel("log2 l", fontsize=7)
-                ax.set_ylabel("log2 d_m", fontsize=7)
-                ax.set_zlabel("log10 FLOPs", fontsize=7)
-                ax.tick_params(labelsize=6)
-        fig.suptitle(f"Figure 4: FLOPs of a forward + backward pass, h={f4['heads']} "
-                     f"(top: counted, sdpa={backend}; bottom: Eqn. (24))", fontsize=10)
-        fig.tight_layout()
-        out.append(_save(fig, f4["path"], plt))
+    if f4 and len({r["seq_len"] for r in sel4}) > 1 and len({r["d_model"] for r in sel4}) > 1:  # a surface needs a 2-D grid
+        out.append(_pba_figure4(plt, sel4, f4, variants, backend))
     return out
+
+
+def _pba_figure2(plt, rows, f2, variants, c_attn, backend) -> Path:
+    sel = _select(rows, seq_len=f2["seq_len"], heads=f2["heads"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for v in variants:
+        pts = sorted((int(r["d_model"]), r["flops_train_step"], r["eqn24"]) for r in sel if r["model"] == v)
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=f"{v} (C={c_attn[v]})")
+    axes[0].set_title(f"counted (FlopCounterMode, sdpa={backend})")
+    axes[1].set_title("papers/002 Eqn. (24): C_Attn l d_m + 15 h l^2")
+    for ax in axes:
+        ax.set_xlabel("projection dimension d_m")
+        ax.set_ylabel("FLOPs, forward + backward")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Figure 2: one attention layer, l={f2['seq_len']}, h={f2['heads']}, batch 1", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, f2["path"], plt)
+
+
+def _pba_figure3(plt, rows, f3, backend) -> Path:
+    heads = sorted({int(r["heads"]) for r in rows})
+    fig, axes = plt.subplots(2, len(heads), figsize=(3.6 * len(heads) + 1.5, 7.5), squeeze=False,
+                             layout="constrained")
+    for j, h in enumerate(heads):
+        sel = _select(rows, heads=h, model="efficient")
+        ds = sorted({int(r["d_model"]) for r in sel})
+        ns = sorted({int(r["seq_len"]) for r in sel})
+        for i, (key, name) in enumerate((("ratio_standard_measured", "counted"), ("ratio_standard_eqn24", "Eqn. (24)"))):
+            grid = [[next((float(r[key]) for r in sel if int(r["d_model"]) == d and int(r["seq_len"]) == n), float("nan"))
+                     for d in ds] for n in ns]
+            ax = axes[i][j]
+            im = ax.imshow(grid, origin="lower", cmap="magma", vmin=1.0, vmax=2.0, aspect="auto")
+            for a, row in enumerate(grid):
+                for b, v in enumerate(row):
+                    ax.text(b, a, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if v < 1.6 else "black")
+            mean = sum(v for row in grid for v in row) / max(sum(len(row) for row in grid), 1)
+            ax.set_title(f"{name}, h={h}: mean {mean:.2f}", fontsize=9)
+            ax.set_xticks(range(len(ds)), [str(d) for d in ds], fontsize=7)
+            ax.set_yticks(range(len(ns)), [str(n) for n in ns], fontsize=7)
+            if i == 1:
+                ax.set_xlabel("d_m", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("sequence length l", fontsize=8)
+    fig.colorbar(im, ax=axes, shrink=0.6, label="FLOPs standard / efficient")
+    fig.suptitle(f"Figure 3: FLOPs of standard / efficient attention, one forward + backward pass "
+                 f"(top: counted, sdpa={backend}; bottom: Eqn. (24))", fontsize=10)
+    return _save(fig, f3["path"], plt)
+
+
+def _pba_figure4(plt, sel4, f4, variants, backend) -> Path:
+    import numpy as np
+
+    ls4, ds4 = sorted({int(r["seq_len"]) for r in sel4}), sorted({int(r["d_model"]) for r in sel4})
+    fig = plt.figure(figsize=(4 * len(variants), 7.5))
+    x, y = np.meshgrid(np.log2(ls4), np.log2(ds4), indexing="ij")
+    for i, (key, name) in enumerate((("flops_train_step", "counted"), ("eqn24", "Eqn. (24)"))):
+        for j, v in enumerate(variants):
+            value = {(int(r["seq_len"]), int(r["d_model"])): float(r[key]) for r in sel4 if r["model"] == v}
+            z = np.array([[np.log10(value.get((n, d), np.nan)) for d in ds4] for n in ls4])
+            ax = fig.add_subplot(2, len(variants), i * len(variants) + j + 1, projection="3d")
+            ax.plot_surface(x, y, z, cmap="viridis", linewidth=0.2, edgecolor="k")
+            ax.set_title(f"{v}: {name}", fontsize=9)
+            ax.set_xlabel("log2 l", fontsize=7)
+            ax.set_ylabel("log2 d_m", fontsize=7)
+            ax.set_zlabel("log10 FLOPs", fontsize=7)
+            ax.tick_params(labelsize=6)
+    fig.suptitle(f"Figure 4: FLOPs of a forward + backward pass, h={f4['heads']} "
+                 f"(top: counted, sdpa={backend}; bottom: Eqn. (24))", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, f4["path"], plt)
 
 
 def _save(fig, path, plt) -> Path:

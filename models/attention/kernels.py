@@ -15,6 +15,7 @@ may use key j when the key is valid and, under causality, when j has been releas
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -223,61 +224,21 @@ def sparse_attention(
     nb = -(-n_keys // l)
     n_keys_padded, n_queries_padded = nb * l, nb * l * factor
     device = q.device
-
-    k_blocks = F.pad(keys.k, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, d)
-    v_blocks = F.pad(keys.v, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, dv)
-    q_blocks = F.pad(q * d**-0.5, (0, 0, 0, n_queries_padded - n)).view(b, g, nb, l * factor, d)  # 1/sqrt(D)
-    valid = F.pad(keys.valid_mask(), (0, n_keys_padded - n_keys), value=False)  # (B|1, Nkp)
-    release = F.pad(keys.release_times(), (0, n_keys_padded - n_keys), value=n_queries_padded)
-    query_pos = torch.arange(n_queries_padded, device=device).view(nb, l * factor)  # i
-    grid_pos = query_pos // factor  # p
-    block_ids = torch.arange(nb, device=device)
-
-    # ---- A1: block-local part
-    offsets = ((-1, 0) if causal else (-1, 0, 1)) if pattern == "strided" else (0,)
-    k_local = torch.cat([_shift_blocks(k_blocks, o) for o in offsets], dim=3)  # (B,G,nb,w*l,D)
-    v_local = torch.cat([_shift_blocks(v_blocks, o) for o in offsets], dim=3)
-    j_local = torch.cat([(block_ids + o)[:, None] * l + torch.arange(l, device=device) for o in offsets], -1)
-    in_range = (j_local >= 0) & (j_local < n_keys_padded)
-    j_local = j_local.clamp(0, n_keys_padded - 1)  # (nb, w*l)
-    member = in_range[:, None, :]
+    blocks = _SparseBlocks(
+        k=F.pad(keys.k, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, d),
+        v=F.pad(keys.v, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, dv),
+        q=F.pad(q * d**-0.5, (0, 0, 0, n_queries_padded - n)).view(b, g, nb, l * factor, d),  # 1/sqrt(D)
+        valid=F.pad(keys.valid_mask(), (0, n_keys_padded - n_keys), value=False),  # (B|1, Nkp)
+        release=F.pad(keys.release_times(), (0, n_keys_padded - n_keys), value=n_queries_padded),
+        query_pos=torch.arange(n_queries_padded, device=device).view(nb, l * factor),  # i
+        block_ids=torch.arange(nb, device=device), l=l, factor=factor, causal=causal,
+        offsets=((-1, 0) if causal else (-1, 0, 1)) if pattern == "strided" else (0,))
+    logits_local, allowed_local, v_local = _sparse_local(blocks, pattern)
     if pattern == "strided":
-        lag = grid_pos[:, :, None] - j_local[:, None, :]
-        member = member & ((lag >= 0) & (lag <= l) if causal else lag.abs() <= l)
-    allowed_local = member & valid[:, j_local][:, :, None, :]  # (B|1, nb, l*f, w*l)
-    if causal:
-        allowed_local = allowed_local & (release[:, j_local][:, :, None, :] <= query_pos[:, :, None])
-    logits_local = torch.einsum("bgnqd,bgnkd->bgnqk", q_blocks, k_local)
-
-    # ---- A2: gathered long-range part
-    if pattern == "strided":
-        # keys j = m*l + r at the query's in-block offset r, in blocks m outside the local window
-        j_far = block_ids[None, :] * l + torch.arange(l, device=device)[:, None]  # (l, nb_k)
-        outside = torch.ones(nb, nb, dtype=torch.bool, device=device)
-        for o in offsets:
-            outside &= (block_ids[None, :] - block_ids[:, None]) != o
-        if causal:
-            outside &= block_ids[None, :] <= block_ids[:, None]
-        allowed_far = outside[None, :, None, None, :] & valid[:, j_far][:, None, :, None, :]  # (B|1,nb,l,1,nb)
-        if causal:
-            release_far = release[:, j_far][:, None, :, None, :]
-            allowed_far = allowed_far & (release_far <= query_pos.view(nb, l, factor)[None, ..., None])
-        allowed_far = allowed_far.expand(-1, -1, -1, factor, -1).reshape(-1, nb, l * factor, nb)
-        q_grid = q_blocks.view(b, g, nb, l, factor, d)
-        logits_far = torch.einsum("bgnrfd,bgmrd->bgnrfm", q_grid, k_blocks).reshape(b, g, nb, l * factor, nb)
+        logits_far, allowed_far = _sparse_strided_far(blocks)
+        v_far = None
     else:
-        c = max(1, min(summary_size or l // 8, l))
-        j_far = (block_ids[:, None] * l + torch.arange(l - c, l, device=device)).reshape(-1)  # (nb*c)
-        far_block = j_far // l
-        outside = far_block[None, :] != block_ids[:, None]
-        if causal:
-            outside &= far_block[None, :] < block_ids[:, None]
-        allowed_far = outside[None, :, None, :] & valid[:, j_far][:, None, None, :]  # (B|1, nb, 1, nb*c)
-        if causal:
-            allowed_far = allowed_far & (release[:, j_far][:, None, None, :] <= query_pos[None, :, :, None])
-        k_summary = k_blocks[:, :, :, l - c :].reshape(b, g, nb * c, d)
-        v_summary = v_blocks[:, :, :, l - c :].reshape(b, g, nb * c, dv)
-        logits_far = torch.einsum("bgnqd,bgsd->bgnqs", q_blocks, k_summary)
+        logits_far, allowed_far, v_far = _sparse_fixed_far(blocks, summary_size)
 
     # ---- one softmax over M_i = A1 u A2
     n_local = logits_local.shape[-1]
@@ -293,8 +254,89 @@ def sparse_attention(
     out = p_local @ v_local
     if pattern == "strided":
         p_far = p_far.reshape(b, g, nb, l, factor, nb)
-        out = out + torch.einsum("bgnrfm,bgmre->bgnrfe", p_far, v_blocks).reshape(b, g, nb, l * factor, dv)
+        out = out + torch.einsum("bgnrfm,bgmre->bgnrfe", p_far, blocks.v).reshape(b, g, nb, l * factor, dv)
     else:
-        out = out + p_far @ v_summary[:, :, None]
+        out = out + p_far @ v_far[:, :, None]
     out = out * allowed.any(-1, keepdim=True)
     return out.reshape(b, g, n_queries_padded, dv)[:, :, :n]
+
+
+@dataclass
+class _SparseBlocks:
+    """Queries, keys and values of sparse_attention cut into nb blocks of l keys (l * factor
+    queries), with the keys' validity and release times and the queries' positions."""
+
+    k: torch.Tensor  # (B, G, nb, l, D)
+    v: torch.Tensor  # (B, G, nb, l, Dv)
+    q: torch.Tensor  # (B, G, nb, l*factor, D), scaled by 1/sqrt(D)
+    valid: torch.Tensor  # (B|1, nb*l)
+    release: torch.Tensor  # (B|1, nb*l)
+    query_pos: torch.Tensor  # (nb, l*factor): i
+    block_ids: torch.Tensor  # (nb,)
+    l: int
+    factor: int
+    causal: bool
+    offsets: tuple[int, ...]  # the blocks of A1 relative to the query's
+
+    @property
+    def grid_pos(self) -> torch.Tensor:
+        return self.query_pos // self.factor  # p
+
+
+def _sparse_local(s: _SparseBlocks, pattern: str):
+    """A1, block-local: (logits, allowed, values) over the own block (plus the previous/next one
+    for strided)."""
+    l, device = s.l, s.q.device
+    n_keys_padded = s.block_ids.numel() * l
+    k_local = torch.cat([_shift_blocks(s.k, o) for o in s.offsets], dim=3)  # (B,G,nb,w*l,D)
+    v_local = torch.cat([_shift_blocks(s.v, o) for o in s.offsets], dim=3)
+    j_local = torch.cat([(s.block_ids + o)[:, None] * l + torch.arange(l, device=device) for o in s.offsets], -1)
+    in_range = (j_local >= 0) & (j_local < n_keys_padded)
+    j_local = j_local.clamp(0, n_keys_padded - 1)  # (nb, w*l)
+    member = in_range[:, None, :]
+    if pattern == "strided":
+        lag = s.grid_pos[:, :, None] - j_local[:, None, :]
+        member = member & ((lag >= 0) & (lag <= l) if s.causal else lag.abs() <= l)
+    allowed_local = member & s.valid[:, j_local][:, :, None, :]  # (B|1, nb, l*f, w*l)
+    if s.causal:
+        allowed_local = allowed_local & (s.release[:, j_local][:, :, None, :] <= s.query_pos[:, :, None])
+    return torch.einsum("bgnqd,bgnkd->bgnqk", s.q, k_local), allowed_local, v_local
+
+
+def _sparse_strided_far(s: _SparseBlocks):
+    """A2 of strided: the keys j = m*l + r at the query's in-block offset r, in blocks m outside
+    the local window (a column of the (N/l) x l grid): (logits, allowed)."""
+    b, g, nb, l, d = s.k.shape
+    factor, device, block_ids = s.factor, s.q.device, s.block_ids
+    j_far = block_ids[None, :] * l + torch.arange(l, device=device)[:, None]  # (l, nb_k)
+    outside = torch.ones(nb, nb, dtype=torch.bool, device=device)
+    for o in s.offsets:
+        outside &= (block_ids[None, :] - block_ids[:, None]) != o
+    if s.causal:
+        outside &= block_ids[None, :] <= block_ids[:, None]
+    allowed_far = outside[None, :, None, None, :] & s.valid[:, j_far][:, None, :, None, :]  # (B|1,nb,l,1,nb)
+    if s.causal:
+        release_far = s.release[:, j_far][:, None, :, None, :]
+        allowed_far = allowed_far & (release_far <= s.query_pos.view(nb, l, factor)[None, ..., None])
+    allowed_far = allowed_far.expand(-1, -1, -1, factor, -1).reshape(-1, nb, l * factor, nb)
+    q_grid = s.q.view(b, g, nb, l, factor, d)
+    logits_far = torch.einsum("bgnrfd,bgmrd->bgnrfm", q_grid, s.k).reshape(b, g, nb, l * factor, nb)
+    return logits_far, allowed_far
+
+
+def _sparse_fixed_far(s: _SparseBlocks, summary_size: int | None):
+    """A2 of fixed: the last c keys (the summary) of every other block: (logits, allowed, values)."""
+    b, g, nb, l, d = s.k.shape
+    dv, device, block_ids = s.v.shape[-1], s.q.device, s.block_ids
+    c = max(1, min(summary_size or l // 8, l))
+    j_far = (block_ids[:, None] * l + torch.arange(l - c, l, device=device)).reshape(-1)  # (nb*c)
+    far_block = j_far // l
+    outside = far_block[None, :] != block_ids[:, None]
+    if s.causal:
+        outside &= far_block[None, :] < block_ids[:, None]
+    allowed_far = outside[None, :, None, :] & s.valid[:, j_far][:, None, None, :]  # (B|1, nb, 1, nb*c)
+    if s.causal:
+        allowed_far = allowed_far & (s.release[:, j_far][:, None, None, :] <= s.query_pos[None, :, :, None])
+    k_summary = s.k[:, :, :, l - c :].reshape(b, g, nb * c, d)
+    v_summary = s.v[:, :, :, l - c :].reshape(b, g, nb * c, dv)
+    return torch.einsum("bgnqd,bgsd->bgnqs", s.q, k_summary), allowed_far, v_summary
