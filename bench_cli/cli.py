@@ -200,11 +200,13 @@ def cmd_ls(args: list[str]) -> None:
                          str(len(cls.datasets(data_root))), f"attnbench data {cls.fetcher}" if cls.fetcher else "-"])
         show_table("tasks (task=NAME)", ["task", "selects on", "datasets", "data"], rows)
     if what == "datasets":
+        from tasks.fetch import fetcher
+
         rows = []
         for name in available_tasks():
             cls = task_class(name)
             for ds in cls.datasets(data_root):
-                status = cls.dataset_status(ds, data_root)
+                status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
                 style = {"local": "green", "package": "cyan", "missing": "dim"}[status]
                 shown = {"local": "local", "package": "in package",
                          "missing": f"missing: attnbench data {cls.fetcher} {ds}"}[status]

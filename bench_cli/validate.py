@@ -1,7 +1,8 @@
 """One validation of a composed config, used by `validate`, `run` and every job of a `sweep`
 before anything is trained: settings in range, the task's data present (nothing read), the model's
 attentions able to fill the task's roles, and the model buildable. Each problem is one line
-(UserError, exit status 2).
+(UserError, exit status 2). The protocol is checked against the ones the task declares
+(``Task.protocols``), and the data by the task's fetcher (``Task.check_data``).
 """
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.errors import UserError, unknown_choice
 from bench_cli.records import check_results_path
-from tasks.base import PROTOCOLS
 
 
 def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optional=False, exclusive=False):
@@ -31,11 +31,11 @@ def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optiona
 def check_settings(cfg: DictConfig) -> None:
     """Ranges and choices of the trainer and task settings every run reads."""
     from bench_cli.trainer import OPTIMIZERS, SCHEDULERS, select_device
+    from tasks import task_class
 
     t = cfg.trainer
     protocol = str(cfg.task.get("protocol", "holdout"))
-    if protocol not in PROTOCOLS:
-        raise unknown_choice("task.protocol", protocol, PROTOCOLS)
+    task_class(str(cfg.task.name)).check_protocol(protocol)
     _number(cfg, "trainer.max_epochs", minimum=1, integer=True, optional=bool(t.get("max_steps")))
     _number(cfg, "trainer.max_steps", minimum=1, integer=True, optional=True)
     _number(cfg, "trainer.step_budget", minimum=1, integer=True, optional=True)
@@ -79,6 +79,7 @@ def check_config(cfg: DictConfig, build: bool = False):
 
     check_settings(cfg)
     task = build_task(cfg)
+    task.check_dataset_name()  # the task's shapes may depend on the dataset (textcls' setups.<dataset>)
     check_model_fits_task(task, cfg)  # an impossible (task, attention) pair needs no data to be refused
     task.check_data()
     if build:

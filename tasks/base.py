@@ -3,9 +3,13 @@
 A task owns its data (official format, from the data root), its head and loss, its metrics and
 how it is evaluated. The trainer sees only what is declared here:
 
-* data: ``setup(protocol)`` fills ``splits`` ('train', 'test', and 'val' for holdout) with
-  datasets of dict samples; ``transform(split)`` (per-sample augmentation, applied in the
-  DataLoader workers), ``collate(split)`` (batching, e.g. padding variable-length sequences) and
+* data: ``fetcher`` names the dataset source (tasks.fetch) that serves the task and alone answers
+  whether a dataset is present (``check_data`` asks it; ``DATASETS`` restricts the names the task
+  reads); ``protocols`` are the protocols the task supports, checked once, in ``setup(protocol)``,
+  which then calls the task's ``make_splits(protocol)`` to fill ``splits`` ('train', 'test', and
+  'val' for holdout, e.g. with tasks.data.validation_split) with datasets of dict samples;
+  ``transform(split)`` (per-sample augmentation, applied in the DataLoader workers),
+  ``collate(split)`` (batching, e.g. padding variable-length sequences) and
   ``sampler(split, dataset, generator)`` shape the loaders;
 * model: ``build_model(model_cfg)``, ``model_inputs(batch)``, ``loss(output, batch)``;
   ``attention_stacks()`` names the attention roles the model has (encoder self-attention,
@@ -92,41 +96,69 @@ class Task:
     selection: ClassVar[str] = "accuracy"
     # Capabilities every attention layer must have for this task (models.attention.Capabilities fields).
     requires: ClassVar[dict[str, bool]] = {}
-    # The dataset source of `attnbench data` (tasks.fetch) that serves this task, if any.
+    # The dataset source of `attnbench data` (tasks.fetch) that serves this task: it alone says
+    # whether a dataset is present.
     fetcher: ClassVar[str | None] = None
+    # The datasets the task reads, when only some of its fetcher's (None: every one).
+    DATASETS: ClassVar[tuple[str, ...] | None] = None
+    # The protocols the task supports ('holdout': a validation split selects; 'paper': TEST does).
+    protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
 
     def __init__(self, cfg, data_root: str | Path):
         self.cfg = cfg
         self.data_root = Path(data_root).expanduser()
         self.splits: dict[str, Dataset] = {}
+        self.located = None  # what the fetcher's check found (a folder, a loaded HF dataset), for setup
 
     # --- data -------------------------------------------------------------------------------
     @classmethod
     def datasets(cls, data_root: Path | None = None) -> list[str]:
-        """Dataset names the task reads (by default: those of its fetcher)."""
+        """Dataset names the task reads: ``DATASETS``, or by default those of its fetcher."""
         from tasks.fetch import fetcher
 
+        if cls.DATASETS is not None:
+            return list(cls.DATASETS)
         return fetcher(cls.fetcher).datasets(data_root) if cls.fetcher else []
-
-    @classmethod
-    def dataset_status(cls, dataset: str, data_root: Path) -> str:
-        """'local', 'package' or 'missing' (tasks.fetch.STATUSES)."""
-        from tasks.fetch import fetcher
-
-        return fetcher(cls.fetcher).status(dataset, data_root)
-
-    def check_data(self) -> None:
-        """Raise bench_cli.errors.DataNotFoundError (one line: where to put it, how to fetch) if
-        absent, or UserError for an unknown dataset name. Cheap: reads no data."""
-        raise NotImplementedError
-
-    def setup(self, protocol: str) -> None:
-        """Load and preprocess; fill ``self.splits`` with 'train', 'test' and (holdout) 'val'."""
-        raise NotImplementedError
 
     @property
     def dataset_name(self) -> str:
         return str(self.cfg.get("dataset", self.name))
+
+    def data_options(self) -> dict:
+        """What the fetcher's ``require`` needs from the config (``cached``: preprocessed copies
+        that make the source unnecessary; a choice of files such as Pathfinder's difficulty)."""
+        return {}
+
+    def check_dataset_name(self) -> None:
+        """UserError for a dataset the task does not read (its fetcher judges other names)."""
+        if self.DATASETS is not None and self.dataset_name not in self.DATASETS:
+            raise unknown_choice(f"{self.name} dataset", self.dataset_name, self.DATASETS)
+
+    def check_data(self) -> None:
+        """Raise UserError for a dataset the task does not read, or the fetcher's one-line
+        DataNotFoundError (where to put it, how to fetch it) if it is absent. Reads no data."""
+        from tasks.fetch import fetcher
+
+        self.check_dataset_name()
+        self.located = fetcher(self.fetcher).require(self.dataset_name, self.data_root, **self.data_options())
+
+    @classmethod
+    def check_protocol(cls, protocol: str) -> None:
+        if protocol not in cls.protocols:
+            raise unknown_choice("task.protocol", protocol, cls.protocols)
+
+    def setup(self, protocol: str) -> None:
+        """Check the protocol and the data (one line each), then fill ``splits`` (``make_splits``).
+        Under the paper protocol TEST selects: no validation split is kept."""
+        self.check_protocol(protocol)
+        self.check_data()
+        self.make_splits(protocol)
+        if protocol == "paper":
+            self.splits.pop("val", None)
+
+    def make_splits(self, protocol: str) -> None:
+        """Load and preprocess; fill ``self.splits`` with 'train', 'test' and (holdout) 'val'."""
+        raise NotImplementedError
 
     def transform(self, split: str) -> Callable[[dict], dict] | None:
         """Per-sample transform of ``split`` (augmentation), run in the loader's workers."""
@@ -218,8 +250,3 @@ class Task:
     def describe(self) -> dict:
         """Facts about the loaded data for the summary and the record (shapes, classes...)."""
         return {}
-
-    @staticmethod
-    def check_protocol(protocol: str) -> None:
-        if protocol not in PROTOCOLS:
-            raise unknown_choice("protocol", protocol, PROTOCOLS)

@@ -226,6 +226,17 @@ def random_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
+def validation_split(cfg, n: int, labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The holdout protocol's validation split carved from TRAIN, as every family makes it: indices
+    (fit, val) of its ``n`` samples, ``task.val_fraction`` (default 0.1) held out with
+    ``task.split_seed`` (default 0); per class (``stratified_split``) when ``labels`` are given,
+    else uniformly (``random_split``). Datasets with an official validation split use that instead."""
+    fraction, seed = float(cfg.get("val_fraction", 0.1)), int(cfg.get("split_seed", 0))
+    if labels is not None:
+        return stratified_split(np.asarray(labels), fraction, seed)
+    return random_split(n, fraction, seed)
+
+
 # --- padding ----------------------------------------------------------------------------------------
 def pad_series(series: list[np.ndarray], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero-pad or truncate (length, channels) arrays to ``max_len``; mask is True on real steps."""

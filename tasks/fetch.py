@@ -1,17 +1,21 @@
-"""Dataset fetchers: what `attnbench data NAME [DATASET] [--option...]` runs.
+"""Dataset fetchers: what `attnbench data NAME [DATASET] [--option...]` runs, and the one place
+that answers whether a dataset is present.
 
 A fetcher puts datasets under the data root (copies a packaged copy, downloads and verifies an
-archive, or runs a generator). It is separate from the tasks that read the data: one fetcher may
-serve several tasks (the LRA release holds ListOps, Retrieval and Pathfinder) and a task never
-exists only to be fetched. Fetchers register themselves with :func:`register_fetcher`; their
+archive, or runs a generator) and says whether they are there: ``status`` (cheap, for
+`attnbench ls datasets`) and ``require`` (the check `validate`, `run` and a task's ``setup`` go
+through: one line saying where the files go and how to fetch them). It is separate from the tasks
+that read the data: one fetcher may serve several tasks (the LRA release holds ListOps, Retrieval
+and Pathfinder) and a task never exists only to be fetched. A task names its fetcher and asks it;
+a fetcher never asks a task. Fetchers register themselves with :func:`register_fetcher`; their
 modules are imported with the task families (``tasks.discover``).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Iterable
 
-from bench_cli.errors import UserError, unknown_choice
+from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
 
 STATUSES = ("local", "package", "missing")
 
@@ -31,6 +35,22 @@ class Fetcher:
     def status(self, dataset: str, data_root: Path) -> str:
         """'local' (under the data root), 'package' (shipped in an installed package) or 'missing'."""
         raise NotImplementedError
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        """One line: which files are missing, where they go, and the command that fetches them."""
+        return f"{self.name} dataset {dataset} not found under {data_root}: run `attnbench data {self.name} {dataset}`"
+
+    def require(self, dataset: str, data_root: Path, *, cached: Iterable[Path] = (), **options) -> Any:
+        """Raise DataNotFoundError (``missing_message``) unless ``dataset`` can be read; reads no
+        data. A file in ``cached`` (a task's preprocessed copy) makes the source unnecessary.
+        ``options`` are what the reader's choice of files depends on (e.g. Pathfinder's
+        difficulty). Returns what the task reads from when the check found it (a folder, a loaded
+        HF dataset), else None."""
+        if any(Path(p).is_file() for p in cached):
+            return None
+        if self.status(dataset, data_root) == "missing":
+            raise DataNotFoundError(self.missing_message(dataset, data_root, **options))
+        return None
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         """Put ``dataset`` under the data root; return its folder."""

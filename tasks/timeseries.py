@@ -17,7 +17,7 @@ import torch
 
 from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
 from tasks.base import Task, TensorDictDataset
-from tasks.data import download, fresh_folder, pad_series, random_split, stratified_split, unpack
+from tasks.data import download, fresh_folder, pad_series, unpack, validation_split
 from tasks.fetch import Fetcher
 
 
@@ -156,13 +156,14 @@ class TsArchiveFetcher(Fetcher):
         if name not in self.datasets(data_root):
             raise unknown_choice(f"{self.what} dataset", name, self.datasets(data_root))
 
-    def missing_message(self, name: str, data_root: Path) -> str:
+    def missing_message(self, name: str, data_root: Path, **options) -> str:
         d = self.local_dir(data_root, name)
         return (f"{self.what} dataset {name} is not available locally: put {name}_TRAIN.ts and {name}_TEST.ts "
                 f"in {d}/ or run `attnbench data {self.name} {name}`")
 
-    def require(self, name: str, data_root: Path) -> Path:
-        """The folder holding ``name``'s files, or a one-line DataNotFoundError."""
+    def require(self, name: str, data_root: Path, **options) -> Path:
+        """The folder holding ``name``'s files; a one-line UserError for a name the archive does
+        not have, or DataNotFoundError if the files are absent."""
         self.check_name(name, data_root)
         where = self.locate(name, data_root)
         if where is None:
@@ -212,15 +213,6 @@ class TimeSeriesTask(Task):
     stratify = False  # holdout: a stratified (classification) or random (regression) split
     synthetic_outputs = ("outputs", 1)  # task.synthetic key (and default) of the head's width for profiling
 
-    @property
-    def source_fetcher(self) -> TsArchiveFetcher:
-        from tasks.fetch import fetcher
-
-        return fetcher(self.fetcher)
-
-    def check_data(self) -> None:
-        self.source_fetcher.require(self.dataset_name, self.data_root)
-
     def targets(self, train_labels: np.ndarray, test_labels: np.ndarray, test_path: Path):
         """(train targets, test targets) as arrays, and fix ``n_outputs``."""
         raise NotImplementedError
@@ -228,10 +220,9 @@ class TimeSeriesTask(Task):
     def target_tensor(self, values: np.ndarray) -> torch.Tensor:
         raise NotImplementedError
 
-    def setup(self, protocol: str) -> None:
-        self.check_protocol(protocol)
+    def make_splits(self, protocol: str) -> None:
         name, cfg = self.dataset_name, self.cfg
-        self.source = self.source_fetcher.require(name, self.data_root)
+        self.source = self.located  # the folder the fetcher found (data root or sktime's copy)
         train_path, test_path = split_files(self.source, name)
         train_x, train_labels = read_ts_cached(train_path, self.data_root)
         test_x, test_labels = read_ts_cached(test_path, self.data_root)
@@ -240,9 +231,7 @@ class TimeSeriesTask(Task):
         test_x = [interpolate_missing(s) for s in test_x]
 
         if protocol == "holdout":
-            fraction, seed = float(cfg.val_fraction), int(cfg.split_seed)
-            fit_idx, val_idx = (stratified_split(train_t, fraction, seed) if self.stratify
-                                else random_split(len(train_x), fraction, seed))
+            fit_idx, val_idx = validation_split(cfg, len(train_x), train_t if self.stratify else None)
         else:
             fit_idx, val_idx = np.arange(len(train_x)), np.array([], dtype=int)
 

@@ -16,6 +16,7 @@ from bench_cli.compose import compose, group_options
 from bench_cli.records import read_records
 from models.roles import capability_problems
 from tasks import task_class
+from tasks.fetch import fetcher
 from tasks.d4rl.data import TrajectoryWindows, d4rl_filename, normalized_score, read_hdf5, trajectory_bounds
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -151,7 +152,7 @@ def test_fetcher_downloads_to_d4rl_file_name_with_checksum(workdir, monkeypatch,
     main(["data", "d4rl", "hopper-medium-v2"])
     target = workdir / "data" / "d4rl" / "hopper_medium-v2.hdf5"
     assert target.is_file() and (target.parent / "hopper_medium-v2.hdf5.sha256").is_file()
-    assert task_class("d4rl").dataset_status("hopper-medium-v2", workdir / "data") == "local"
+    assert fetcher("d4rl").status("hopper-medium-v2", workdir / "data") == "local"
 
 
 def record_d4rl_layout(path, env_name="Hopper-v4", episodes=12, steps=60, noise=0.05):

@@ -19,6 +19,7 @@ from bench_cli.compose import compose
 from bench_cli.errors import DataNotFoundError
 from bench_cli.records import read_records
 from tasks import task_class
+from tasks.fetch import fetcher
 from image_data import write_cifar10
 from tasks.lra import listops_generator as G
 from tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
@@ -422,7 +423,7 @@ def test_data_command_generates_listops_offline(workdir, capsys):
     assert progress[0].startswith("generating ListOps: 0% (1/18") and progress[-1].startswith("generating ListOps: 100% (18/18")
     assert len(progress) == 11 and "\r" not in err and "\x1b" not in err
     assert len((d / "basic_train.tsv").read_text().splitlines()) == 13
-    assert task_class("lra_listops").dataset_status("listops_generated", workdir / "data") == "local"
+    assert fetcher("lra_listops").status("listops_generated", workdir / "data") == "local"
     with pytest.raises(SystemExit):
         main(["data", "lra_listops", "--generate", "--num-train=abc"])
 
@@ -573,13 +574,11 @@ def test_release_download_unpacks_and_the_task_finds_it(workdir, tmp_path, monke
     archive = tmp_path / "lra_release.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(src / "lra_release", arcname="lra_release")
-    monkeypatch.setattr("tasks.lra.tasks.LRA_URL", archive.as_uri())
+    monkeypatch.setattr("tasks.lra.fetchers.LRA_URL", archive.as_uri())
     main(["data", "lra"])
     root = workdir / "data"
-    from tasks.fetch import fetcher
-
     assert fetcher("lra").status("lra_release", root) == "local"
-    assert task_class("lra_listops").dataset_status("listops", root) == "local"
+    assert fetcher("lra_listops").status("listops", root) == "local"
     task = task_class("lra_listops")(lra_cfg("lra_listops").task, root)
     task.check_data()
 
@@ -599,12 +598,10 @@ def test_generated_set_is_not_silently_replaced(workdir):
 
 def test_text_loader_through_hf_datasets(lra_root, monkeypatch):
     """The HF `datasets` path (stanfordnlp/imdb), with the hub replaced by an in-memory copy."""
-    from tasks.lra import LRAText
-
     fake = {"train": {"text": ["good movie", "bad movie", "great", "awful"] * 3, "label": [1, 0, 1, 0] * 3},
             "test": {"text": ["fine", "poor"], "label": [1, 0]}}
     calls = []
-    monkeypatch.setattr(LRAText, "load_hf", classmethod(lambda cls, root: calls.append(root) or fake))
+    monkeypatch.setattr("tasks.lra.fetchers.load_imdb", lambda root: calls.append(root) or fake)
     task = task_class("lra_text")(lra_cfg("lra_text", max_len=8, seq_len=16).task, lra_root)
     task.setup("paper")  # LRA's own practice for IMDB: no validation split, selection on test
     assert set(task.splits) == {"train", "test"} and len(task.splits["train"]) == 12

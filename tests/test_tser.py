@@ -152,5 +152,5 @@ def test_missing_dataset_is_one_line_and_download_failure_leaves_nothing(tmp_pat
 
 def test_packaged_sets_run_offline(tmp_path):
     for name in ("Covid3Month", "Tecator"):
-        assert TSERRegression.dataset_status(name, tmp_path) == "package"
+        assert TSERFetcher().status(name, tmp_path) == "package"
         TSERRegression(task_cfg(name), tmp_path).check_data()

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_cli.errors import DataNotFoundError, UserError
-from tasks.uea import UEAClassification, interpolate_missing, read_ts, stratified_split
+from tasks.uea import UEAClassification, UEAFetcher, interpolate_missing, read_ts, stratified_split
 
 
 def task_cfg(dataset="Fixture", **kw):
@@ -66,8 +66,8 @@ def test_paper_protocol_trains_on_all_of_train_and_max_len_truncates(uea_fixture
 def test_packaged_datasets_are_found_without_data_root(tmp_path):
     task = UEAClassification(task_cfg("JapaneseVowels"), tmp_path)
     task.check_data()
-    assert UEAClassification.dataset_status("JapaneseVowels", tmp_path) == "package"
-    assert UEAClassification.dataset_status("BasicMotions", tmp_path) == "package"
+    assert UEAFetcher().status("JapaneseVowels", tmp_path) == "package"
+    assert UEAFetcher().status("BasicMotions", tmp_path) == "package"
 
 
 def test_missing_and_unknown_datasets_are_one_line_errors(tmp_path):
@@ -86,7 +86,7 @@ def test_data_command_copies_packaged_dataset(workdir):
     main(["data", "uea", "BasicMotions"])
     d = workdir / "data" / "uea" / "BasicMotions"
     assert (d / "BasicMotions_TRAIN.ts").is_file() and (d / "BasicMotions_TEST.ts").is_file()
-    assert UEAClassification.dataset_status("BasicMotions", workdir / "data") == "local"
+    assert UEAFetcher().status("BasicMotions", workdir / "data") == "local"
 
 
 def test_download_unpacks_zip_and_records_checksum(uea_fixture, tmp_path, monkeypatch):
@@ -108,7 +108,7 @@ def test_download_unpacks_zip_and_records_checksum(uea_fixture, tmp_path, monkey
     assert (target / "Cricket_TRAIN.ts").is_file() and (target / "Cricket_TEST.ts").is_file()
     digest = hashlib.sha256(zpath.read_bytes()).hexdigest()
     assert (target / "SHA256SUMS").read_text() == f"{digest}  Cricket.zip\n"
-    assert UEAClassification.dataset_status("Cricket", root) == "local"
+    assert uea.UEAFetcher().status("Cricket", root) == "local"
 
 
 def test_download_without_network_is_one_line(tmp_path, monkeypatch):

@@ -62,34 +62,8 @@ class D4RLTask(Task):
         self.state_dim = self.act_dim = None
 
     # --- data -------------------------------------------------------------------------------
-    @classmethod
-    def datasets(cls, data_root: Path | None = None) -> list[str]:
-        names = list(D4RL_DATASETS)
-        root = d4rl_root(data_root) if data_root else None
-        if root and root.is_dir():
-            official = {d4rl_filename(d) for d in D4RL_DATASETS}
-            names += sorted(p.stem for p in root.glob("*.hdf5")
-                            if p.name not in official and p.stem not in names and env_of(p.stem))
-        return names
-
-    @classmethod
-    def dataset_status(cls, dataset: str, data_root: Path) -> str:
-        return "local" if dataset_file(dataset, data_root) else "missing"
-
-    def check_data(self) -> None:
-        if self.env is None:
-            raise unknown_choice("d4rl dataset", self.dataset_name, self.datasets(self.data_root))
-        if dataset_file(self.dataset_name, self.data_root) is None:
-            where = d4rl_root(self.data_root) / (d4rl_filename(self.dataset_name)
-                                                 if self.dataset_name in D4RL_DATASETS else f"{self.dataset_name}.hdf5")
-            raise DataNotFoundError(f"D4RL dataset '{self.dataset_name}' not found: put it at {where}"
-                                    + (f" (`attnbench data d4rl {self.dataset_name}` downloads it)"
-                                       if self.dataset_name in D4RL_DATASETS else ""))
-
-    def setup(self, protocol: str) -> None:
-        self.check_protocol(protocol)
-        self.check_data()
-        path = dataset_file(self.dataset_name, self.data_root)
+    def make_splits(self, protocol: str) -> None:
+        path = self.located  # the HDF5 file the fetcher found
         try:
             data = read_hdf5(path)
         except (KeyError, OSError) as e:
@@ -195,10 +169,31 @@ class D4RLFetcher(Fetcher):
     summary = "D4RL v2 gym-mujoco HDF5 (halfcheetah|hopper|walker2d x medium|medium-replay|medium-expert)"
 
     def datasets(self, data_root: Path | None = None) -> list[str]:
-        return list(D4RL_DATASETS)
+        """D4RL's nine sets, and every other ``<env>-<name>.hdf5`` under <data root>/d4rl/."""
+        names = list(D4RL_DATASETS)
+        root = d4rl_root(data_root) if data_root else None
+        if root and root.is_dir():
+            official = {d4rl_filename(d) for d in D4RL_DATASETS}
+            names += sorted(p.stem for p in root.glob("*.hdf5")
+                            if p.name not in official and p.stem not in names and env_of(p.stem))
+        return names
 
     def status(self, dataset: str, data_root: Path) -> str:
-        return D4RLTask.dataset_status(dataset, data_root)
+        return "local" if dataset_file(dataset, data_root) else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        where = d4rl_root(data_root) / (d4rl_filename(dataset) if dataset in D4RL_DATASETS else f"{dataset}.hdf5")
+        return (f"D4RL dataset '{dataset}' not found: put it at {where}"
+                + (f" (`attnbench data d4rl {dataset}` downloads it)" if dataset in D4RL_DATASETS else ""))
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), **options) -> Path:
+        """The HDF5 file; any ``<env>-<name>`` of a known environment may be put there by hand."""
+        if env_of(dataset) is None:
+            raise unknown_choice("d4rl dataset", dataset, self.datasets(data_root))
+        path = dataset_file(dataset, data_root)
+        if path is None:
+            raise DataNotFoundError(self.missing_message(dataset, data_root))
+        return path
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         self.check_options(options)

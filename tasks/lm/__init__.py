@@ -54,6 +54,13 @@ def has_files(folder: Path) -> bool:
     return all((folder / f).is_file() for f in SPLIT_FILES.values())
 
 
+def missing_message(dataset: str, data_root: Path) -> str:
+    folder = dataset_folder(dataset, data_root)
+    return (f"WikiText '{dataset}' not found: put wiki.train.tokens, wiki.valid.tokens and "
+            f"wiki.test.tokens in {folder}/ (`attnbench data wikitext` downloads wikitext-103-v1.zip"
+            + (f", or HF {HF_NAME} {HF_CONFIG} in the HF cache" if dataset in FOLDERS else "") + ")")
+
+
 def load_hf(why_missing: str):
     """HF ``Salesforce/wikitext`` (wikitext-103-v1) from the HF cache, or a one-line DataNotFoundError."""
     try:
@@ -81,37 +88,6 @@ class LanguageModelling(Task):
         self.facts: dict = {}
 
     # --- data -------------------------------------------------------------------------------
-    @classmethod
-    def datasets(cls, data_root: Path | None = None) -> list[str]:
-        names = list(FOLDERS)
-        root = wikitext_root(data_root) if data_root else None
-        if root and root.is_dir():
-            known = set(FOLDERS.values())
-            names += sorted(p.name for p in root.iterdir() if p.name not in known and has_files(p))
-        return names
-
-    @classmethod
-    def dataset_status(cls, dataset: str, data_root: Path) -> str:
-        if has_files(dataset_folder(dataset, data_root)):
-            return "local"
-        cache = Path(data_root).expanduser() / "lm_cache"
-        return "local" if dataset in FOLDERS and any(cache.glob(f"wikitext-{dataset}-hf-*.pt")) else "missing"
-
-    def missing_message(self) -> str:
-        folder = dataset_folder(self.dataset_name, self.data_root)
-        return (f"WikiText '{self.dataset_name}' not found: put wiki.train.tokens, wiki.valid.tokens and "
-                f"wiki.test.tokens in {folder}/ (`attnbench data wikitext` downloads wikitext-103-v1.zip"
-                + (f", or HF {HF_NAME} {HF_CONFIG} in the HF cache" if self.dataset_name in FOLDERS else "") + ")")
-
-    def check_data(self) -> None:
-        if has_files(dataset_folder(self.dataset_name, self.data_root)):
-            return
-        if self.dataset_name not in FOLDERS:
-            raise DataNotFoundError(self.missing_message())
-        if self.dataset_status(self.dataset_name, self.data_root) == "local":
-            return
-        load_hf(self.missing_message())
-
     def load_streams(self) -> dict:
         """{'symbols': dictionary, 'train'|'valid'|'test': int32 token streams} (cached)."""
         folder = dataset_folder(self.dataset_name, self.data_root)
@@ -127,11 +103,11 @@ class LanguageModelling(Task):
             self.source = f"HF {HF_NAME} {HF_CONFIG}"
             key = {"hf": [HF_NAME, HF_CONFIG]}
             name = f"wikitext-{self.dataset_name}-hf"
-            hf = None
+            hf = self.located  # the HF copy the fetcher loaded, if it had to
 
             def lines(split):
                 nonlocal hf
-                hf = hf or load_hf(self.missing_message())
+                hf = hf or load_hf(missing_message(self.dataset_name, self.data_root))
                 return hf[HF_SPLITS[split]]["text"]
 
         def build():
@@ -154,9 +130,7 @@ class LanguageModelling(Task):
                             f"{self.facts['test_tokens']:,} test tokens, but fairseq's WikiText-103 has "
                             f"{facts['dictionary']:,} and {facts['test_tokens']:,}: not the wikitext-103-v1 files")
 
-    def setup(self, protocol: str) -> None:
-        self.check_protocol(protocol)
-        self.check_data()
+    def make_splits(self, protocol: str) -> None:
         data = self.load_streams()
         self.check_facts(data)
         self.vocab_size = len(data["symbols"])
@@ -239,10 +213,33 @@ class WikiTextFetcher(Fetcher):
     summary = "WikiText-103 v1 (wiki.{train,valid,test}.tokens), or HF Salesforce/wikitext into the HF cache"
 
     def datasets(self, data_root: Path | None = None) -> list[str]:
-        return LanguageModelling.datasets(data_root)
+        """wikitext103, and every other folder under <data root>/wikitext/ holding the three files."""
+        names = list(FOLDERS)
+        root = wikitext_root(data_root) if data_root else None
+        if root and root.is_dir():
+            known = set(FOLDERS.values())
+            names += sorted(p.name for p in root.iterdir() if p.name not in known and has_files(p))
+        return names
 
     def status(self, dataset: str, data_root: Path) -> str:
-        return LanguageModelling.dataset_status(dataset, data_root)
+        if has_files(dataset_folder(dataset, data_root)):
+            return "local"
+        cache = Path(data_root).expanduser() / "lm_cache"
+        return "local" if dataset in FOLDERS and any(cache.glob(f"wikitext-{dataset}-hf-*.pt")) else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        return missing_message(dataset, data_root)
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), **options):
+        """Any name is a folder under <data root>/wikitext/; wikitext103 may also come from the HF
+        cache (returned loaded when neither its files nor its tokenised copy are there)."""
+        if has_files(dataset_folder(dataset, data_root)):
+            return None
+        if dataset not in FOLDERS:
+            raise DataNotFoundError(missing_message(dataset, data_root))
+        if self.status(dataset, data_root) == "local":
+            return None
+        return load_hf(missing_message(dataset, data_root))
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         self.check_options(options)

@@ -29,7 +29,7 @@ from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
 from tasks.base import PROTOCOLS, Task, TensorDictDataset
 from tasks.data import (cache_path, cached, download, file_signature, fresh_folder, hf_cache_folders, load_hf_dataset,
-                        stratified_split, unpack)
+                        unpack, validation_split)
 from tasks.fetch import Fetcher, register_fetcher
 from tasks.text.tokenize import WordIndex, pad_sequences, rank_words, text_to_word_sequence
 
@@ -99,41 +99,24 @@ class TextClassification(Task):
 
     name = "textcls"
     fetcher = "textcls"
+    DATASETS = DATASETS
 
     def __init__(self, cfg, data_root):
         super().__init__(cfg, data_root)
         self.requires = {"padding_mask": bool(cfg.get("padding_mask", False))}
-        self.source, self.facts, self._hf = None, {}, None
+        self.source, self.facts = None, {}
         self.max_len = self.vocab_size = self.n_classes = 0
 
-    @classmethod
-    def datasets(cls, data_root=None) -> list[str]:
-        return list(DATASETS)
-
-    @classmethod
-    def dataset_status(cls, dataset: str, data_root: Path) -> str:
-        if dataset == "amazon":
-            return "local" if amazon_csv(data_root) else "missing"
-        if imdb_parquet(data_root) or any(p.is_dir() for p in hf_cache_folders(IMDB_HF)):
-            return "local"
-        return "local" if any(cache_dir(data_root).glob("textcls-imdb-*.pt")) else "missing"
-
-    def check_name(self) -> None:
-        if self.dataset_name not in DATASETS:
-            raise unknown_choice("textcls dataset", self.dataset_name, DATASETS)
-
-    def check_data(self) -> None:
-        self.check_name()
-        self._hf = None
+    def data_options(self) -> dict:
+        """A tokenised copy for either protocol spares the source (the HF hub is not asked)."""
         if self.dataset_name == "amazon":
-            if amazon_csv(self.data_root) is None:
-                raise DataNotFoundError(missing_message("amazon", self.data_root))
-        elif imdb_parquet(self.data_root) is None and not any(self._cache_path(p).is_file() for p in PROTOCOLS):
-            self._hf = load_hf_dataset(IMDB_HF, missing=missing_message("imdb", self.data_root))
+            return {}
+        return {"cached": [self._cache_path(p) for p in PROTOCOLS]}
 
     # --- shapes from the config (no data) ------------------------------------------------------
     def _shapes(self) -> None:
-        self.check_name()
+        if self.dataset_name not in DATASETS:
+            raise unknown_choice("textcls dataset", self.dataset_name, DATASETS)
         self.max_len, self.vocab_size = int(self.cfg.max_len), int(self.cfg.num_words)
         self.n_classes = N_CLASSES[self.dataset_name]
 
@@ -162,7 +145,7 @@ class TextClassification(Task):
         files = imdb_parquet(self.data_root)
         if files:
             return {s: read_parquet(p) for s, p in files.items()}
-        hf = self._hf or load_hf_dataset(IMDB_HF, missing=missing_message("imdb", self.data_root))
+        hf = self.located or load_hf_dataset(IMDB_HF, missing=missing_message("imdb", self.data_root))
         return {s: (list(hf[s]["text"]), np.asarray(hf[s]["label"], dtype=np.int64)) for s in ("train", "test")}
 
     def tokenise(self, protocol: str) -> dict:
@@ -172,7 +155,7 @@ class TextClassification(Task):
         raw = self.read_raw()
         texts, labels = raw["train"]
         if protocol == "holdout":
-            fit, val = stratified_split(labels, float(self.cfg.val_fraction), int(self.cfg.split_seed))
+            fit, val = validation_split(self.cfg, len(labels), labels)
         else:
             fit, val = np.arange(len(labels)), None
         ranked = rank_words(text_to_word_sequence(texts[i]) for i in fit)
@@ -190,9 +173,7 @@ class TextClassification(Task):
         out["facts"] = {"vocabulary_words": len(index), "distinct_training_words": len(ranked)}
         return out
 
-    def setup(self, protocol: str) -> None:
-        self.check_protocol(protocol)
-        self.check_data()
+    def make_splits(self, protocol: str) -> None:
         self._shapes()
         self.source = self._raw_source()[0]
         key = self._cache_key(protocol)
@@ -252,7 +233,25 @@ class TextClassificationFetcher(Fetcher):
         return list(DATASETS)
 
     def status(self, dataset: str, data_root: Path) -> str:
-        return TextClassification.dataset_status(dataset, data_root)
+        if dataset == "amazon":
+            return "local" if amazon_csv(data_root) else "missing"
+        if imdb_parquet(data_root) or any(p.is_dir() for p in hf_cache_folders(IMDB_HF)):
+            return "local"
+        return "local" if any(cache_dir(data_root).glob("textcls-imdb-*.pt")) else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        return missing_message(dataset, data_root)
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), **options):
+        """Amazon: the CSV files; IMDB: nothing to load when the parquet files or a tokenised copy
+        are there, else the HF dataset (from the HF cache; one line at once when offline)."""
+        if dataset == "amazon":
+            if amazon_csv(data_root) is None:
+                raise DataNotFoundError(missing_message("amazon", data_root))
+            return None
+        if imdb_parquet(data_root) is not None or any(Path(p).is_file() for p in cached):
+            return None
+        return load_hf_dataset(IMDB_HF, missing=missing_message("imdb", data_root))
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         self.check_options(options)

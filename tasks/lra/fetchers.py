@@ -1,0 +1,257 @@
+"""`attnbench data lra|lra_listops|lra_text|lra_image`: the downloads of the LRA data and the one
+answer to whether each LRA dataset is present (tasks/lra/data.py says where the files are).
+
+- ``lra``: the LRA release (``lra_release.gz``, several GB) holding ListOps, Retrieval (``aan``) and
+  Pathfinder (``pathfinder32``);
+- ``lra_listops``: ListOps from the release, or ``--generate`` with the official generator (offline,
+  tasks/lra/listops_generator.py), the dataset ``listops_generated``;
+- ``lra_text``: IMDB through HF ``datasets`` (into the HF cache), or ``aclImdb/`` unpacked by hand;
+- ``lra_image``: CIFAR-10's python version (torchvision's folder format).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
+from tasks.data import download, load_hf_dataset, unpack
+from tasks.fetch import Fetcher, register_fetcher
+from tasks.lra.data import (IMDB_HF, LISTOPS_DATASETS, PATHFINDER_DEFAULT, PATHFINDER_DIFFICULTIES, aan_files, acl_dir,
+                            cache_dir, generated_listops_dir, listops_files, pathfinder_dir, release_candidates)
+
+LRA_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
+GENERATOR_OPTIONS = ("num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length", "seed")
+
+
+# --- downloads ------------------------------------------------------------------------------------
+def fetch_release(data_root: Path, force: bool = False) -> Path:
+    """Download ``lra_release.gz`` and unpack it under the data root; returns the release folder."""
+    root = Path(data_root).expanduser()
+    if not force:
+        for base in release_candidates(root):
+            if (base / "listops-1000").is_dir() or (base / "tsv_data").is_dir():
+                return base
+    archive = root / "lra_release.gz"
+    if force or not archive.is_file():
+        print(f"downloading {LRA_URL} (several GB) to {archive} ...", file=sys.stderr)
+        download(LRA_URL, archive, what="the LRA release", where=f"{root}/lra_release/listops-1000")
+    unpack(archive, root)
+    for base in release_candidates(root):
+        if base.is_dir():
+            return base
+    raise DataNotFoundError(f"{archive} did not unpack to {root}/lra_release/; unpack it there by hand")
+
+
+def fetch_cifar10(data_root: Path, force: bool = False) -> Path:
+    root = Path(data_root).expanduser()
+    target = root / "cifar-10-batches-py"
+    if target.is_dir() and not force:
+        return target
+    archive = root / "cifar-10-python.tar.gz"
+    download(CIFAR10_URL, archive, what="CIFAR-10 python version", where=str(target), md5=CIFAR10_MD5)
+    unpack(archive, root)
+    return target
+
+
+def imdb_missing_message(data_root: Path) -> str:
+    return (f"IMDB for lra_text is not available: run `attnbench data lra_text imdb` with network access "
+            f"(HF datasets {IMDB_HF} into the HF cache) or unpack aclImdb_v1.tar.gz to "
+            f"{Path(data_root).expanduser()}/aclImdb/")
+
+
+def load_imdb(data_root: Path):
+    """HF ``stanfordnlp/imdb`` from the HF cache or the hub, or a one-line DataNotFoundError."""
+    return load_hf_dataset(IMDB_HF, missing=imdb_missing_message(data_root))
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+# --- fetchers (`attnbench data NAME`) --------------------------------------------------------------
+@register_fetcher
+class LRAReleaseFetcher(Fetcher):
+    """The LRA release (``lra_release.gz``): ListOps, Retrieval (AAN) and Pathfinder. Fetched as a
+    whole (``lra_release``); the presence of its parts ``aan`` and ``pathfinder32`` is answered too."""
+
+    name = "lra"
+    summary = "the LRA release: ListOps, Retrieval (AAN), Pathfinder (several GB)"
+
+    def datasets(self, data_root=None) -> list[str]:
+        return ["lra_release"]
+
+    def status(self, dataset: str, data_root: Path) -> str:
+        if dataset == "aan":
+            present = aan_files(data_root) is not None
+        elif dataset == "pathfinder32":
+            present = pathfinder_dir(data_root) is not None
+        else:
+            present = any((b / "listops-1000").is_dir() for b in release_candidates(data_root))
+        return "local" if present else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, difficulty: str = PATHFINDER_DEFAULT, **options) -> str:
+        root = Path(data_root).expanduser()
+        if dataset == "aan":
+            return (f"LRA retrieval (AAN) not found: put new_aan_pairs.{{train,eval,test}}.tsv in "
+                    f"{root}/lra_release/tsv_data/ (`attnbench data lra` downloads the release)")
+        if dataset == "pathfinder32":
+            return (f"LRA Pathfinder not found: put pathfinder32/{difficulty}/ (imgs/, metadata/*.npy) in "
+                    f"{root}/lra_release/ (`attnbench data lra` downloads the release)")
+        return f"the LRA release not found in {root}/lra_release/: run `attnbench data lra`"
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), difficulty: str = PATHFINDER_DEFAULT, **options):
+        """Retrieval: the split files; Pathfinder: the folder of ``difficulty``."""
+        if dataset == "pathfinder32":
+            if difficulty not in PATHFINDER_DIFFICULTIES:
+                raise unknown_choice("pathfinder difficulty", difficulty, PATHFINDER_DIFFICULTIES)
+            found = pathfinder_dir(data_root, difficulty)
+        elif dataset == "aan":
+            found = aan_files(data_root)
+        else:
+            return super().require(dataset, data_root, cached=cached)
+        if found is None:
+            raise DataNotFoundError(self.missing_message(dataset, data_root, difficulty))
+        return found
+
+    def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
+        self.check_options(options)
+        return fetch_release(data_root, force)
+
+
+@register_fetcher
+class ListOpsFetcher(Fetcher):
+    """ListOps: the release's files, or `--generate` with the official generator (offline)."""
+
+    name = "lra_listops"
+    summary = "ListOps from the LRA release, or --generate (the official generator, offline)"
+    options = {"generate": "write listops_generated with the official generator",
+               **{o: "generator parameter (integer)" for o in GENERATOR_OPTIONS},
+               "workers": "generator processes (default: the CPUs, at most 8); the files are the same for any number"}
+
+    def datasets(self, data_root=None) -> list[str]:
+        return list(LISTOPS_DATASETS)
+
+    def status(self, dataset: str, data_root: Path) -> str:
+        return "local" if listops_files(dataset, data_root) else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        root = Path(data_root).expanduser()
+        if dataset == "listops_generated":
+            return (f"generated ListOps not found in {generated_listops_dir(root)}/: "
+                    f"run `attnbench data lra_listops --generate`")
+        return (f"LRA ListOps not found: put basic_{{train,val,test}}.tsv in {root}/lra_release/listops-1000/ "
+                f"(`attnbench data lra` downloads the release) or generate it offline with "
+                f"`attnbench data lra_listops --generate` and use task.dataset=listops_generated")
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), **options) -> dict[str, Path]:
+        """The split files {'train', 'val', 'test'}."""
+        files = listops_files(dataset, data_root)
+        if files is None:
+            raise DataNotFoundError(self.missing_message(dataset, data_root))
+        return files
+
+    def default_dataset(self, data_root: Path, generate: bool = False, **options) -> str:
+        return "listops_generated" if generate else "listops"
+
+    def fetch(self, dataset: str, data_root: Path, force: bool = False, generate: bool = False, **options) -> Path:
+        """``generate`` (``--generate``): write ``listops_generated`` with the official generator
+        (options ``--num-train=96000 --num-val=2000 --num-test=2000 --seed=0 ...``, ``--workers=N``
+        processes); otherwise download the LRA release."""
+        unknown = set(options) - set(GENERATOR_OPTIONS) - {"workers"}
+        if unknown or (options and not generate):
+            raise UserError(f"unknown options for `attnbench data lra_listops`: {', '.join(sorted(unknown or options))} "
+                            f"(generator options, with --generate: {', '.join(_flag(o) for o in (*GENERATOR_OPTIONS, 'workers'))})")
+        if generate or dataset == "listops_generated":
+            return self.generate(data_root, force, options)
+        base = fetch_release(data_root, force)
+        return base / "listops-1000"
+
+    @staticmethod
+    def generate(data_root: Path, force: bool, options: dict) -> Path:
+        from bench_cli.ui import count_progress
+        from tasks.lra.listops_generator import DEFAULTS, write_dataset
+
+        target = generated_listops_dir(data_root)
+        try:
+            params = {k: int(v) for k, v in options.items()}
+        except ValueError as e:
+            raise UserError(f"generator options must be integers: {e}") from None
+        workers = params.pop("workers", None)
+        if workers is not None and workers < 1:
+            raise UserError(f"--workers must be a positive integer, got {workers}")
+        if listops_files("listops_generated", data_root) and not force:
+            meta_path = target / "generator.json"
+            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+            wanted = {**DEFAULTS, **params}
+            differ = {k: meta.get(k) for k in wanted if k != "task" and meta.get(k) != wanted[k]}
+            if not differ:
+                return target
+            raise UserError(f"{target} already holds a generated ListOps set with other parameters "
+                            f"({', '.join(f'{k}={v}' for k, v in differ.items())}); add --force to replace it")
+        total = sum(params.get(k, DEFAULTS[k]) for k in ("num_train", "num_val", "num_test"))
+        print(f"generating {total} ListOps samples into {target} ...", file=sys.stderr)
+        try:
+            with count_progress("generating ListOps", total) as progress:
+                return write_dataset(target, progress=progress, workers=workers, **params)
+        except ValueError as e:  # parameters no tree can satisfy
+            raise UserError(f"ListOps generator: {e}") from None
+
+
+@register_fetcher
+class IMDBFetcher(Fetcher):
+    """IMDB reviews for the byte-level LRA Text task (HF datasets, or aclImdb unpacked)."""
+
+    name = "lra_text"
+    summary = f"IMDB for LRA Text (HF {IMDB_HF} into the HF cache)"
+
+    def datasets(self, data_root=None) -> list[str]:
+        return ["imdb"]
+
+    def status(self, dataset: str, data_root: Path) -> str:
+        if acl_dir(data_root) or any(cache_dir(data_root).glob("text-imdb-*.pt")):
+            return "local"
+        return "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        return imdb_missing_message(data_root)
+
+    def require(self, dataset: str, data_root: Path, *, cached=(), **options):
+        """None when aclImdb/ or the task's tokenised copy is there, else the HF dataset (loaded
+        from the HF cache, or a one-line DataNotFoundError at once when offline)."""
+        if acl_dir(data_root) or any(Path(p).is_file() for p in cached):
+            return None
+        return load_imdb(data_root)
+
+    def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
+        self.check_options(options)
+        if acl_dir(data_root):
+            return acl_dir(data_root)
+        ds = load_imdb(data_root)
+        return Path(ds["train"].cache_files[0]["filename"]).parent if ds["train"].cache_files else Path(IMDB_HF)
+
+
+@register_fetcher
+class CIFAR10Fetcher(Fetcher):
+    """CIFAR-10, python version (torchvision's folder format), for LRA Image."""
+
+    name = "lra_image"
+    summary = "CIFAR-10 (python version) for LRA Image"
+
+    def datasets(self, data_root=None) -> list[str]:
+        return ["cifar10"]
+
+    def status(self, dataset: str, data_root: Path) -> str:
+        from tasks.vision.datasets import cifar_dir
+
+        return "local" if cifar_dir("cifar10", data_root) else "missing"
+
+    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+        return (f"CIFAR-10 not found: put the python version (data_batch_1..5, test_batch, batches.meta) in "
+                f"{Path(data_root).expanduser()}/cifar-10-batches-py/ or run `attnbench data lra_image cifar10`")
+
+    def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
+        self.check_options(options)
+        return fetch_cifar10(data_root, force)
