@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from bench_cli.errors import UserError, did_you_mean
+from bench_cli.core.errors import UserError, did_you_mean
 
 Arity = bool | str | tuple  # False: flag, True: one value, "+": one or more, tuple: optional value from choices
 

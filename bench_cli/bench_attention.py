@@ -106,7 +106,7 @@ def parse_args(argv=None) -> SimpleNamespace | None:
     import sys
 
     from bench_cli.args import parse
-    from bench_cli.errors import UserError
+    from bench_cli.core.errors import UserError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     p = parse("bench", argv, {**{k: arity for k, (arity, _, _) in BENCH_OPTIONS.items()}, "-h": False, "--help": False})
@@ -186,7 +186,7 @@ def main(argv=None) -> list[tuple]:
 
 
 if __name__ == "__main__":
-    from bench_cli.errors import UserError
+    from bench_cli.core.errors import UserError
     from bench_cli.ui import fail
 
     try:

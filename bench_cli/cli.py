@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
 from bench_cli.args import parse
-from bench_cli.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
+from bench_cli.core.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
 from bench_cli.records import new_run_id
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 from bench_cli.validate import check_config

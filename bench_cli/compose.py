@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench_cli.errors import UserError, did_you_mean, unknown_choice
+from bench_cli.core.errors import UserError, did_you_mean, unknown_choice
 
 CONFIG_NAME = "config"
 HYDRA_VERSION_BASE = "1.3"

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 
 STRATEGIES = ("none", "ddp")
 
@@ -82,7 +82,7 @@ def _slurm_master() -> str:
 def setup(strategy: str, device_name: str = "auto") -> DistEnv:
     """Join the process group for ``strategy`` (idempotent); SINGLE for ``none``."""
     if strategy not in STRATEGIES:
-        from bench_cli.errors import unknown_choice
+        from bench_cli.core.errors import unknown_choice
 
         raise unknown_choice("trainer.strategy", strategy, STRATEGIES)
     if strategy == "none":

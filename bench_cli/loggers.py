@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench_cli.errors import unknown_choice
+from bench_cli.core.errors import unknown_choice
 
 
 class NullLogger:
@@ -33,7 +33,7 @@ def _netrc() -> str:
 
 class WandbLogger(NullLogger):
     def __init__(self, cfg, config: dict, run_dir: Path, name: str, job_type: str = "run"):
-        from bench_cli.net import reachable
+        from bench_cli.core.net import reachable
         from bench_cli.ui import console
 
         mode = wandb_mode(cfg.get("mode", "auto"))

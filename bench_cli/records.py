@@ -221,7 +221,7 @@ def run_folders(output_dir: Path) -> list[Path]:
 def check_results_path(path: str | Path) -> None:
     """Before a run: ``path`` can take records -- its folder exists or can be made and is writable,
     and an existing file is an attnbench record file (its header starts with the record columns)."""
-    from bench_cli.errors import UserError
+    from bench_cli.core.errors import UserError
 
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import distributed as D
 from bench_cli import records, schema
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 from bench_cli.loggers import LineLogger, Loggers, make_logger
 from bench_cli.objective import Objective
 from bench_cli.trainer import Trainer, seed_everything, select_device
@@ -47,7 +47,7 @@ def example_batch(task, split: str, batch_size: int, device) -> dict:
     """The first ``batch_size`` samples of ``split`` as one batch (the task's collate)."""
     from torch.utils.data import DataLoader
 
-    from bench_cli.trainer import to_device
+    from bench_cli.core.task import to_device
 
     loader = DataLoader(task.dataset(split), batch_size=batch_size, shuffle=False, collate_fn=task.collate(split))
     return to_device(next(iter(loader)), device)
@@ -83,7 +83,8 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
     from torch.utils.data import DataLoader
 
     from bench_cli.measure import seconds
-    from bench_cli.trainer import autocast, to_device
+    from bench_cli.core.task import to_device
+    from bench_cli.trainer import autocast
 
     loader = DataLoader(task.dataset("test"), batch_size=int(cfg.trainer.eval_batch_size), shuffle=False,
                         collate_fn=task.collate("test"))

@@ -14,7 +14,6 @@ Protocols (recorded in every result):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 # One schema for every task (DESIGN.md): identity, metrics, provenance. Task-specific extras go
 # to `metrics_json`. Columns are only ever added, never renamed.
@@ -40,21 +39,11 @@ IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
 
 
-@dataclass(frozen=True)
-class Protocol:
-    """How a protocol uses the splits: ``selects`` is the split whose evaluations select the
-    reported one; ``holds_out`` means test is evaluated apart, with the selected weights."""
-
-    name: str
-    selects: str
-    holds_out: bool
-
-
-PROTOCOLS = {"holdout": Protocol("holdout", "val", True), "paper": Protocol("paper", "test", False)}
+from bench_cli.core.task import PROTOCOL_SPLITS as PROTOCOLS, Protocol  # noqa: E402  (the task contract's)
 
 
 def protocol(name: str) -> Protocol:
-    from bench_cli.errors import unknown_choice
+    from bench_cli.core.errors import unknown_choice
 
     if name not in PROTOCOLS:
         raise unknown_choice("protocol", name, PROTOCOLS)
@@ -107,7 +96,7 @@ def measurement_columns(measured: dict) -> dict:
 
 def ending(error: BaseException | None) -> dict:
     """``status`` and ``error`` of a run that ended with ``error`` (None: ok)."""
-    from bench_cli.errors import DivergedError, interruption_name
+    from bench_cli.core.errors import DivergedError, interruption_name
     from bench_cli.measure import is_oom
 
     if error is None:

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from bench_cli import compose as C
 from bench_cli import records
 from bench_cli.args import parse
-from bench_cli.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
+from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 
 USAGE = """\
 usage: attnbench sweep [--force] [--dry-run] [overrides...]

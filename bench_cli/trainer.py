@@ -3,7 +3,7 @@
 
 The trainer knows no dataset and no metric by name: batches come from the task's loaders, the
 loss from ``task.loss``, evaluations from ``task.evaluate`` and the direction of the selection
-metric from ``task.selection_metric()`` (bench_cli.metrics). The same loop runs data-parallel over
+metric from ``task.selection_metric()`` (bench_cli.core.metrics). The same loop runs data-parallel over
 several processes (``strategy: ddp``, bench_cli/distributed.py) and in mixed precision
 (``precision: bf16 | fp16``). The loss is the run's one objective (bench_cli/objective.py).
 
@@ -26,11 +26,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from bench_cli import distributed as D
-from bench_cli import metrics as M
+from bench_cli.core import metrics as M
 from bench_cli import schema
-from bench_cli.errors import DivergedError, UserError, unknown_choice
+from bench_cli.core.errors import DivergedError, UserError, unknown_choice
 from bench_cli.objective import Objective
-from tasks.base import EvalContext
+from bench_cli.core.task import EvalContext, to_device
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -146,10 +146,6 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 @dataclass
 class Schedule:
     """How long a fit runs: epochs of ``steps_per_epoch`` optimiser steps (``accum`` loader batches
@@ -245,7 +241,7 @@ class TrainResult:
 
 class Selection:
     """The best evaluation so far under the selection rule (the metric in its direction, ties to
-    the lower loss: bench_cli.metrics.selection_key), a copy of its weights when they are needed
+    the lower loss: bench_cli.core.metrics.selection_key), a copy of its weights when they are needed
     later, and early stopping (``patience`` evaluations without improvement)."""
 
     def __init__(self, metric: M.Metric, tie: M.Metric | None, keep_weights: bool, patience):

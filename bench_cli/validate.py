@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.errors import UserError, unknown_choice
+from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.records import check_results_path
 
 

@@ -41,7 +41,7 @@ def available_tasks() -> list[str]:
 
 
 def task_class(name: str):
-    from bench_cli.errors import unknown_choice
+    from bench_cli.core.errors import unknown_choice
 
     discover()
     if name not in _TASKS:

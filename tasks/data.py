@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bench_cli.errors import DataNotFoundError
+from bench_cli.core.errors import DataNotFoundError
 
 CACHE_VERSION = 1  # bump when a family's preprocessing changes (it is part of every cache key)
 
@@ -136,7 +136,7 @@ def load_hf_dataset(path: str, config: str | None = None, *, missing: str, **kwa
     dataset is one line at once (``missing`` says what to do) instead of half a minute of retries."""
     import sys
 
-    from bench_cli.net import reachable
+    from bench_cli.core.net import reachable
 
     if hf_offline() and not any(p.is_dir() for p in hf_cache_folders(path)):  # answer at once, no import
         raise DataNotFoundError(f"{missing} (offline: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE are set and the "

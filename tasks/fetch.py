@@ -1,93 +1,18 @@
-"""Dataset fetchers: what `attnbench data NAME [DATASET] [--option...]` runs, and the one place
-that answers whether a dataset is present.
-
-A fetcher puts datasets under the data root (copies a packaged copy, downloads and verifies an
-archive, or runs a generator) and says whether they are there: ``status`` (cheap, for
-`attnbench ls datasets`) and ``require`` (the check `validate`, `run` and a task's ``setup`` go
-through: one line saying where the files go and how to fetch them). It is separate from the tasks
-that read the data: one fetcher may serve several tasks (the LRA release holds ListOps, Retrieval
-and Pathfinder) and a task never exists only to be fetched. A task names its fetcher and asks it;
-a fetcher never asks a task. Fetchers register themselves with :func:`register_fetcher`; their
-modules are imported with the task families (``tasks.discover``).
-"""
+"""Looking up dataset fetchers by name (`attnbench data NAME`, `ls datasets`): the families are
+discovered first, so every fetcher is registered. The Fetcher base, its registry and
+``register_fetcher`` are in the core layer (bench_cli/core/fetch.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, ClassVar, Iterable
-
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
-
-STATUSES = ("local", "package", "missing")
-
-
-class Fetcher:
-    """One source of datasets. Subclasses set ``name`` and ``options`` and implement the methods."""
-
-    name: ClassVar[str]
-    summary: ClassVar[str] = ""
-    # Options `attnbench data NAME --opt[=value]` accepts: name -> what it does. Flags without a
-    # value arrive as True, others as strings.
-    options: ClassVar[dict[str, str]] = {}
-
-    def datasets(self, data_root: Path) -> list[str]:
-        raise NotImplementedError
-
-    def status(self, dataset: str, data_root: Path) -> str:
-        """'local' (under the data root), 'package' (shipped in an installed package) or 'missing'."""
-        raise NotImplementedError
-
-    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
-        """One line: which files are missing, where they go, and the command that fetches them."""
-        return f"{self.name} dataset {dataset} not found under {data_root}: run `attnbench data {self.name} {dataset}`"
-
-    def require(self, dataset: str, data_root: Path, *, cached: Iterable[Path] = (), **options) -> Any:
-        """Raise DataNotFoundError (``missing_message``) unless ``dataset`` can be read; reads no
-        data. A file in ``cached`` (a task's preprocessed copy) makes the source unnecessary.
-        ``options`` are what the reader's choice of files depends on (e.g. Pathfinder's
-        difficulty). Returns what the task reads from when the check found it (a folder, a loaded
-        HF dataset), else None."""
-        if any(Path(p).is_file() for p in cached):
-            return None
-        if self.status(dataset, data_root) == "missing":
-            raise DataNotFoundError(self.missing_message(dataset, data_root, **options))
-        return None
-
-    def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
-        """Put ``dataset`` under the data root; return its folder."""
-        raise NotImplementedError
-
-    def default_dataset(self, data_root: Path, **options) -> str | None:
-        """The dataset meant when `attnbench data NAME` names none (the only one, if one)."""
-        names = self.datasets(data_root)
-        return names[0] if len(names) == 1 else None
-
-    def check_options(self, options: dict) -> None:
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            flags = ", ".join(f"--{o.replace('_', '-')}" for o in self.options) or "none"
-            raise UserError(f"unknown option --{unknown[0].replace('_', '-')} for `attnbench data {self.name}`; "
-                            f"valid: {flags}")
-
-
-_FETCHERS: dict[str, Fetcher] = {}
-
-
-def register_fetcher(cls: type[Fetcher]) -> type[Fetcher]:
-    if cls.name in _FETCHERS:
-        raise ValueError(f"fetcher '{cls.name}' registered twice")
-    _FETCHERS[cls.name] = cls()
-    return cls
+from bench_cli.core.fetch import Fetcher, registered, registered_names
 
 
 def available_fetchers() -> list[str]:
     from tasks import discover
 
     discover()
-    return sorted(_FETCHERS)
+    return registered_names()
 
 
 def fetcher(name: str) -> Fetcher:
-    names = available_fetchers()
-    if name not in _FETCHERS:
-        raise unknown_choice("dataset source", name, names)
-    return _FETCHERS[name]
+    available_fetchers()
+    return registered(name)

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
-from tasks.base import Task, TensorDictDataset
+from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core.task import Task, TensorDictDataset
 from tasks.data import download, fresh_folder, pad_series, unpack, validation_split
-from tasks.fetch import Fetcher
+from bench_cli.core.fetch import Fetcher
 
 
 def split_files(directory: Path, name: str) -> tuple[Path, Path]:

@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from bench_cli.compose import compose, group_options, load_option
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 from bench_cli.runner import build_task, check_model_fits_task
 from bench_cli.validate import check_model_builds
 from models.attention import collect_auxiliary_loss

@@ -198,7 +198,7 @@ def test_wandb_with_a_key_but_no_network_falls_back_to_offline_at_once(uea_fixtu
 def test_hub_dataset_without_network_is_one_line_at_once(workdir, monkeypatch):
     import time
 
-    from bench_cli.errors import DataNotFoundError
+    from bench_cli.core.errors import DataNotFoundError
     from tasks.data import load_hf_dataset
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

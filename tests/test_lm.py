@@ -13,11 +13,11 @@ import torch
 
 from bench_cli.cli import main
 from bench_cli.compose import compose, group_options
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 from bench_cli.records import read_records
 from models.roles import capability_problems
 from tasks import task_class
-from tasks.base import EvalContext
+from bench_cli.core.task import EvalContext
 from tasks.lm.wikitext import EOS, IGNORE, UNK, TokenBlocks, build_dictionary, read_lines, tokenize_line
 
 pytestmark = pytest.mark.usefixtures("single_thread")

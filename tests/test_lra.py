@@ -16,7 +16,7 @@ from PIL import Image
 
 from bench_cli.cli import main
 from bench_cli.compose import compose
-from bench_cli.errors import DataNotFoundError
+from bench_cli.core.errors import DataNotFoundError
 from bench_cli.records import read_records
 from tasks import task_class
 from tasks.fetch import fetcher

@@ -1,4 +1,4 @@
-"""The metric abstraction (bench_cli/metrics.py) on hand-made batches."""
+"""The metric abstraction (bench_cli/core/metrics.py) on hand-made batches."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from bench_cli import metrics as M
+from bench_cli.core import metrics as M
 
 
 def totals(metric, batches):

@@ -9,7 +9,7 @@ import csv
 import pytest
 
 from bench_cli.cli import main
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 from bench_cli.records import append_record
 from bench_cli.report import spec
 

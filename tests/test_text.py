@@ -19,9 +19,9 @@ import torch
 
 from bench_cli.cli import main
 from bench_cli.compose import compose, load_option
-from bench_cli.errors import DataNotFoundError, UserError
+from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.measure import attention_parameters, count_parameters
-from bench_cli.metrics import BLEU, accumulate
+from bench_cli.core.metrics import BLEU, accumulate
 from bench_cli.records import read_records
 from bench_cli.runner import build_task, check_model_fits_task
 from models.attention import attention_spec, available_attentions
@@ -389,7 +389,7 @@ def test_anki_pairs_split_vocabulary_from_train_only_and_keras_positions(data, m
 def test_translation_evaluator_sums_its_statistics_through_the_context(data):
     """A distributed run's processes each evaluate a shard; ctx.reduce sums their statistics."""
     from bench_cli.trainer import Trainer
-    from tasks.base import EvalContext
+    from bench_cli.core.task import EvalContext
 
     write_spa(data, 60)
     cfg = compose([*NMT_TINY, "task.dataset=anki", "task.vocab_size=12", "model=softmax"])

@@ -12,7 +12,7 @@ import torch
 
 from bench_cli.compose import compose
 from bench_cli.trainer import Trainer, seed_everything
-from tasks.base import TensorDictDataset
+from bench_cli.core.task import TensorDictDataset
 from tasks.uea import UEAClassification
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]

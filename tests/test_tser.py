@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_cli.cli import main
-from bench_cli.errors import DataNotFoundError, UserError
+from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.records import read_records
 from tasks.tser import TSERFetcher, TSERRegression
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench_cli.errors import DataNotFoundError, UserError
+from bench_cli.core.errors import DataNotFoundError, UserError
 from tasks.uea import UEAClassification, UEAFetcher, interpolate_missing, read_ts, stratified_split
 
 

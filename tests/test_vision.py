@@ -226,7 +226,7 @@ def test_mnist5k_is_real_mnist_with_a_stratified_4000_1000_split(tmp_path):
 
 
 def test_missing_datasets_are_one_line_errors_with_where_and_how(tmp_path):
-    from bench_cli.errors import DataNotFoundError, UserError
+    from bench_cli.core.errors import DataNotFoundError, UserError
 
     for task, dataset, hint in (("vit", "mnist", "attnbench data vision mnist"),
                                 ("vit", "cifar100", "attnbench data vision cifar100"),
@@ -508,7 +508,7 @@ def test_deit_parameter_groups_and_lr_scaling():
 def test_precision_bf16_runs_on_the_cpu_and_fp16_is_refused_there(workdir, single_thread):
     from bench_cli.cli import main
     from bench_cli.compose import compose
-    from bench_cli.errors import UserError
+    from bench_cli.core.errors import UserError
     from bench_cli.validate import check_settings
 
     with pytest.raises(UserError, match="fp16 needs CUDA"):

@@ -9,7 +9,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
-from bench_cli.profile.config import int_list
+from bench_cli.profile.settings import int_list
 from bench_cli.profile import harness as H
 from bench_cli.profile.render import label
 from bench_cli.reproduce.reductions import PAPER_COLUMNS, REDUCTIONS, paper_columns

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from bench_cli import compose as C
 from bench_cli import records
-from bench_cli.errors import UserError, unknown_choice
+from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.report import render, select, spec, stats
 from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm

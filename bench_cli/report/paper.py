@@ -6,7 +6,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 
 
 def paper_dir() -> Path:

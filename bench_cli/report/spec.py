@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 
 TABLES = ("own", "inline", "every")
 COLUMN_KEYS = ("column", "paper_metric", "paper_filter", "ratio", "table", "label", "digits")

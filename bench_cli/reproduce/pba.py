@@ -15,8 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.errors import unknown_choice
-from bench_cli.profile.config import int_list
+from bench_cli.core.errors import unknown_choice
+from bench_cli.profile.settings import int_list
 from bench_cli.profile.harness import profile_layer
 
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import RandomSampler
 
-from bench_cli import metrics as M
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core import metrics as M
+from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
-from tasks.base import Task
+from bench_cli.core.task import Task
 from tasks.d4rl.data import (D4RL_DATASETS, REF_SCORES, TrajectoryWindows, d4rl_filename, env_of,  # noqa: F401
                              normalized_score, read_hdf5)
 from tasks.data import download
-from tasks.fetch import Fetcher, register_fetcher
+from bench_cli.core.fetch import Fetcher, register_fetcher
 
 D4RL_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl/gym_mujoco_v2/{file}"
 # Seeds of the evaluation episodes: test episode i starts from seed TEST_SEED + i, validation

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench_cli import metrics as M
-from bench_cli.errors import DataNotFoundError, UserError
+from bench_cli.core import metrics as M
+from bench_cli.core.errors import DataNotFoundError, UserError
 from tasks import register_task
-from tasks.base import Task
+from bench_cli.core.task import Task
 from tasks.data import cached, collate_padded, download, file_signature, fresh_folder, unpack
-from tasks.fetch import Fetcher, register_fetcher
+from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.lm.wikitext import (EOS, FACTS, IGNORE, PAD, SPLIT_FILES, TokenBlocks, build_dictionary,  # noqa: F401
                                read_lines, tokenize_line)
 
@@ -179,7 +179,7 @@ class LanguageModelling(Task):
     def evaluate(self, model, split, ctx):
         """Sum of the NLL over the scored targets (context positions are not scored); the output
         projection runs only on scored positions, in chunks (a 267,744-wide vocabulary)."""
-        from bench_cli.trainer import to_device
+        from bench_cli.core.task import to_device
 
         model.eval()
         stats: dict[str, float] = {}

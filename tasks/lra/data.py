@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_cli.errors import UserError, unknown_choice
+from bench_cli.core.errors import UserError, unknown_choice
 from tasks.data import cached as _cached
 
 IMDB_HF = "stanfordnlp/imdb"

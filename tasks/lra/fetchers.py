@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks.data import download, load_hf_dataset, unpack
-from tasks.fetch import Fetcher, register_fetcher
+from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.lra.data import (IMDB_HF, LISTOPS_DATASETS, PATHFINDER_DEFAULT, PATHFINDER_DIFFICULTIES, aan_files, acl_dir,
                             cache_dir, generated_listops_dir, listops_files, pathfinder_dir, release_candidates)
 
@@ -171,7 +171,7 @@ class ListOpsFetcher(Fetcher):
 
     @staticmethod
     def generate(data_root: Path, force: bool, options: dict) -> Path:
-        from bench_cli.ui import count_progress
+        from bench_cli.core.progress import count_progress
         from tasks.lra.listops_generator import DEFAULTS, write_dataset
 
         target = generated_listops_dir(data_root)

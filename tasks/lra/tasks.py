@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 from tasks import register_task
-from tasks.base import Task, TensorDictDataset
+from bench_cli.core.task import Task, TensorDictDataset
 from tasks.data import cache_path, file_signature as _signature, pad_rows, validation_split
 from tasks.lra import fetchers
 from tasks.lra.data import (  # noqa: F401  (rgb_to_gray, read_listops_tsv: also used through this module)

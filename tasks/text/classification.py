@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
-from tasks.base import PROTOCOLS, Task, TensorDictDataset
+from bench_cli.core.task import PROTOCOLS, Task, TensorDictDataset
 from tasks.data import (cache_path, cached, download, file_signature, fresh_folder, hf_cache_folders, load_hf_dataset,
                         unpack, validation_split)
-from tasks.fetch import Fetcher, register_fetcher
+from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.text.tokenize import WordIndex, pad_sequences, rank_words, text_to_word_sequence
 
 IMDB_HF = "stanfordnlp/imdb"

@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from bench_cli import metrics as M
-from bench_cli.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core import metrics as M
+from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
-from tasks.base import EvalContext, Task
+from bench_cli.core.task import EvalContext, Task
 from tasks.data import (cache_path, cached, collate_padded, download, file_signature, fresh_folder, hf_cache_folders,
                         load_hf_dataset, unpack)
-from tasks.fetch import Fetcher, register_fetcher
+from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.text.classification import cache_dir
 from tasks.text.tokenize import (END_TOKEN, ENGLISH_STRIP, SPANISH_STRIP, START_TOKEN, Vocabulary, standardize,
                                  whitespace_split)
@@ -306,7 +306,7 @@ class Translation(Task):
         """Teacher-forced token accuracy and loss over the split (unless ``ctx.metrics`` leaves them
         out: then only the sentences BLEU needs are read); corpus BLEU of greedy decoding over its
         first ``bleu.max_samples[split]`` sentences (all by default)."""
-        from bench_cli.trainer import to_device
+        from bench_cli.core.task import to_device
 
         model.eval()
         stats: dict[str, float] = {}

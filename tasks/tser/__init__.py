@@ -20,10 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench_cli import metrics as M
-from bench_cli.errors import UserError
+from bench_cli.core import metrics as M
+from bench_cli.core.errors import UserError
 from tasks import register_task
-from tasks.fetch import register_fetcher
+from bench_cli.core.fetch import register_fetcher
 from tasks.timeseries import TimeSeriesTask, TsArchiveFetcher
 
 # The Monash TSER archive (19 sets) with the Zenodo record of each (as listed by the archive and

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_cli.errors import UserError
+from bench_cli.core.errors import UserError
 from tasks import register_task
-from tasks.fetch import register_fetcher
+from bench_cli.core.fetch import register_fetcher
 from tasks.timeseries import TimeSeriesTask, TsArchiveFetcher, interpolate_missing, read_ts  # noqa: F401
 from tasks.data import stratified_split  # noqa: F401  (re-exported: the UEA split)
 

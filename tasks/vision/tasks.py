@@ -30,12 +30,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench_cli import metrics as M
-from bench_cli.errors import DataNotFoundError, UserError
+from bench_cli.core import metrics as M
+from bench_cli.core.errors import DataNotFoundError, UserError
 from tasks import register_task
-from tasks.base import Task, TensorDictDataset
+from bench_cli.core.task import Task, TensorDictDataset
 from tasks.data import stratified_split, validation_split
-from tasks.fetch import Fetcher, register_fetcher
+from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.vision import datasets as V
 
 # name -> (classes, channels, what the data are)

@@ -33,10 +33,32 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from bench_cli import metrics as M
-from bench_cli.errors import unknown_choice
+from bench_cli.core import metrics as M
+from bench_cli.core.errors import unknown_choice
+from bench_cli.core.fetch import registered
 
-PROTOCOLS = ("holdout", "paper")
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a protocol uses the splits (recorded in every result): ``selects`` is the split whose
+    evaluations select the reported one; ``holds_out`` means test is evaluated apart, with the
+    selected weights.
+    - ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of
+      the selection metric, ties to the lower loss); the test metrics of those weights are reported.
+    - ``paper``: the papers' practice, the best test value over the evaluations (highest accuracy,
+      lowest RMSE...). Optimistic: the test set selects the model. Reported under this name only."""
+
+    name: str
+    selects: str
+    holds_out: bool
+
+
+PROTOCOL_SPLITS = {"holdout": Protocol("holdout", "val", True), "paper": Protocol("paper", "test", False)}
+PROTOCOLS = tuple(PROTOCOL_SPLITS)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class TensorDictDataset(Dataset):
@@ -114,11 +136,9 @@ class Task:
     @classmethod
     def datasets(cls, data_root: Path | None = None) -> list[str]:
         """Dataset names the task reads: ``DATASETS``, or by default those of its fetcher."""
-        from tasks.fetch import fetcher
-
         if cls.DATASETS is not None:
             return list(cls.DATASETS)
-        return fetcher(cls.fetcher).datasets(data_root) if cls.fetcher else []
+        return registered(cls.fetcher).datasets(data_root) if cls.fetcher else []
 
     @property
     def dataset_name(self) -> str:
@@ -137,10 +157,8 @@ class Task:
     def check_data(self) -> None:
         """Raise UserError for a dataset the task does not read, or the fetcher's one-line
         DataNotFoundError (where to put it, how to fetch it) if it is absent. Reads no data."""
-        from tasks.fetch import fetcher
-
         self.check_dataset_name()
-        self.located = fetcher(self.fetcher).require(self.dataset_name, self.data_root, **self.data_options())
+        self.located = registered(self.fetcher).require(self.dataset_name, self.data_root, **self.data_options())
 
     @classmethod
     def check_protocol(cls, protocol: str) -> None:
@@ -231,8 +249,6 @@ class Task:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, ctx: EvalContext) -> dict[str, float]:
         """The default evaluator: forward every batch of ``split``, sum the metrics' statistics."""
-        from bench_cli.trainer import to_device
-
         model.eval()
         stats: dict[str, float] = {}
         for batch in ctx.loader(split):
