@@ -60,8 +60,22 @@ ADDED_KEYS: dict[str, object] = {
 }
 
 
+# Values renamed after records were written, with the value the earlier records hashed, so a
+# config that means the same keeps its job key. Append, never edit.
+RENAMED_VALUES: dict[str, dict] = {
+    "trainer.train_metrics": {"none": False, "batches": True},  # was a switch (false / true)
+}
+
+
 def semantic_config(cfg: DictConfig | dict) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
+    for dotted, renamed in RENAMED_VALUES.items():
+        *parents, leaf = dotted.split(".")
+        node = c
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(leaf), str) and node[leaf] in renamed:
+            node[leaf] = renamed[node[leaf]]
     for k in _NON_SEMANTIC:
         c.pop(k, None)
     for k in _NON_SEMANTIC_TRAINER:

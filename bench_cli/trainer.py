@@ -190,7 +190,18 @@ def plan_schedule(cfg, loader_batches: int, accum: int) -> Schedule:
                     budget)
 
 
-TRAIN_METRICS = {False: "", True: "batches"}  # trainer.train_metrics -> train_metrics_source
+# trainer.train_metrics -> where the train_<metric> columns come from (train_metrics_source):
+# none; batches = running means over the training batches since the last evaluation (dropout on,
+# as keras' fit logs them), with the task's train_split_metrics (BLEU) evaluated on TRAIN with the
+# reported weights; evaluation = every metric from an evaluation of TRAIN with the reported weights.
+# true / false are batches / none (the setting was a switch before).
+TRAIN_METRICS = {False: "", "none": "", True: "batches", "batches": "batches", "evaluation": "evaluation"}
+
+
+def train_metrics_source(setting) -> str:
+    if setting not in TRAIN_METRICS:
+        raise unknown_choice("trainer.train_metrics", str(setting), ("none", "batches", "evaluation"))
+    return TRAIN_METRICS[setting]
 
 
 @dataclass
@@ -382,20 +393,22 @@ class Trainer:
         train_loader = self.loader("train", train=True)
         plan = self.schedule(train_loader)
         opt, sched, scaler = self.optimisation(plan)
-        report_splits = tuple(self.task.report_splits())  # evaluated at the end with the reported weights
-        result = TrainResult(self.task.selection_metric(), proto, plan,
-                             train_metrics_source=TRAIN_METRICS[bool(self.cfg.get("train_metrics", False))])
-        selection = Selection(result.metric, self.task.loss_metric(), proto.holds_out or bool(report_splits),
+        source = train_metrics_source(self.cfg.get("train_metrics", False))
+        # TRAIN evaluated at the end with the reported weights: every metric, or what batches cannot give
+        train_eval = (None if source == "evaluation" else list(self.task.train_split_metrics) if source else [])
+        result = TrainResult(self.task.selection_metric(), proto, plan, train_metrics_source=source)
+        selection = Selection(result.metric, self.task.loss_metric(), proto.holds_out or train_eval != [],
                               self.cfg.early_stopping.get("patience"))
         loop = _Loop(self, plan, opt, sched, scaler, result, selection)
         loop.run(train_loader)
         result.best_epoch, result.best_step = selection.epoch, selection.step
-        self.evaluate_reported(result, selection, report_splits)
+        self.evaluate_reported(result, selection, train_eval)
         return result
 
-    def evaluate_reported(self, result: TrainResult, selection: Selection, report_splits: tuple[str, ...]) -> None:
+    def evaluate_reported(self, result: TrainResult, selection: Selection, train_eval: list[str] | None) -> None:
         """Holdout: TEST of the last and of the selected weights (once when they are the same:
-        rollouts are costly). Then the task's other report splits with the selected weights."""
+        rollouts are costly). Then TRAIN with the selected weights, for ``train_eval`` (the metric
+        names; None: all of them; []: not evaluated)."""
         if result.protocol.holds_out:
             result.test_last = self.evaluate("test")
             final = result.history[-1]
@@ -404,15 +417,9 @@ class Trainer:
             else:
                 self.model.load_state_dict(selection.state)
                 result.test = self.evaluate("test")
-        if report_splits:
+        if train_eval != []:
             self.model.load_state_dict(selection.state)  # the weights whose test metrics are reported
-            for split in report_splits:
-                # with train_metrics the training batches gave the per-batch metrics of 'train'
-                # (keras' logs, what the tables print): the evaluation adds only the others (BLEU)
-                wanted = ([x.name for x in self.task.metrics if not x.per_batch]
-                          if split == "train" and result.train_metrics_source == "batches" else None)
-                if wanted != []:
-                    result.splits[split] = self.evaluate(split, wanted)
+            result.splits["train"] = self.evaluate("train", train_eval)
 
 
 class _Loop:

@@ -54,6 +54,9 @@ def check_settings(cfg: DictConfig) -> None:
         raise unknown_choice("trainer.optimizer.name", t.optimizer.name, OPTIMIZERS)
     if str(t.scheduler.name) not in SCHEDULERS:
         raise unknown_choice("trainer.scheduler.name", t.scheduler.name, SCHEDULERS)
+    from bench_cli.trainer import train_metrics_source
+
+    train_metrics_source(t.get("train_metrics", "none"))
     device = select_device(str(t.device))
     from bench_cli.distributed import STRATEGIES
     from bench_cli.trainer import PRECISIONS

@@ -506,7 +506,7 @@ def test_textcls_runs_end_to_end_with_train_metrics_and_inference_time(data):
     chosen = [h for h in json.loads(r["metrics_json"])["history"] if h["epoch"] == int(r["best_epoch"])][-1]
     assert float(r["train_accuracy"]) == pytest.approx(chosen["train_accuracy"])
     assert float(r["train_loss"]) == pytest.approx(chosen["train_loss"])
-    reevaluated = run("task=textcls", "model=super", "task.evaluate_train=true", "trainer.train_metrics=false")
+    reevaluated = run("task=textcls", "model=super", "trainer.train_metrics=evaluation")
     assert reevaluated["train_accuracy"] != "" and "train_accuracy" not in json.loads(reevaluated["metrics_json"])["history"][0]
     write_amazon(data)
     r = run("task=textcls", "task.dataset=amazon", "model=efficient", "task.protocol=paper")

@@ -257,11 +257,11 @@ class Task:
             ctx.advance()
         return M.compute_all(self.metrics, ctx.reduce(stats))
 
-    def report_splits(self) -> tuple[str, ...]:
-        """Splits besides 'test' whose metrics the record also carries (``<split>_<metric>``, e.g.
-        ``train_accuracy``), evaluated once at the end with the reported weights: papers/002 prints
-        train accuracy, loss and BLEU next to the test ones (Tables 2, 3, 8-10)."""
-        return ()
+    # Metrics a batch cannot give (per_batch=False) that the papers also report on TRAIN, so that
+    # trainer.train_metrics=batches evaluates the training split for them with the reported
+    # weights (translation's train BLEU, papers/002 Tables 3, 10). A task whose evaluator has no
+    # meaning on TRAIN (rollouts, sliding-window perplexity) leaves it empty.
+    train_split_metrics: ClassVar[tuple[str, ...]] = ()
 
     def describe(self) -> dict:
         """Facts about the loaded data for the summary and the record (shapes, classes...)."""

@@ -212,9 +212,6 @@ class TextClassification(Task):
         x = batch["x"]
         return {"x": x, "mask": (x != 0) if self.requires["padding_mask"] else None}
 
-    def report_splits(self) -> tuple[str, ...]:
-        return ("train",) if self.cfg.get("evaluate_train", True) else ()
-
     def describe(self) -> dict:
         out = {"source": str(self.source), "max_len": self.max_len, "num_words": self.vocab_size,
                "classes": self.n_classes, "padding": "pre", "truncating": "pre",

@@ -156,6 +156,7 @@ class Translation(Task):
     # token accuracy and cross-entropy (teacher forcing, padding ignored), corpus BLEU (selects)
     metrics = (M.Accuracy(ignore_index=IGNORE), M.CrossEntropy(ignore_index=IGNORE), M.BLEU())
     selection = "bleu"
+    train_split_metrics = ("bleu",)  # train BLEU (Tables 3, 10): greedy decoding of task.bleu.max_samples.train pairs
 
     def __init__(self, cfg, data_root):
         super().__init__(cfg, data_root)
@@ -327,9 +328,6 @@ class Translation(Task):
                 decoded += k
             ctx.advance()
         return M.compute_all(self.metrics, ctx.reduce(stats))  # every process evaluated its shard
-
-    def report_splits(self) -> tuple[str, ...]:
-        return ("train",) if self.cfg.get("evaluate_train", True) else ()
 
     def describe(self) -> dict:
         out = {"source": str(self.source), "seq_len": self.seq_len, "bleu": self.bleu.signature(),
