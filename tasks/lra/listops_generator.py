@@ -270,8 +270,15 @@ def candidates(seed: int, params: dict, workers: int = 1, stats: dict | None = N
 
     import multiprocessing
 
-    # fork: workers need nothing but this module (spawn would re-import the CLI and torch in each)
-    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    # forkserver: workers forked from a clean single-threaded server that imports only this module.
+    # A plain fork of the calling process (threads of torch, logging, a test runner's timer) can
+    # leave a worker waiting forever on a lock another thread held at the fork; spawn would import
+    # the CLI and torch again in every worker.
+    if sys.platform.startswith("linux"):
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+    else:
+        ctx = multiprocessing.get_context()
     cursor, cursor_at = random.Random(seed), 0  # the main process reads the stream once
     segments, pending = _segments(), deque()
     with ctx.Pool(workers, initializer=_worker_init) as pool:  # leaving it terminates the workers
