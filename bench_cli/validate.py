@@ -23,8 +23,11 @@ def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optiona
         raise UserError(f"bad value for {key}: {value!r} (expected {'an integer' if integer else 'a number'})")
     low_ok = minimum is None or (value > minimum if exclusive else value >= minimum)
     if not low_ok or (maximum is not None and (value >= maximum if exclusive else value > maximum)):
-        bounds = (f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}")
-        raise UserError(f"bad value for {key}: {value!r} (expected {'strictly ' if exclusive else ''}{bounds})")
+        if maximum is not None:
+            bounds = f"strictly between {minimum} and {maximum}" if exclusive else f"between {minimum} and {maximum}"
+        else:
+            bounds = f"greater than {minimum}" if exclusive else f"of at least {minimum}"
+        raise UserError(f"bad value for {key}: {value!r} (expected {'an integer ' if integer else 'a number '}{bounds})")
     return value
 
 

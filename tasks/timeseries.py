@@ -61,6 +61,10 @@ def read_ts(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
     labels (class names as str) or targets (``@targetLabel true``: as float)."""
     from sktime.datasets import load_from_tsfile
 
+    header = ts_header(path)
+    if not any(header.get(k, "false").split()[:1] == ["true"] for k in ("classlabel", "targetlabel")):
+        raise UserError(f"{path} has no labels (its header says neither @classLabel true nor @targetLabel true): "
+                        "every series needs its class or target after the last ':'")
     try:
         frame, labels = load_from_tsfile(str(path), return_data_type="nested_univ")
     except Exception as e:  # sktime raises various errors on malformed files
@@ -74,7 +78,7 @@ def read_ts(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
             arr[: len(c), j] = c
         series.append(arr)
     labels = np.asarray(labels)
-    if ts_header(path).get("targetlabel", "false").lower() == "true":
+    if header.get("targetlabel", "false").lower() == "true":
         try:
             return series, labels.astype(np.float64)
         except ValueError:
@@ -226,6 +230,11 @@ class TimeSeriesTask(Task):
         train_path, test_path = split_files(self.source, name)
         train_x, train_labels = read_ts_cached(train_path, self.data_root)
         test_x, test_labels = read_ts_cached(test_path, self.data_root)
+        channels = {p: {s.shape[1] for s in xs} for p, xs in ((train_path, train_x), (test_path, test_x))}
+        if len(channels[train_path] | channels[test_path]) > 1:
+            raise UserError(f"{name}: series have {', '.join(map(str, sorted(channels[train_path])))} channel(s) in "
+                            f"{train_path.name} but {', '.join(map(str, sorted(channels[test_path])))} in "
+                            f"{test_path.name} (every series of a dataset needs the same channels)")
         train_t, test_t = self.targets(train_labels, test_labels, test_path)
         train_x = [interpolate_missing(s) for s in train_x]
         test_x = [interpolate_missing(s) for s in test_x]

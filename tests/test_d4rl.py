@@ -213,3 +213,22 @@ def test_end_to_end_on_a_dataset_recorded_from_mujoco(workdir):
     assert facts["environment"].startswith("gymnasium Hopper-v4") and facts["trajectories"] == 12
     # without eval_every_steps the preset evaluates once, at the last step (the code's final evaluation)
     assert compose(["task=d4rl", "trainer.max_steps=200"]).trainer.eval_every_steps == 200
+
+
+def test_a_broken_or_incomplete_hdf5_is_one_line_naming_the_file(workdir, capsys):
+    """A file of garbage bytes under the dataset's name (a broken download) and a valid HDF5 that
+    lacks an array: one line each, naming the file and how to fetch it again, exit 2."""
+    path = workdir / "data" / "d4rl" / "hopper-broken-v2.hdf5"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"this is not hdf5\x00" * 64)
+    run = ["run", "task=d4rl", "task.dataset=hopper-broken-v2", "trainer.max_steps=1", "trainer.progress=false",
+           "results.path=res.csv"]
+    for expected in ("is not a readable HDF5 file", "no rewards (a D4RL v2 file has"):
+        with pytest.raises(SystemExit) as e:
+            main(run)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1, err
+        assert str(path) in err[0] and expected in err[0] and "attnbench data d4rl hopper-broken-v2" in err[0]
+        assert "'" not in err[0].split(": ", 2)[-1].split("(")[0]  # no stray quotes around the key
+        write_hdf5(path, observations=np.zeros((4, 2), np.float32), actions=np.zeros((4, 1), np.float32),
+                   terminals=np.zeros(4, bool), timeouts=np.ones(4, bool))

@@ -220,3 +220,13 @@ def test_tiny_lm_run_learns_a_predictable_corpus_and_records_perplexity(workdir)
     unigram = unigram_perplexity(PREDICTABLE["train"], PREDICTABLE["test"])  # 11.7; the vocabulary: 16 ids
     assert float(row["test_perplexity"]) < 0.25 * unigram, (row["test_perplexity"], unigram)
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
+
+
+def test_an_empty_token_file_is_one_line_naming_it(workdir, capsys):
+    folder = write_wikitext(workdir / "data" / "wikitext" / "fixture")
+    (folder / "wiki.train.tokens").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["run", "task=lm", "task.dataset=fixture", "trainer.max_steps=1", "trainer.progress=false",
+              "results.path=res.csv"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "wiki.train.tokens is empty" in err and "attnbench data wikitext" in err

@@ -120,3 +120,31 @@ def test_download_without_network_is_one_line(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and "cannot download" in msg and str(tmp_path / "root" / "uea" / "Cricket") in msg
     assert not (tmp_path / "root" / "uea" / "Cricket").exists()  # no empty folder left behind
+
+
+def test_bad_ts_files_are_one_line_naming_the_file(uea_fixture, workdir, capsys):
+    """A TRAIN file without labels, and TEST series with other channels than TRAIN's: one line each
+    that names the file(s) and what is wrong (exit 2), never sktime's internals or a traceback."""
+    from bench_cli.cli import main
+    from conftest import write_ts
+
+    run = ["run", "task.dataset=Fixture", "trainer.max_epochs=1", "trainer.progress=false", "results.path=r.csv"]
+    train = uea_fixture / "Fixture_TRAIN.ts"
+    good = train.read_text()
+    lines = [line for line in good.splitlines() if not line.startswith("@classLabel")]
+    train.write_text("\n".join(line.rsplit(":", 1)[0] if line and line[0] not in "#@" else line for line in
+                               [*lines[:7], "@classLabel false", *lines[7:]]) + "\n")
+    with pytest.raises(SystemExit) as e:
+        main(run)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "Fixture_TRAIN.ts has no labels" in err and "Traceback" not in err
+    train.write_text(good)
+    rng = np.random.RandomState(0)
+    write_ts(uea_fixture / "Fixture_TEST.ts", [rng.randn(6, 2) for _ in range(4)], ["up", "down"] * 2,
+             ["down", "up"], missing=False)
+    with pytest.raises(SystemExit) as e:
+        main(run)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "3 channel(s) in Fixture_TRAIN.ts but 2 in Fixture_TEST.ts" in err

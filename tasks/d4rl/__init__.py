@@ -64,10 +64,7 @@ class D4RLTask(Task):
     # --- data -------------------------------------------------------------------------------
     def make_splits(self, protocol: str) -> None:
         path = self.located  # the HDF5 file the fetcher found
-        try:
-            data = read_hdf5(path)
-        except (KeyError, OSError) as e:
-            raise UserError(str(e).splitlines()[0]) from None
+        data = read_hdf5(path, self.dataset_name)
         self.source = path
         self.windows = TrajectoryWindows(data, int(self.cfg.context_len), int(self.cfg.max_ep_len),
                                          float(self.cfg.reward_scale))

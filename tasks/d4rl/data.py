@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bench_cli.core.errors import UserError
+
 HDF5_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 ENVS = ("halfcheetah", "hopper", "walker2d")
 LEVELS = ("medium", "medium-replay", "medium-expert")
@@ -51,13 +53,22 @@ def normalized_score(env: str, returns) -> np.ndarray:
     return 100.0 * (np.asarray(returns, dtype=np.float64) - low) / (high - low)
 
 
-def read_hdf5(path: Path) -> dict[str, np.ndarray]:
+def read_hdf5(path: Path, dataset: str = "") -> dict[str, np.ndarray]:
+    """The D4RL v2 arrays of ``path``; a file that is not HDF5 (a broken download) or lacks an array
+    is a one-line UserError naming the file and how to fetch it again."""
     import h5py
 
-    with h5py.File(path, "r") as f:
+    again = f"`attnbench data d4rl {dataset or 'NAME'}`"
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        reason = str(e).split("(")[-1].rstrip(")") if "(" in str(e) else str(e)
+        raise UserError(f"{path} is not a readable HDF5 file ({reason}); fetch it again with {again}") from None
+    with f:
         missing = [k for k in HDF5_KEYS if k not in f]
         if missing:
-            raise KeyError(f"{path}: no {', '.join(missing)} (a D4RL v2 file has {', '.join(HDF5_KEYS)})")
+            raise UserError(f"{path}: no {', '.join(missing)} (a D4RL v2 file has {', '.join(HDF5_KEYS)}); "
+                            f"fetch it again with {again}")
         return {k: np.asarray(f[k]) for k in HDF5_KEYS}
 
 

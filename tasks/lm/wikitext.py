@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from bench_cli.core.errors import UserError
+
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 BOS, PAD, EOS, UNK = range(4)
 PADDING_FACTOR = 8
@@ -78,9 +80,18 @@ def build_dictionary(lines: Iterable[str], padding_factor: int = PADDING_FACTOR)
 
 
 def read_lines(path: Path) -> list[str]:
-    """Lines as fairseq reads them (text mode, universal newlines, UTF-8)."""
-    with open(path, encoding="utf-8") as f:
-        return f.readlines()
+    """Lines as fairseq reads them (text mode, universal newlines, UTF-8). An empty file, or one
+    that is not UTF-8 text, is a one-line error naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); fetch it again with "
+                        f"`attnbench data wikitext`") from None
+    if not any(line.strip() for line in lines):
+        raise UserError(f"{path} is empty: a WikiText split holds one article line per line; fetch it again "
+                        f"with `attnbench data wikitext`")
+    return lines
 
 
 class TokenBlocks(Dataset):
