@@ -261,7 +261,7 @@ def test_logger_wandb_logs_the_table(workdir, monkeypatch):
 
 def test_small_values_keep_three_significant_digits():
     """An RMSE of 0.05 must not print as 0.05 ± 0.00; accuracies keep two decimals."""
-    from bench_cli.report import _pm
+    from bench_cli.ui import mean_pm as _pm
 
     assert _pm(0.05432, 0.00311) == "0.0543 ± 0.0031"
     assert _pm(98.8108, 0.3111) == "98.81 ± 0.31"

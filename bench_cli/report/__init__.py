@@ -30,10 +30,8 @@ from bench_cli.report.render import csv_rows, display_rows, headers, markdown, w
 from bench_cli.report.select import Cell, aggregate, common_overrides, override_value, record_value
 from bench_cli.report.spec import EFFICIENCY, Column, Layout, layout
 from bench_cli.report.stats import average_row, build_rows, tolerance, welch
-from bench_cli.ui import mean_pm as _pm
-from bench_cli.ui import wide  # bench_cli/sweep.py imports it from here; bench_cli.ui is its home
 
 __all__ = ["EFFICIENCY", "Cell", "Column", "Layout", "PaperTable", "PaperValue", "aggregate", "average_row",
            "build_rows", "cmd_report", "common_overrides", "csv_rows", "display_rows", "grid_axes", "headers",
            "layout", "load_paper", "markdown", "matches", "override_value", "paper_dir", "record_value",
-           "tolerance", "welch", "wide", "write_csv", "_pm"]
+           "tolerance", "welch", "write_csv"]
