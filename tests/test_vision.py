@@ -616,3 +616,17 @@ def test_report_compares_extra_columns_and_variants_by_a_paper_column(workdir):
     assert "98.12 [T5]" in row and "66,048 (66,048)" in row and "1.00 (1.00)" in row and "95.00 (93.73)" in row
     csv_text = (workdir / "rep" / "pay_better_attention" / "table5.csv").read_text()
     assert "attn params/layer,paper_attn params/layer" in csv_text.splitlines()[0]
+
+
+def test_a_file_that_is_not_an_image_is_one_line_naming_it(tmp_path):
+    """A non-image under an image name (a broken copy) stops the run with one line naming the file
+    (the documented choice: skipping it would silently shrink the split)."""
+    from bench_cli.core.errors import UserError
+    from tasks.vision.datasets import load_rgb
+
+    bad = tmp_path / "n01440764" / "broken.JPEG"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a jpeg at all" * 10)
+    with pytest.raises(UserError) as e:
+        load_rgb(str(bad))
+    assert str(bad) in str(e.value) and "not a readable image" in str(e.value) and "\n" not in str(e.value)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_cli.core.errors import UserError
 from tasks.vision.torchvision_shim import import_torchvision
 
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -143,8 +144,14 @@ def image_folder_samples(root: Path, classes: tuple[str, ...] | None = None) -> 
 
 
 def load_rgb(path: str):
-    """An image file as an RGB PIL image (torchvision's pil_loader)."""
-    from PIL import Image
+    """An image file as an RGB PIL image (torchvision's pil_loader). A file that is not an image
+    (truncated, another format under an image name) stops the run with one line naming it: the
+    documented choice, rather than skipping it, because a silently smaller split changes the
+    numbers."""
+    from PIL import Image, UnidentifiedImageError
 
-    with open(path, "rb") as f:
-        return Image.open(f).convert("RGB")
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise UserError(f"{path} is not a readable image ({str(e).splitlines()[0]}); replace or remove it") from None
