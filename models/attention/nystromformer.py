@@ -66,7 +66,8 @@ def iterative_pinv(a: torch.Tensor, iterations: int, init: str) -> torch.Tensor:
     equation="Sec. 3: softmax(Q K~^T) softmax(Q~ K~^T)^+ softmax(Q~ K^T) V, segment-mean landmarks, + conv(V)",
     # segment means mix the whole sequence: not causal; the conv skip adds conv(V) to the outputs
     # position by position, so queries and values must be one sequence: no cross.
-    capabilities=Capabilities(causal=False, cross=False),
+    # batch_coupled: the pseudo-inverse starts from the batch-wide max (pinv_init="original", the reference's).
+    capabilities=Capabilities(causal=False, cross=False, batch_coupled=True),
     summary="Nystromformer: segment-mean landmarks, iterative pseudo-inverse, depthwise conv skip on V",
 )
 class NystromAttention(ProjectedAttention):

@@ -126,7 +126,9 @@ def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.T
     "performer",
     paper=PAPER,
     equation="FAVOR+ (Sec. 2.3-2.4: positive orthogonal random features, Lemma 1)",
-    capabilities=Capabilities(causal=True, cross=True),  # features of any key set; prefix sums causally
+    # features of any key set; prefix sums causally; batch_coupled: the keys' stabiliser is the max over
+    # the whole batch (performer-pytorch as the LRA code ran it), bidirectionally
+    capabilities=Capabilities(causal=True, cross=True, batch_coupled=True),
     summary="Performer FAVOR+: positive orthogonal random features, linear attention",
 )
 class PerformerAttention(ProjectedAttention):

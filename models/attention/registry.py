@@ -7,6 +7,7 @@ with a clear message instead of failing deep inside a forward pass.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,6 +25,10 @@ class Capabilities:
     needs_grid: bool = False  # takes a 2D token layout `grid=(H, W)` (Conv2D attention)
     cross: bool = False  # attends to a second sequence: forward(x, context=..., context_mask=...)
     sized_by_max_len: bool = False  # takes the task's length as `max_len` to size parameters, runs at any length
+    # The reference takes statistics over the whole batch (e.g. a batch-wide maximum), so a sample's
+    # output depends on the other samples of its batch; `attnbench check-attention` then does not
+    # check that samples are independent.
+    batch_coupled: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,27 @@ class AttentionSpec:
     equation: str
     capabilities: Capabilities = field(default_factory=Capabilities)
     summary: str = ""
+    owner: str = ""  # the module that registered the name (a plugin's, or models.attention.<file>)
+
+    @property
+    def builtin(self) -> bool:
+        return is_builtin(self.owner)
+
+
+def is_builtin(module: str) -> bool:
+    """Whether ``module`` is attnbench's own (models.*, tasks.*), not a plugin's."""
+    return module.split(".")[0] in ("models", "tasks")
+
+
+class NameTakenError(ValueError):
+    """A second module registers a name another has: refused, naming both (plugins must not
+    silently replace a built-in or each other)."""
+
+    def __init__(self, kind: str, name: str, owner: str, newcomer: str):
+        super().__init__(f"{kind} '{name}' is already registered by {owner}"
+                         f"{' (built-in)' if is_builtin(owner) else ''}; {newcomer} cannot register it again: "
+                         f"choose another name")
+        self.kind, self.name, self.owner, self.newcomer = kind, name, owner, newcomer
 
 
 _REGISTRY: dict[str, AttentionSpec] = {}
@@ -65,11 +91,15 @@ def register_attention(
     Presets let one class serve several names (``attention_bn`` is the softmax kernel
     with the BN modifier switched on), so modifiers compose with kernels instead of
     being copied into them.
+
+    Public API (stable, for plugins: bench_cli/plugins.py): the module that calls it owns
+    ``name``; another module registering the same name gets a ``NameTakenError`` naming both.
     """
+    owner = sys._getframe(1).f_globals.get("__name__", "?")  # the caller: who registers (no public API)
 
     def deco(factory: Callable[..., nn.Module]):
         if name in _REGISTRY:
-            raise ValueError(f"attention '{name}' registered twice")
+            raise NameTakenError("attention", name, _REGISTRY[name].owner, owner)
 
         def build(**options):
             return factory(**{**preset, **options})
@@ -80,7 +110,8 @@ def register_attention(
             paper=paper,
             equation=equation,
             capabilities=capabilities or Capabilities(),
-            summary=summary or (factory.__doc__ or "").strip().splitlines()[0],
+            summary=summary or ((factory.__doc__ or "").strip().splitlines() or [""])[0],
+            owner=owner,
         )
         return factory
 

@@ -76,7 +76,8 @@ def newton_pseudo_inverse(mat: torch.Tensor, iterations: int, blowup: float = 1e
     paper="Lu et al. 2021, SOFT: Softmax-free Transformer with Linear Complexity (NeurIPS); "
           "code fudan-zvg/SOFT, 1D port mlpen/mra-attention",
     equation="Gaussian kernel exp(-||q_i - q_j||^2 / (2 sqrt d)), K = Q; Nystrom A B^+ A^T V, B^+ by Newton iterations",
-    capabilities=Capabilities(causal=False, padding_mask=True, cross=False, sized_by_max_len=True),
+    # batch_coupled: the Newton start and stopping tests take maxima over the whole batch (as the references).
+    capabilities=Capabilities(causal=False, padding_mask=True, cross=False, sized_by_max_len=True, batch_coupled=True),
 )
 class SoftAttention(AttentionBase):
     """SOFT: Gaussian-kernel attention with shared Q = K, conv landmarks and a Newton pseudo-inverse."""
