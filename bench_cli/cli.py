@@ -38,6 +38,8 @@ commands:
   report NAME            paper vs reproduced table of an experiment (results/reproduced/)
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
+  check-attention NAME [--length N ...] [KEY=VALUE ...]
+                         conformance suite of a registered attention (built-in or plugin)
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn_sh
 trainer.max_epochs=50 seed=3 +key=value; `attnbench run --cfg job` prints the composed config.
@@ -187,6 +189,11 @@ def cmd_ls(args: list[str]) -> None:
         tasks = available_tasks()
         console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
         console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
+        from models.attention import available_attentions
+
+        plugged = [f"{n} ({attention_spec(n).owner})" for n in available_attentions() if not attention_spec(n).builtin]
+        if plugged:
+            console.print(f"[bold]plugin attentions[/] ({len(plugged)}): {', '.join(plugged)}")
         console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}")  # wrapped between names
         console.print(f"data root: {data_root}", soft_wrap=True)
         console.print("more: attnbench ls tasks | datasets | models | experiments | runs", soft_wrap=True)
@@ -213,21 +220,35 @@ def cmd_ls(args: list[str]) -> None:
                 rows.append([name, ds, f"[{style}]{shown}[/]"])
         show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
     if what == "models":
-        rows = []
-        for name in models:
-            m = C.load_option("model", name)
-            final = m.get("final_attention")
-            att = m.attention.name + (f" + last: {final.name}" if final else "")
-            spec = attention_spec(final.name if final else m.attention.name)
+        from models.attention import available_attentions
+
+        def row(model: str, names: list[str]) -> list[str]:
+            unknown = [n for n in names if n not in available_attentions()]
+            if unknown:  # a user folder's yaml whose plugin is not imported
+                return [model, f"{', '.join(unknown)} (not registered: import its plugin)", "?", "?"]
+            spec = attention_spec(names[-1])  # the last layer's decides what the model can do
             caps = spec.capabilities
             lacks = ", ".join(label for label, on in (("causal", caps.causal), ("mask", caps.padding_mask),
                                                       ("any length", caps.variable_length), ("cross", caps.cross)) if not on)
-            rows.append([name, att + (" (+ loss)" if caps.extra_loss else ""), lacks or "-",
-                         f"{spec.paper}, {spec.equation}"])
+            shown = [n + ("" if attention_spec(n).builtin else f" (plugin: {attention_spec(n).owner})") for n in names]
+            attention = " + last: ".join(shown) + (" (+ loss)" if caps.extra_loss else "")
+            return [model, attention, lacks or "-", f"{spec.paper}, {spec.equation}"]
+
+        rows, used = [], set()
+        for name in models:
+            m = C.load_option("model", name)
+            names = [m.attention.name] + ([m.final_attention.name] if m.get("final_attention") else [])
+            used.update(names)
+            rows.append(row(name, names))
+        # A plugin's attention needs no yaml: any model selects it with model.attention.name=NAME.
+        rows += [row("(any)", [n]) for n in available_attentions() if n not in used and not attention_spec(n).builtin]
+        plugged = any(not attention_spec(n).builtin for n in available_attentions())
         show_table("models (model=NAME; options: model.attention.KEY=VALUE)",
                    ["model", "attention", "cannot do", "paper"], rows,
                    caption="cannot do: causal (decoders), mask (padding), any length (Super's fixed l), cross "
-                           "(attend to another sequence); + loss: adds an auxiliary loss (KSVD)")
+                           "(attend to another sequence); + loss: adds an auxiliary loss (KSVD)"
+                           + ("; plugin: the module that registered it; model (any): no yaml, select it in any "
+                              "model with model.attention.name=NAME" if plugged else ""))
     if what == "runs":
         from bench_cli.records import run_folders, run_state
 
@@ -297,12 +318,40 @@ def cmd_profile(args: list[str]) -> None:
     profile(args)
 
 
+def cmd_check_attention(args: list[str]) -> None:
+    from bench_cli.check_attention import cmd_check_attention as check  # imports torch: lazily
+
+    check(args)
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
-            "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench}
+            "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
+            "check-attention": cmd_check_attention}
 
 
 def available_commands() -> list[str]:
     return sorted(COMMANDS)
+
+
+COMPOSING = ("run", "validate", "ls", "data", "sweep", "report", "profile")  # take --config-dir DIR
+
+
+def take_config_dirs(args: list[str]) -> list[str]:
+    """``args`` without Hydra's ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR``, whose
+    folders are added to every composition of the process (plugins' model/*.yaml, experiments)."""
+    rest, i = [], 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in ("--config-dir", "-cd"):
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                    raise UserError(f"option {name} needs a folder: {name} DIR")
+                i, value = i + 1, args[i + 1]
+            C.add_config_dir(value)
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -320,6 +369,11 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(unknown_choice("command", cmd, available_commands())))
     catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits
     try:
+        from bench_cli import plugins
+
+        plugins.import_plugins()  # ATTNBENCH_PLUGINS and entry points, before anything composes
+        if cmd in COMPOSING:
+            rest = take_config_dirs(rest)
         COMMANDS[cmd](rest)
     except UserError as e:
         fail(str(e))

@@ -3,7 +3,8 @@
 Validation composes the config with Hydra's compose API first, so mistakes become one-line
 errors with the valid choices. `run` and `sweep` compose through ``HydraApp`` (Hydra set up as
 ``@hydra.main`` sets it up), once per run and once per job, and run through Hydra's own job
-runner and launchers.
+runner and launchers. Every composition also searches the user's config folders (``--config-dir``,
+``hydra.searchpath``: a plugin's model/*.yaml) and imports the plugins its ``plugins`` key names.
 """
 from __future__ import annotations
 
@@ -56,22 +57,84 @@ def conf_dir() -> Path:
     return Path(conf.__file__).parent
 
 
+# User config folders (a plugin's model/*.yaml, experiments), searched after conf/ as Hydra
+# searches them: those of --config-dir, then those of hydra.searchpath (conf/ wins a name both have).
+_CONFIG_DIRS: list[Path] = []
+_SEARCHPATH_DIRS: list[Path] = []
+
+
+def add_config_dir(path: str | os.PathLike) -> Path:
+    """A folder of configs searched in every composition of this process (the --config-dir of
+    every command that composes)."""
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise UserError(f"--config-dir {path}: no such directory")
+    if folder not in _CONFIG_DIRS:
+        _CONFIG_DIRS.append(folder)
+    return folder
+
+
+def config_dirs() -> list[Path]:
+    """Where options are looked up, in Hydra's order: conf/, --config-dir folders, hydra.searchpath."""
+    return [conf_dir(), *_CONFIG_DIRS, *_SEARCHPATH_DIRS]
+
+
+def note_searchpath(overrides: list[str]) -> None:
+    """Folders of a ``hydra.searchpath=[file://DIR,...]`` override (Hydra composes with them
+    itself), so option listings and checks see their options too."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+~") != "hydra.searchpath" or not value:
+            continue
+        for entry in value.strip("[]").split(","):
+            entry = entry.strip().strip("'\"")
+            if entry.startswith("pkg://") or not entry:
+                continue
+            folder = Path(entry.removeprefix("file://")).expanduser().resolve()
+            if folder.is_dir() and folder not in _SEARCHPATH_DIRS:
+                _SEARCHPATH_DIRS.append(folder)
+
+
 def group_options(group: str) -> list[str]:
-    """Options of a config group: yaml files under conf/<group>, nested ones as 'a/b'. Files and
-    folders starting with '_' are building blocks included by other options, not options."""
-    root = conf_dir() / group
-    if not root.is_dir():
-        return []
-    paths = (p.relative_to(root) for p in root.rglob("*.yaml"))
-    return sorted(str(p.with_suffix("")) for p in paths if not any(part.startswith("_") for part in p.parts))
+    """Options of a config group: yaml files under <config folder>/<group>, nested ones as 'a/b'.
+    Files and folders starting with '_' are building blocks included by other options, not options."""
+    found: set[str] = set()
+    for folder in config_dirs():
+        root = folder / group
+        if root.is_dir():
+            paths = (p.relative_to(root) for p in root.rglob("*.yaml"))
+            found.update(str(p.with_suffix("")) for p in paths if not any(part.startswith("_") for part in p.parts))
+    return sorted(found)
+
+
+def option_file(group: str, option: str) -> Path:
+    """The yaml of an option: the first config folder that has it (Hydra's search order)."""
+    for folder in config_dirs():
+        path = folder / group / f"{option}.yaml"
+        if path.is_file():
+            return path
+    return conf_dir() / group / f"{option}.yaml"
 
 
 def load_option(group: str, option: str) -> DictConfig:
     """One option's YAML, with the same-group options of its defaults list merged under it
     (e.g. model/primalformer extends model/primal). Interpolations are left unresolved."""
-    raw = OmegaConf.load(conf_dir() / group / f"{option}.yaml")
+    import yaml
+
+    try:
+        raw = OmegaConf.load(option_file(group, option))
+    except yaml.YAMLError as e:  # a user folder's file: one line naming it
+        raise yaml_error(e) from None
     parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
     return OmegaConf.merge(*(load_option(group, p) for p in parents), raw) if parents else raw
+
+
+def yaml_error(err: Exception) -> UserError:
+    """A YAML error as one line naming the file, its line and the problem."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}" if mark else "a config file"
+    problem = getattr(err, "problem", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return UserError(f"YAML error in {where}: {problem}")
 
 
 def parse_overrides(overrides: list[str]):
@@ -103,13 +166,14 @@ def addable(key: str) -> bool:
 def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None:
     """Unknown group options ('model=no_such_model') list the valid choices; ``+key`` outside the
     keys that are read (``ADDABLE``) is refused."""
+    note_searchpath(overrides)
     for o in parse_overrides(overrides):
         if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not addable(o.key_or_group):
             raise UserError(f"'{o.input_line}': nothing reads {o.key_or_group}, so adding it would change nothing; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}"
                             f"{_existing_hint(o.key_or_group, overrides)}")
         if ((o.is_add() or o.is_force_add()) and "." not in o.key_or_group and o.key_or_group not in GROUPS
-                and not (conf_dir() / o.key_or_group.split("@")[0]).is_dir()):  # adding a config group is fine
+                and not any((d / o.key_or_group.split("@")[0]).is_dir() for d in config_dirs())):  # a config group
             raise UserError(f"'{o.input_line}': nothing reads a top-level key {o.key_or_group}; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}")
         key = o.key_or_group
@@ -129,25 +193,64 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
 
 @contextmanager
 def composer():
-    """A Hydra compose session over conf/: yields ``compose_one(overrides, with_hydra=False)``,
-    which turns composition errors into one-line UserErrors. Compositions inside one session
-    share its initialisation (a sweep composes many jobs)."""
-    from hydra import compose as hydra_compose, initialize_config_module
+    """A Hydra compose session over conf/ (and the --config-dir folders): yields
+    ``compose_one(overrides, with_hydra=False)``, which turns composition errors into one-line
+    UserErrors. Compositions inside one session share its initialisation (a sweep composes many
+    jobs). The plugins a composed config names (``plugins:``) are imported before it is returned."""
+    from hydra import compose as hydra_compose
+    from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
 
     def compose_one(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         try:
-            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=with_hydra)
-        except HydraException as e:
+            cfg = hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=with_hydra)
+        except composition_errors() as e:
             raise _explain(e, overrides) from None
+        return _with_plugins(cfg)
 
     GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            yield compose_one
+    try:  # as hydra.initialize_config_module(config_module="conf", job_name="app") sets Hydra up
+        _setbase()
+        Hydra.create_main_hydra2(task_name="app", config_search_path=_search_path("conf.app", "pkg://conf"))
+        yield compose_one
     finally:
         GlobalHydra.instance().clear()
+
+
+def composition_errors() -> tuple[type[Exception], ...]:
+    """What a composition raises for a mistake in the configs: Hydra's errors, and YAML errors of a
+    file (a user folder's yaml is read as it is found)."""
+    import yaml
+    from hydra.errors import HydraException
+
+    return HydraException, yaml.YAMLError
+
+
+def _setbase() -> None:
+    from hydra import version
+
+    version.setbase(HYDRA_VERSION_BASE)  # as @hydra.main(version_base=...) does
+
+
+def _search_path(calling_module: str, config_path: str, config_dir: str | None = None):
+    """Hydra's search path for a function of ``calling_module`` with ``config_path``, with the
+    --config-dir folders added as hydra/_internal/utils.py ``_run_hydra`` (add_conf_dir) adds one."""
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    search_path = create_automatic_config_search_path(None, calling_module, config_path)
+    folders = [add_config_dir(config_dir)] if config_dir else []
+    for folder in [*folders, *(d for d in _CONFIG_DIRS if d not in folders)]:
+        search_path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
+    return search_path
+
+
+def _with_plugins(cfg: DictConfig) -> DictConfig:
+    """``cfg`` after importing the plugins its ``plugins`` key names (before any validation)."""
+    from bench_cli import plugins
+
+    plugins.import_configured(cfg)
+    return cfg
 
 
 def compose_unchecked(overrides: list[str], with_hydra: bool = False) -> DictConfig:
@@ -171,10 +274,13 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
 # --- running through Hydra ------------------------------------------------------------------------
 def dispatch_to_hydra(entry, args: list[str]) -> None:
     """Call a ``@hydra.main`` function as if from the command line (``sys.argv`` rewritten): for
-    Hydra's own flags (--cfg, --info, --help), which print and run nothing."""
+    Hydra's own flags (--cfg, --info, --help), which print and run nothing. The --config-dir the
+    CLI took (``add_config_dir``) is handed on (Hydra takes one)."""
     import sys
 
-    sys.argv = ["attnbench", *args]
+    given = {"--config-dir", "-cd"} & {a.split("=", 1)[0] for a in args}
+    extra = ["--config-dir", str(_CONFIG_DIRS[0])] if _CONFIG_DIRS and not given else []
+    sys.argv = ["attnbench", *extra, *args]
     entry()
 
 
@@ -193,44 +299,34 @@ class HydraApp:
 
     def compose(self, overrides: list[str], run_mode, with_log_configuration: bool = False) -> DictConfig:
         """The config with its hydra node, as Hydra's run (RunMode.RUN) or multirun composes it."""
-        from hydra.errors import HydraException
-
         try:
-            return self.hydra.compose_config(config_name=self.config_name, overrides=overrides, run_mode=run_mode,
-                                             with_log_configuration=with_log_configuration)
-        except HydraException as e:
+            cfg = self.hydra.compose_config(config_name=self.config_name, overrides=overrides, run_mode=run_mode,
+                                            with_log_configuration=with_log_configuration)
+        except composition_errors() as e:
             raise _explain(e, overrides) from None
+        return _with_plugins(cfg)
 
     def compose_job(self, master: DictConfig, overrides: list[str]) -> DictConfig:
         """One job of a multirun, composed as every Hydra launcher composes it (``load_sweep_config``)."""
-        from hydra.errors import HydraException
-
         try:
-            return self.config_loader.load_sweep_config(master, list(overrides))
-        except HydraException as e:
+            cfg = self.config_loader.load_sweep_config(master, list(overrides))
+        except composition_errors() as e:
             raise _explain(e, overrides) from None
+        return _with_plugins(cfg)
 
 
 @contextmanager
 def hydra_app(job_name: str, flags: dict | None = None):
     """A ``HydraApp`` for the time of the ``with`` (Hydra's global state set, then cleared);
     ``flags`` are Hydra's flags as ``bench_cli.args.Parsed.hydra`` holds them."""
-    from hydra import version
     from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_automatic_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
-    version.setbase(HYDRA_VERSION_BASE)  # as @hydra.main(version_base=...) does
+    _setbase()
     flags = flags or {}
     config_path = flags.get("--config-path") or flags.get("-cp") or "pkg://conf"
-    search_path = create_automatic_config_search_path(None, f"bench_cli.{job_name}", str(config_path))
     config_dir = flags.get("--config-dir") or flags.get("-cd")
-    if config_dir:  # as _run_hydra's add_conf_dir
-        path = os.path.abspath(str(config_dir))
-        if not os.path.isdir(path):
-            raise UserError(f"--config-dir {path}: no such directory")
-        search_path.prepend(provider="command-line", path=f"file://{path}", anchor=SearchPathQuery(provider="schema"))
+    search_path = _search_path(f"bench_cli.{job_name}", str(config_path), str(config_dir) if config_dir else None)
     GlobalHydra.instance().clear()  # a composition of the checks may have left one
     try:
         hydra = Hydra.create_main_hydra2(task_name=job_name, config_search_path=search_path)
@@ -293,7 +389,7 @@ def _group_defaults(groups: tuple[str, ...]) -> DictConfig:
 
 def check_value_types(cfg: DictConfig, overrides: list[str]) -> None:
     parsed = parse_overrides(overrides)
-    groups = [o.input_line for o in parsed if o.key_or_group in GROUPS]
+    groups = [o.input_line for o in parsed if o.key_or_group in GROUPS or o.key_or_group == "hydra.searchpath"]
     values = [o for o in parsed if o.key_or_group not in GROUPS and not o.is_delete()
               and not o.key_or_group.startswith("hydra") and o.is_force_add() is False and o.is_add() is False]
     if not values:
@@ -329,6 +425,10 @@ def _existing_hint(key: str, overrides: list[str]) -> str:
 
 
 def _explain(err: Exception, overrides: list[str]) -> UserError:
+    import yaml
+
+    if isinstance(err, yaml.YAMLError):
+        return yaml_error(err)
     text = str(err)
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
     if m:

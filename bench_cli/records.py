@@ -57,6 +57,7 @@ ADDED_KEYS: dict[str, object] = {
     "trainer.train_metrics": False,
     "trainer.strategy": "none",
     "trainer.precision": "32",
+    "plugins": [],  # issue 23: the modules named change the run (another attention); none is the old config
 }
 
 
@@ -143,8 +144,16 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, str]:
     return commit or "unknown", "" if status is None else str(bool(status)).lower()
 
 
-@lru_cache(maxsize=1)
 def provenance() -> dict:
+    """Where a result comes from: code, versions, platform, and the plugins of the process with
+    their versions (imported by now: before composition, or right after it for ``plugins:``)."""
+    from bench_cli import plugins
+
+    return {**_environment(), "plugins": plugins.describe()}
+
+
+@lru_cache(maxsize=1)
+def _environment() -> dict:
     import torch
 
     from bench_cli import __version__
@@ -237,7 +246,7 @@ def check_results_path(path: str | Path) -> None:
     and an existing file is an attnbench record file (its header starts with the record columns)."""
     from bench_cli.core.errors import UserError
 
-    path = Path(path)
+    path = Path(path).resolve() if Path(path).is_symlink() else Path(path)  # a link is written through
     folder = path.parent if str(path.parent) else Path(".")
     probe = folder
     while not probe.exists() and probe != probe.parent:
@@ -273,9 +282,12 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
     temporary file in the same directory and renamed over the original, so a crash mid-write or a
     parallel writer cannot corrupt earlier rows. The header is the file's own (when appending),
     then ``columns`` it lacks, then every other key in the order it first appears: unknown keys
-    become new columns at the end and older rows get blanks; existing columns never move.
+    become new columns at the end and older rows get blanks; existing columns never move. A
+    symbolic link is written through: its target gets the rows and the link stays a link.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     with _locked(path):
         old = read_records(path) if append else []
         rows = old + list(rows)

@@ -34,6 +34,8 @@ COLUMNS = [
     "config_path", "output_dir", "overrides", "metrics_json", "command",
     # the schedule: planned and run (a report reads these instead of recomposing the config)
     "epochs_planned", "steps_planned", "steps_run", "step_budget", "train_metrics_source",
+    # the plugins of the run's process (bench_cli/plugins.py): 'mymod==1.2 (module mymod)', or empty
+    "plugins",
 ]
 IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")

@@ -36,7 +36,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from bench_cli import compose as C
-from bench_cli import records
+from bench_cli import plugins, records
 from bench_cli.args import parse
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 
@@ -279,10 +279,12 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     from rich.markup import escape
 
     from bench_cli.runner import run_experiment
-    from bench_cli.ui import console
+    from bench_cli.ui import console, metric_digits
 
     die_with_sweep(plan.sweep_pid)
     catch_termination()  # a worker process SIGTERMed (Slurm, joblib) records its job as interrupted
+    plugins.import_plugins()  # the sweep's plugins in this process too (joblib worker, Slurm job): once each
+    plugins.import_configured(cfg)
     hc = HydraConfig.get()
     position = plan.check(tuple(hc.overrides.task), cfg)
     head, label = _head(position, plan.total), job_label(cfg)
@@ -300,7 +302,7 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     if row.get("_rank"):  # another process of a distributed job: rank 0 reports
         return row["status"]
     value = row.get("test_score")
-    shown = (f"test {row['metric']} {float(value):.{_digits(value)}f}" if isinstance(value, (int, float))
+    shown = (f"test {row['metric']} {float(value):.{metric_digits(value)}f}" if isinstance(value, (int, float))
              else escape(str(row.get("error", ""))))
     style = "green" if row["status"] == "ok" else "red"
     console.print(f"{head} [{style}]{row['status']:<7}[/] {label}  {shown}  ({time.perf_counter() - t0:.0f} s)",
@@ -312,11 +314,6 @@ def _head(position: int, total: int) -> str:
     from rich.markup import escape
 
     return escape(f"[sweep {position + 1:>{len(str(total))}}/{total}]")
-
-
-def _digits(value: float) -> int:
-    """Decimals that show a metric readably (accuracy 98.65, RMSE 0.0123)."""
-    return 2 if abs(value) >= 1 else 4
 
 
 def launch(sweep: Sweep, todo: list[Job]) -> list:
@@ -434,6 +431,7 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict)
     before = {p: len(records.read_records(p)) for p in paths}
     started = time.perf_counter()
     os.environ["ATTNBENCH_RUN_ID"] = new_run_id()  # the sweep's folder (hydra.sweep.dir)
+    plugins.export_to_environment()  # the workers it starts import the same plugins
     try:
         returns = launch(sweep, todo)
     except KeyboardInterrupt as e:

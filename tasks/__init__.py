@@ -16,10 +16,18 @@ _DISCOVERED = False
 
 
 def register_task(cls: type) -> type:
-    """Class decorator: register a Task subclass under ``cls.name``."""
+    """Class decorator: register a Task subclass under ``cls.name``.
+
+    Public API (stable, for plugins: bench_cli/plugins.py). A plugin's task is registered after
+    the built-in families are discovered, so a name one of them holds is refused at once, with a
+    ``NameTakenError`` naming both modules, whichever is looked up first."""
+    from models.attention.registry import NameTakenError, is_builtin
+
     name = cls.name
+    if not is_builtin(cls.__module__):
+        discover()
     if name in _TASKS and _TASKS[name] is not cls:
-        raise ValueError(f"task '{name}' registered twice ({_TASKS[name].__module__}, {cls.__module__})")
+        raise NameTakenError("task", name, _TASKS[name].__module__, cls.__module__)
     _TASKS[name] = cls
     return cls
 

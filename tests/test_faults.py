@@ -112,7 +112,9 @@ def test_a_killed_run_shows_as_started_and_not_finished(uea_fixture, workdir, ca
     ("trainer.max_epochs=0", "trainer.max_epochs"),
     ("trainer.batch_size=0", "trainer.batch_size"),
     ("trainer.step_budget=abc", "trainer.step_budget"),
-    ("task.val_fraction=1.5", "task.val_fraction"),
+    ("task.val_fraction=1.5", "task.val_fraction: 1.5 (expected a number strictly between 0 and 1)"),
+    ("trainer.optimizer.lr=0", "trainer.optimizer.lr: 0 (expected a number greater than 0)"),
+    ("trainer.max_epochs=-2", "trainer.max_epochs: -2 (expected an integer of at least 1)"),
     ("model.attention.nonsense=1", "unknown config key"),
 ])
 def test_bad_settings_are_refused_by_validate_and_run_alike(uea_fixture, workdir, capsys, override, expected):
@@ -210,3 +212,13 @@ def test_hub_dataset_without_network_is_one_line_at_once(workdir, monkeypatch):
         load_hf_dataset("stanfordnlp/imdb", missing="IMDB is not available: run `attnbench data lra_text imdb`")
     assert time.perf_counter() - started < 15
     assert "\n" not in str(e.value) and "offline, and not in the HF cache" in str(e.value)
+
+
+def test_a_symlinked_results_file_is_written_through_and_stays_a_link(uea_fixture, workdir):
+    """results.path=link.csv -> elsewhere/target.csv: the target gets the row, the link stays a link."""
+    target = workdir / "elsewhere" / "target.csv"
+    main(["run", *TINY, f"results.path={target}"])
+    (workdir / "link.csv").symlink_to(target)
+    main(["run", *TINY, "seed=1", "results.path=link.csv"])
+    assert (workdir / "link.csv").is_symlink() and (workdir / "link.csv").resolve() == target.resolve()
+    assert [r["seed"] for r in read_records(target)] == ["0", "1"]

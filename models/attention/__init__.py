@@ -22,7 +22,7 @@ from models.attention.registry import (  # noqa: F401
     build_attention,
     register_attention,
 )
-from models.attention.base import accumulate_auxiliary_losses, collect_auxiliary_loss  # noqa: F401
+from models.attention.base import ProjectedAttention, accumulate_auxiliary_losses, collect_auxiliary_loss  # noqa: F401
 
 # Importing the variant modules registers them.
 from models.attention import softmax  # noqa: F401,E402

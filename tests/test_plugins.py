@@ -1,0 +1,219 @@
+"""Plugins (issue 23): a module outside the repository registers an attention (or a task) and is
+found through ATTNBENCH_PLUGINS, the `plugins:` config key or an `attnbench.plugins` entry point;
+`ls models` shows it, a run and a sweep's workers use it and records name it; mistakes are one
+line. The plugin is the README's own example, so the documentation is what is tested."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench_cli import compose as C
+from bench_cli import plugins
+from bench_cli.cli import main
+from bench_cli.records import job_key, read_records
+from conftest import attnbench
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
+        "task.backbone.d_ff=32", "trainer.max_epochs=1", "trainer.batch_size=8", "trainer.progress=false",
+        "measure.flops=false", "measure.memory=false"]
+MODEL_YAML = "name: elu\nattention:\n  name: elu_linear\n  dropout: 0.0\nfinal_attention: null\n"
+EXPERIMENT_YAML = ("# @package _global_\ndefaults:\n  - override /model: elu\nplugins: [mymod]\n"
+                   "experiment_name: elu_fixture\n")
+TEST_MODULES = ("mymod", "broken", "dup_builtin", "first_mod", "second_mod", "dup_task")
+
+
+def readme_plugin() -> str:
+    """The example plugin of the README's "Bring your own attention" section."""
+    section = README.read_text().split("## Bring your own attention", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path) -> Path:
+    """A folder outside the repository holding the README's plugin as mymod.py."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "mymod.py").write_text(readme_plugin())
+    return folder
+
+
+@pytest.fixture
+def config_dir(tmp_path) -> Path:
+    """A user config folder: the plugin's model preset and an experiment naming the plugin."""
+    folder = tmp_path / "myconf"
+    (folder / "model").mkdir(parents=True)
+    (folder / "experiment").mkdir()
+    (folder / "model" / "elu.yaml").write_text(MODEL_YAML)
+    (folder / "experiment" / "elu_fixture.yaml").write_text(EXPERIMENT_YAML)
+    return folder
+
+
+@pytest.fixture
+def isolated(monkeypatch, plugin_dir):
+    """In-process plugin imports without leaking into other tests: registries, imported plugins,
+    config folders and the test modules are restored afterwards."""
+    import tasks
+    from models.attention import registry
+
+    tasks.discover()  # the families register into the copy below only if discovered first
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(tasks, "_TASKS", dict(tasks._TASKS))
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
+    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(C, "_SEARCHPATH_DIRS", [])
+    monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    plugins._packages.cache_clear()
+    yield plugin_dir
+    for name in TEST_MODULES:
+        sys.modules.pop(name, None)
+    plugins._packages.cache_clear()
+    C._group_defaults.cache_clear()
+
+
+def fail_line(capsys, *args: str) -> str:
+    """Run the CLI in-process expecting a user error: exit status 2 and exactly one line on stderr."""
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+# --- found three ways -----------------------------------------------------------------------------
+def test_ls_models_lists_a_plugin_attention_with_its_module(plugin_dir, workdir):
+    r = attnbench("ls", "models", env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod", "COLUMNS": "80"},
+                  timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "attention: elu_linear (plugin: mymod)" in r.stdout  # 80 columns: one block per row
+    assert "Katharopoulos et al. 2020, Eqn. 6" in r.stdout
+    assert all(len(line) <= 80 for line in r.stdout.splitlines() if "elu_linear" in line)
+
+
+def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plugin_dir, workdir):
+    """A registered attention without a yaml is selectable in the default model."""
+    r = attnbench("run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv",
+                  env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
+    assert r.returncode == 0, r.stderr
+    (row,) = read_records(workdir / "res.csv")
+    assert row["status"] == "ok" and row["attention"] == "elu_linear" and row["model"] == "softmax"
+    assert row["plugins"] == f"mymod (no package: {plugin_dir / 'mymod.py'})"
+    assert int(row["params"]) > 0
+
+
+def test_config_key_and_config_dir_select_the_plugin_model(uea_fixture, plugin_dir, config_dir, workdir):
+    """No ATTNBENCH_PLUGINS: the experiment in the user folder names the plugin (`plugins:`)."""
+    r = attnbench("validate", "--config-dir", str(config_dir), "experiment=elu_fixture", "task.dataset=Fixture",
+                  env={"PYTHONPATH": str(plugin_dir)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ok: model elu:" in r.stdout and "elu_linear" in r.stdout
+
+
+def test_hydra_searchpath_and_plugins_override_in_process(uea_fixture, isolated, config_dir, capsys):
+    from models.attention import attention_spec
+
+    main(["validate", f"hydra.searchpath=[file://{config_dir}]", "model=elu", "plugins=[mymod]",
+          "task.dataset=Fixture"])
+    assert "ok: model elu:" in capsys.readouterr().out
+    assert attention_spec("elu_linear").owner == "mymod" and not attention_spec("elu_linear").builtin
+    assert [p.found_by for p in plugins.loaded()] == ["config key plugins"]
+
+
+def test_entry_point_of_an_installed_package(isolated, workdir, capsys):
+    """A dist-info with entry_points.txt on sys.path is an installed package to importlib.metadata."""
+    info = isolated / "myplug-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 1.2\n")
+    (info / "entry_points.txt").write_text("[attnbench.plugins]\nelu = mymod\n")
+    (info / "top_level.txt").write_text("mymod\n")
+    main(["ls", "models"])
+    assert "elu_linear (plugin: mymod)" in capsys.readouterr().out
+    assert plugins.describe() == "myplug==1.2 (module mymod)"
+    # named by ATTNBENCH_PLUGINS as well: imported once, the version found from the module's package
+    plugins._LOADED.clear()
+    plugins.import_plugin("mymod", plugins.PLUGINS_ENV)
+    assert plugins.describe() == "myplug==1.2 (module mymod)"
+
+
+@pytest.mark.usefixtures("uea_fixture")
+def test_joblib_sweep_workers_import_the_configured_plugin(plugin_dir, workdir):
+    paths = [f"paths.data_root={workdir / 'data'}", f"paths.output_dir={workdir / 'outputs'}",
+             f"results.path={workdir / 'res.csv'}"]
+    r = attnbench("sweep", *TINY, *paths, "plugins=[mymod]", "model.attention.name=elu_linear", "seed=0",
+                  "hydra/launcher=joblib_cpu", env={"PYTHONPATH": str(plugin_dir)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = read_records(workdir / "res.csv")
+    assert [r["status"] for r in rows] == ["ok"]
+    assert {r["attention"] for r in rows} == {"elu_linear"} and all("mymod" in r["plugins"] for r in rows)
+
+
+# --- mistakes: one line ---------------------------------------------------------------------------
+def test_broken_or_missing_plugin_is_one_line_naming_it(isolated, workdir, capsys, monkeypatch):
+    (isolated / "broken.py").write_text("import torch\nraise RuntimeError('boom: no weights here')\n")
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "broken")
+    err = fail_line(capsys, "ls")
+    assert "plugin broken" in err and "RuntimeError: boom: no weights here" in err
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "no_such_plugin")
+    err = fail_line(capsys, "ls", "models")
+    assert "plugin no_such_plugin" in err and "PYTHONPATH" in err
+
+
+def test_broken_plugin_from_the_console_script(plugin_dir, workdir):
+    (plugin_dir / "broken.py").write_text("def f(:\n")
+    r = attnbench("ls", env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "broken"}, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "plugin broken" in r.stderr and "SyntaxError" in r.stderr
+
+
+def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, monkeypatch):
+    code = 'from models.attention import Capabilities, ProjectedAttention, register_attention\n' \
+           '@register_attention("{name}", paper="p", equation="e")\nclass A(ProjectedAttention):\n    """A."""\n'
+    (isolated / "dup_builtin.py").write_text(code.format(name="softmax"))
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_builtin")
+    err = fail_line(capsys, "ls", "models")
+    assert "attention 'softmax'" in err and "models.attention.softmax" in err and "dup_builtin" in err
+
+    (isolated / "first_mod.py").write_text(code.format(name="mine"))
+    (isolated / "second_mod.py").write_text(code.format(name="mine"))
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "first_mod,second_mod")
+    err = fail_line(capsys, "ls")
+    assert "attention 'mine' is already registered by first_mod" in err and "second_mod cannot" in err
+
+    (isolated / "dup_task.py").write_text("from bench_cli.core.task import Task\nfrom tasks import register_task\n"
+                                          "@register_task\nclass Uea(Task):\n    name = 'uea'\n")
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_task")
+    err = fail_line(capsys, "ls")
+    assert "task 'uea' is already registered by tasks.uea" in err and "dup_task cannot" in err
+
+
+def test_yaml_error_in_a_user_folder_is_one_line_naming_the_file(isolated, tmp_path, workdir, capsys):
+    folder = tmp_path / "badconf"
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "bad.yaml").write_text("name: bad\nattention:\n  name: softmax\n   dropout: 0.0\n")
+    err = fail_line(capsys, "validate", "--config-dir", str(folder), "model=bad")
+    assert str(folder / "model" / "bad.yaml") in err and "line 4" in err
+    err = fail_line(capsys, "ls", "models", "--config-dir", str(folder))
+    assert str(folder / "model" / "bad.yaml") in err
+    err = fail_line(capsys, "run", "--config-dir", str(tmp_path / "nowhere"))
+    assert "--config-dir" in err and "nowhere" in err
+
+
+# --- records ------------------------------------------------------------------------------------
+def test_empty_plugins_key_keeps_job_keys_and_a_plugin_changes_them(workdir):
+    from omegaconf import open_dict
+
+    cfg = C.compose(["task.dataset=Fixture"])
+    with_key = job_key(cfg)
+    with open_dict(cfg):
+        del cfg["plugins"]
+    assert job_key(cfg) == with_key  # earlier records (no plugins key) still count as done
+    with open_dict(cfg):
+        cfg.plugins = ["mymod"]
+    assert job_key(cfg) != with_key
+
