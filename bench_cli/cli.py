@@ -171,9 +171,6 @@ LS_SECTIONS = ("tasks", "datasets", "models", "experiments", "runs")
 
 
 def cmd_ls(args: list[str]) -> None:
-    from models.attention import attention_spec
-    from tasks import available_tasks, task_class
-
     p = parse("ls", args, {"--all": False})
     if len(p.positional) > 1:
         raise UserError(f"usage: attnbench ls [{'|'.join(LS_SECTIONS)}] [paths.data_root=DIR]")
@@ -182,91 +179,117 @@ def cmd_ls(args: list[str]) -> None:
         raise unknown_choice("listing", what, LS_SECTIONS)
     cfg = C.compose(p.overrides)
     data_root = Path(cfg.paths.data_root).expanduser()
-    models = C.group_options("model")
+    listings = {"summary": lambda: _ls_summary(data_root), "tasks": lambda: _ls_tasks(data_root),
+                "datasets": lambda: _ls_datasets(data_root), "models": _ls_models,
+                "runs": lambda: _ls_runs(Path(cfg.paths.output_dir), bool(p.get("--all"))),
+                "experiments": _ls_experiments}
+    listings[what]()
+
+
+def _plugin_attentions() -> list[str]:
+    from models.attention import attention_spec, available_attentions
+
+    return [n for n in available_attentions() if not attention_spec(n).builtin]
+
+
+def _ls_summary(data_root: Path) -> None:
+    from models.attention import attention_spec
+    from tasks import available_tasks
+
+    tasks, models, experiments = available_tasks(), C.group_options("model"), C.group_options("experiment")
+    console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
+    console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
+    plugged = [f"{n} ({attention_spec(n).owner})" for n in _plugin_attentions()]
+    if plugged:
+        console.print(f"[bold]plugin attentions[/] ({len(plugged)}): {', '.join(plugged)}")
+    console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}")  # wrapped between names
+    console.print(f"data root: {data_root}", soft_wrap=True)
+    console.print("more: attnbench ls tasks | datasets | models | experiments | runs", soft_wrap=True)
+
+
+def _ls_tasks(data_root: Path) -> None:
+    from tasks import available_tasks, task_class
+
+    rows = []
+    for name in available_tasks():
+        cls = task_class(name)
+        sel = next(m for m in cls.metrics if m.name == cls.selection)
+        rows.append([name, f"{sel.name} ({'higher' if sel.higher_is_better else 'lower'} is better)",
+                     str(len(cls.datasets(data_root))), f"attnbench data {cls.fetcher}" if cls.fetcher else "-"])
+    show_table("tasks (task=NAME)", ["task", "selects on", "datasets", "data"], rows)
+
+
+def _ls_datasets(data_root: Path) -> None:
+    from tasks import available_tasks, task_class
+    from tasks.fetch import fetcher
+
+    rows = []
+    for name in available_tasks():
+        cls = task_class(name)
+        for ds in cls.datasets(data_root):
+            status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
+            style = {"local": "green", "package": "cyan", "missing": "dim"}[status]
+            shown = {"local": "local", "package": "in package",
+                     "missing": f"missing: attnbench data {cls.fetcher} {ds}"}[status]
+            rows.append([name, ds, f"[{style}]{shown}[/]"])
+    show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
+
+
+def _model_row(model: str, names: list[str]) -> list[str]:
+    """A model's row of `ls models`: its attentions (the last layer's decides what it can do)."""
+    from models.attention import attention_spec, available_attentions
+
+    unknown = [n for n in names if n not in available_attentions()]
+    if unknown:  # a user folder's yaml whose plugin is not imported
+        return [model, f"{', '.join(unknown)} (not registered: import its plugin)", "?", "?"]
+    spec = attention_spec(names[-1])
+    caps = spec.capabilities
+    lacks = ", ".join(label for label, on in (("causal", caps.causal), ("mask", caps.padding_mask),
+                                              ("any length", caps.variable_length), ("cross", caps.cross)) if not on)
+    shown = [n + ("" if attention_spec(n).builtin else f" (plugin: {attention_spec(n).owner})") for n in names]
+    attention = " + last: ".join(shown) + (" (+ loss)" if caps.extra_loss else "")
+    return [model, attention, lacks or "-", f"{spec.paper}, {spec.equation}"]
+
+
+def _ls_models() -> None:
+    rows, used = [], set()
+    for name in C.group_options("model"):
+        m = C.load_option("model", name)
+        names = [m.attention.name] + ([m.final_attention.name] if m.get("final_attention") else [])
+        used.update(names)
+        rows.append(_model_row(name, names))
+    # A plugin's attention needs no yaml: any model selects it with model.attention.name=NAME.
+    plugged = _plugin_attentions()
+    rows += [_model_row("(any)", [n]) for n in plugged if n not in used]
+    show_table("models (model=NAME; options: model.attention.KEY=VALUE)",
+               ["model", "attention", "cannot do", "paper"], rows,
+               caption="cannot do: causal (decoders), mask (padding), any length (Super's fixed l), cross "
+                       "(attend to another sequence); + loss: adds an auxiliary loss (KSVD)"
+                       + ("; plugin: the module that registered it; model (any): no yaml, select it in any "
+                          "model with model.attention.name=NAME" if plugged else ""))
+
+
+def _ls_runs(output_dir: Path, every: bool) -> None:
+    from bench_cli.records import run_folders, run_state
+
+    states = [st for st in (run_state(d) for d in run_folders(output_dir)) if st]
+    shown = states if every else states[-20:]
+    style = {"ok": "green", "running": "cyan", "killed": "red", "interrupted": "yellow"}
+    rows = []
+    for st in shown:
+        status = st.get("status", "?")
+        text = "started, not finished" if status == "killed" else status
+        rows.append([str(st.get("run_id", "")), f"[{style.get(status, 'red')}]{text}[/]",
+                     f"{st.get('task', '')}/{st.get('dataset', '')}", str(st.get("model", "")),
+                     str(st.get("seed", "")), st["folder"]])
+    show_table(f"runs in {output_dir} ({len(shown)} of {len(states)}; --all for every one)",
+               ["run_id", "status", "task/dataset", "model", "seed", "folder"], rows)
+
+
+def _ls_experiments() -> None:
     experiments = C.group_options("experiment")
-
-    if what == "summary":
-        tasks = available_tasks()
-        console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
-        console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
-        from models.attention import available_attentions
-
-        plugged = [f"{n} ({attention_spec(n).owner})" for n in available_attentions() if not attention_spec(n).builtin]
-        if plugged:
-            console.print(f"[bold]plugin attentions[/] ({len(plugged)}): {', '.join(plugged)}")
-        console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}")  # wrapped between names
-        console.print(f"data root: {data_root}", soft_wrap=True)
-        console.print("more: attnbench ls tasks | datasets | models | experiments | runs", soft_wrap=True)
-        return
-    if what == "tasks":
-        rows = []
-        for name in available_tasks():
-            cls = task_class(name)
-            sel = next(m for m in cls.metrics if m.name == cls.selection)
-            rows.append([name, f"{sel.name} ({'higher' if sel.higher_is_better else 'lower'} is better)",
-                         str(len(cls.datasets(data_root))), f"attnbench data {cls.fetcher}" if cls.fetcher else "-"])
-        show_table("tasks (task=NAME)", ["task", "selects on", "datasets", "data"], rows)
-    if what == "datasets":
-        from tasks.fetch import fetcher
-
-        rows = []
-        for name in available_tasks():
-            cls = task_class(name)
-            for ds in cls.datasets(data_root):
-                status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
-                style = {"local": "green", "package": "cyan", "missing": "dim"}[status]
-                shown = {"local": "local", "package": "in package",
-                         "missing": f"missing: attnbench data {cls.fetcher} {ds}"}[status]
-                rows.append([name, ds, f"[{style}]{shown}[/]"])
-        show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
-    if what == "models":
-        from models.attention import available_attentions
-
-        def row(model: str, names: list[str]) -> list[str]:
-            unknown = [n for n in names if n not in available_attentions()]
-            if unknown:  # a user folder's yaml whose plugin is not imported
-                return [model, f"{', '.join(unknown)} (not registered: import its plugin)", "?", "?"]
-            spec = attention_spec(names[-1])  # the last layer's decides what the model can do
-            caps = spec.capabilities
-            lacks = ", ".join(label for label, on in (("causal", caps.causal), ("mask", caps.padding_mask),
-                                                      ("any length", caps.variable_length), ("cross", caps.cross)) if not on)
-            shown = [n + ("" if attention_spec(n).builtin else f" (plugin: {attention_spec(n).owner})") for n in names]
-            attention = " + last: ".join(shown) + (" (+ loss)" if caps.extra_loss else "")
-            return [model, attention, lacks or "-", f"{spec.paper}, {spec.equation}"]
-
-        rows, used = [], set()
-        for name in models:
-            m = C.load_option("model", name)
-            names = [m.attention.name] + ([m.final_attention.name] if m.get("final_attention") else [])
-            used.update(names)
-            rows.append(row(name, names))
-        # A plugin's attention needs no yaml: any model selects it with model.attention.name=NAME.
-        rows += [row("(any)", [n]) for n in available_attentions() if n not in used and not attention_spec(n).builtin]
-        plugged = any(not attention_spec(n).builtin for n in available_attentions())
-        show_table("models (model=NAME; options: model.attention.KEY=VALUE)",
-                   ["model", "attention", "cannot do", "paper"], rows,
-                   caption="cannot do: causal (decoders), mask (padding), any length (Super's fixed l), cross "
-                           "(attend to another sequence); + loss: adds an auxiliary loss (KSVD)"
-                           + ("; plugin: the module that registered it; model (any): no yaml, select it in any "
-                              "model with model.attention.name=NAME" if plugged else ""))
-    if what == "runs":
-        from bench_cli.records import run_folders, run_state
-
-        states = [st for st in (run_state(d) for d in run_folders(Path(cfg.paths.output_dir))) if st]
-        shown = states if p.get("--all") else states[-20:]
-        style = {"ok": "green", "running": "cyan", "killed": "red", "interrupted": "yellow"}
-        rows = []
-        for st in shown:
-            status = st.get("status", "?")
-            text = "started, not finished" if status == "killed" else status
-            rows.append([str(st.get("run_id", "")), f"[{style.get(status, 'red')}]{text}[/]",
-                         f"{st.get('task', '')}/{st.get('dataset', '')}", str(st.get("model", "")),
-                         str(st.get("seed", "")), st["folder"]])
-        show_table(f"runs in {cfg.paths.output_dir} ({len(shown)} of {len(states)}; --all for every one)",
-                   ["run_id", "status", "task/dataset", "model", "seed", "folder"], rows)
-    if what == "experiments":
-        console.print("[bold]experiments[/] (attnbench sweep experiment=NAME): " + (", ".join(experiments) or "none yet"),
-                      soft_wrap=True)
+    console.print("[bold]experiments[/] (attnbench sweep experiment=NAME): " + (", ".join(experiments) or "none yet"),
+                  soft_wrap=True)
 
 
 # --- data -----------------------------------------------------------------------------------
