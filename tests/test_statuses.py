@@ -95,7 +95,13 @@ def start_run(workdir, *extra):
     """The console script training for a long time, output to a file; returns once training has
     started (its first evaluation line), so a signal lands inside the training loop."""
     log = open(workdir / "run.log", "w")
-    proc = subprocess.Popen([str(ATTNBENCH), "run", *TINY, "trainer.max_epochs=100000", *extra],
+    # A process started in the background (CI, nohup, `cmd &` in a script) inherits SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt: restore the default before exec, as a
+    # terminal's foreground process has it.
+    argv = [str(ATTNBENCH), "run", *TINY, "trainer.max_epochs=100000", *extra]
+    exec_with_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                        "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", exec_with_sigint, *argv],
                             stdout=log, stderr=subprocess.STDOUT, cwd=workdir, text=True)
     deadline = time.monotonic() + 120
     while "epoch 1" not in (workdir / "run.log").read_text():
