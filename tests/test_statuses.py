@@ -116,8 +116,13 @@ def test_interrupted_by_a_signal(uea_fixture, workdir, sig, name, code):
     if sys.platform == "win32":
         pytest.skip("POSIX signals")
     proc = start_run(workdir)
-    proc.send_signal(sig)
-    assert proc.wait(timeout=60) == code
+    try:
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == code
+    finally:  # never leave a 100000-epoch run behind when the test fails
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     out = (workdir / "run.log").read_text()
     assert "Traceback" not in out and f"interrupted ({name})" in out
     row = one_row(workdir)
