@@ -68,25 +68,28 @@ RENAMED_VALUES: dict[str, dict] = {
 }
 
 
+def _holder(tree: dict, dotted: str) -> tuple[dict | None, str]:
+    """(the dict that holds ``dotted``'s last key, that key); None when a parent is missing."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.get(p) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), leaf
+
+
 def semantic_config(cfg: DictConfig | dict) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
     for dotted, renamed in RENAMED_VALUES.items():
-        *parents, leaf = dotted.split(".")
-        node = c
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(leaf), str) and node[leaf] in renamed:
+        node, leaf = _holder(c, dotted)
+        if node is not None and isinstance(node.get(leaf), str) and node[leaf] in renamed:
             node[leaf] = renamed[node[leaf]]
     for k in _NON_SEMANTIC:
         c.pop(k, None)
     for k in _NON_SEMANTIC_TRAINER:
         c.get("trainer", {}).pop(k, None)
     for dotted, neutral in ADDED_KEYS.items():
-        *parents, leaf = dotted.split(".")
-        node = c
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node and node[leaf] == neutral:
+        node, leaf = _holder(c, dotted)
+        if node is not None and leaf in node and node[leaf] == neutral:
             del node[leaf]
     return c
 
