@@ -30,6 +30,7 @@ from bench_cli.core import metrics as M
 from bench_cli import schema
 from bench_cli.core.errors import DivergedError, UserError, unknown_choice
 from bench_cli.objective import Objective
+from bench_cli.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
 
 
@@ -51,92 +52,6 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-
-
-OPTIMIZERS = ("adam", "adamw", "radam", "rmsprop", "sgd")
-SCHEDULERS = ("none", "linear_warmup", "cosine", "step", "onecycle", "inverse_sqrt")
-
-
-def parameter_groups(model: torch.nn.Module, weight_decay: float, no_decay_1d: bool = False):
-    """The trainable parameters; with ``no_decay_1d`` (``optimizer.no_decay_1d``), timm's
-    ``param_groups_weight_decay`` as DeiT uses it: 1-D parameters (norms, biases) and the names the
-    model lists in ``no_weight_decay()`` (e.g. position embedding, cls token) get weight decay 0."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not no_decay_1d or not weight_decay:
-        return [p for _, p in named]
-    hook = getattr(model, "no_weight_decay", None)
-    skip = set(hook()) if callable(hook) else set()
-    plain = [p for n, p in named if p.ndim <= 1 or n.endswith(".bias") or n in skip]
-    decayed = [p for n, p in named if not (p.ndim <= 1 or n.endswith(".bias") or n in skip)]
-    return [{"params": plain, "weight_decay": 0.0}, {"params": decayed, "weight_decay": weight_decay}]
-
-
-def make_optimizer(params, cfg, lr_scale: float = 1.0) -> torch.optim.Optimizer:
-    name, lr, wd = cfg.name, float(cfg.lr) * lr_scale, float(cfg.get("weight_decay", 0.0))
-    betas = tuple(cfg.get("betas", (0.9, 0.999)))
-    eps = float(cfg.get("eps", 1e-8) or 1e-8)  # the LRA PyTorch code uses AdamW eps 1e-6
-    makers = {
-        "adam": lambda: torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
-        "adamw": lambda: torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
-        "radam": lambda: torch.optim.RAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
-        "sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=float(cfg.get("momentum", 0.9)), weight_decay=wd),
-        # keras' RMSprop (the keras-io translation example): rho 0.9, epsilon 1e-7, no momentum
-        "rmsprop": lambda: torch.optim.RMSprop(params, lr=lr, alpha=float(cfg.get("rho", 0.9)), eps=eps,
-                                               weight_decay=wd, momentum=float(cfg.get("momentum", 0.0) or 0.0)),
-    }
-    if name not in makers:
-        raise unknown_choice("optimizer", name, makers)
-    return makers[name]()
-
-
-def make_scheduler(opt, cfg, total_steps: int, steps_per_epoch: int):
-    name, warm = cfg.name, int(cfg.get("warmup_steps", 0) or 0)
-    warm = warm or int(cfg.get("warmup_epochs") or 0) * steps_per_epoch
-    base_lr = opt.param_groups[0]["lr"]
-    # Absolute start (warmup_lr) and floor (min_lr) of timm's CosineLRScheduler (DeiT: 1e-6, 1e-5);
-    # left unset, the warm-up starts at lr / warmup_steps and the cosine decays to 0.
-    start = float(cfg.get("warmup_lr")) / base_lr if cfg.get("warmup_lr") is not None else None
-    floor = float(cfg.get("min_lr") or 0.0) / base_lr
-
-    def warmup(step):
-        if not warm:
-            return 1.0
-        if start is not None:  # timm: warmup_lr + step * (lr - warmup_lr) / warmup_t
-            return start + (1.0 - start) * min(1.0, step / warm)
-        return min(1.0, (step + 1) / warm)
-
-    if name == "none":
-        return None
-    if name == "linear_warmup":
-        return torch.optim.lr_scheduler.LambdaLR(opt, warmup)
-    if name == "cosine":
-        def cosine(step):
-            if step < warm:
-                return warmup(step)
-            progress = (step - warm) / max(1, total_steps - warm)
-            return floor + (1.0 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return torch.optim.lr_scheduler.LambdaLR(opt, cosine)
-    if name == "step":
-        every = int(cfg.step_size) * steps_per_epoch
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup(s) * cfg.gamma ** (s // max(every, 1)))
-    if name == "onecycle":  # torch OneCycleLR as the LRA PyTorch code (Nystromformer/Transformer-LS) uses it
-        total = max(total_steps, 1)  # pct_start = warmup / total
-        w = max(0, min(warm, total - 1))  # short runs: both phases need steps, and torch divides by w - 1
-        if w == 1:
-            w = 2 if total > 2 else 0
-        return torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=total,
-            pct_start=float(w) / total, anneal_strategy=str(cfg.get("anneal", "linear")),
-            cycle_momentum=bool(cfg.get("cycle_momentum", True)))
-    if name == "inverse_sqrt":  # fairseq's inverse_square_root_schedule (Vaswani et al. 2017, Sec. 5.3)
-        # lr(n) after n updates: linear from warmup_init_lr to lr over the warm-up, then lr * sqrt(warm / n).
-        def inverse_sqrt(step):
-            if step < warm:
-                start = float(cfg.get("warmup_init_lr") or 0.0) / float(opt.defaults["lr"])
-                return start + step * (1.0 - start) / warm
-            return math.sqrt(max(warm, 1) / max(step, 1))
-        return torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt)
-    raise unknown_choice("scheduler", name, SCHEDULERS)
 
 
 def seed_worker(worker_id: int) -> None:

@@ -33,7 +33,8 @@ def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optiona
 
 def check_settings(cfg: DictConfig) -> None:
     """Ranges and choices of the trainer and task settings every run reads."""
-    from bench_cli.trainer import OPTIMIZERS, SCHEDULERS, select_device
+    from bench_cli.optim import OPTIMIZERS, SCHEDULERS
+    from bench_cli.trainer import select_device
     from tasks import task_class
 
     t = cfg.trainer

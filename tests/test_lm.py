@@ -162,7 +162,7 @@ def test_non_causal_variants_are_refused_in_one_line(workdir, capsys):
 
 
 def test_inverse_sqrt_schedule_as_fairseq():
-    from bench_cli.trainer import make_scheduler
+    from bench_cli.optim import make_scheduler
     from omegaconf import OmegaConf
 
     p = torch.nn.Parameter(torch.zeros(1))

@@ -472,7 +472,7 @@ def test_cosine_warmup_schedule_is_timms(single_thread):
     CosineLRScheduler (warm-up from warmup_lr, cosine to min_lr after the warm-up) step by step."""
     from omegaconf import OmegaConf
 
-    from bench_cli.trainer import make_scheduler
+    from bench_cli.optim import make_scheduler
     from tasks.vision.torchvision_shim import import_timm
 
     scheduler = import_timm("scheduler")
@@ -491,7 +491,7 @@ def test_cosine_warmup_schedule_is_timms(single_thread):
 
 
 def test_deit_parameter_groups_and_lr_scaling():
-    from bench_cli.trainer import parameter_groups
+    from bench_cli.optim import parameter_groups
 
     _, net = build_on_meta("deit", "softmax", "task.backbone.n_layers=2")
     plain, decayed = parameter_groups(net, 0.05, no_decay_1d=True)
