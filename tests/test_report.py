@@ -266,3 +266,69 @@ def test_small_values_keep_three_significant_digits():
     assert _pm(0.05432, 0.00311) == "0.0543 ± 0.0031"
     assert _pm(98.8108, 0.3111) == "98.81 ± 0.31"
     assert _pm(6.2617, None) == "6.26"
+
+
+# --- issue 22: width, the re-run command, each job counted once ------------------------------------
+def table1_records(path, accs=((99.5, 99.2), (99.4, 99.6))):
+    for m, values in zip(("softmax", "attention_bn"), accs):
+        for s, a in enumerate(values):
+            append_record(path, rec("JapaneseVowels", m, s, a))
+
+
+@pytest.mark.parametrize("columns, width", [("72", None), (None, None), ("200", "64")])
+def test_redirected_report_fits_columns_or_width_and_never_cuts_a_name(workdir, capsys, monkeypatch, columns, width):
+    """Redirected (capsys is no terminal): COLUMNS, else 80; --width wins over COLUMNS. A word longer
+    than the width (the records path) gets a line of its own, whole."""
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    records = workdir / ("records_of_a_sweep_under_a_file_name_longer_than_any_line_of_the_report" * 2 + ".csv")
+    table1_records(records)
+    main(["report", EXP, "--records", str(records), "--out", str(workdir / "rep"), *(["--width", width] if width else [])])
+    lines = capsys.readouterr().out.splitlines()
+    limit = int(width or columns or 80)
+    too_long = [line for line in lines if len(line) > limit]
+    assert too_long and all(" " not in line.strip() for line in too_long), too_long  # only the unbreakable path
+    assert any(line.strip() == str(records) for line in lines)
+    assert any(line.strip() == "attention_bn" or "model: attention_bn" in line for line in lines)
+
+
+def test_a_wide_width_prints_one_line_per_row(workdir, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    table1_records(workdir / "runs.csv")
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--no-write", "--width", "200"])
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if "attention_bn " in line and "JapaneseVowels" in line]
+    assert "99.50 ± 0.14" in row and len(row) <= 200 and max(map(len, out.splitlines())) > 80
+    with pytest.raises(SystemExit) as e:
+        main(["report", EXP, "--records", str(workdir / "runs.csv"), "--width", "wide"])
+    assert e.value.code == 2 and "--width wide" in capsys.readouterr().err
+
+
+def test_footer_reruns_the_command_that_wrote_the_file(workdir, capsys):
+    """The report line of the written Markdown, run as it stands, rewrites the same file."""
+    import shlex
+
+    table1_records(workdir / "runs.csv")
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "out dir"), "--all"])
+    md = workdir / "out dir" / "primal_dual" / "table1.md"
+    first = md.read_text()
+    (command,) = [part.split("`")[1] for line in first.splitlines() if line.startswith("- sweep:")
+                  for part in line.split("; ") if part.startswith("report: ")]
+    assert command == (f"attnbench report {EXP} --records {workdir / 'runs.csv'} "
+                       f"--out {shlex.quote(str(workdir / 'out dir'))} --all")
+    md.unlink()
+    main(shlex.split(command)[1:])
+    assert md.read_text() == first
+
+
+def test_a_job_key_recorded_twice_counts_once_and_the_report_says_so(workdir, capsys):
+    """Two sweeps ran softmax seed 1 (one job_key, two ok rows): the latest row counts, once."""
+    table1_records(workdir / "runs.csv")
+    append_record(workdir / "runs.csv", rec("JapaneseVowels", "softmax", 1, 90.0, time="2026-01-01T00:00:09"))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| JapaneseVowels | softmax | 2 | 94.75 ± 6.72 |" in md  # seeds 0 and 1: 99.5 and the latest 90.0
+    assert "1 duplicate ok row of an already recorded job_key dropped" in md
+    assert "4 runs" in md

@@ -12,8 +12,12 @@ Where things are:
 - select.py  which records count, into which cells (reads record columns only)
 - paper.py   the paper's numbers
 - stats.py   the comparison: tolerance, Welch, averages, ratios to the baseline
-- render.py  cells, Markdown, CSV (values formatted by bench_cli.ui)
-- command.py the command: the header, the notes, writing the files
+- render.py  cells, Markdown, CSV (values formatted by bench_cli.ui); the printed width (--width,
+             COLUMNS, the terminal's, else 80) and the wrapping that never breaks a word
+- command.py the command: the header, the notes, the command that rewrites the file, writing
+- grouped.py ``attnbench report [--records FILE]`` without NAME: any records file, grouped by the
+             columns whose values differ between rows, mean and std over seeds
+Every report counts each job_key once (its latest ok row; select.one_row_per_job) and says so.
 
 The experiment config's ``report:`` (not part of a run's identity): title, paper_csv,
 paper_tables (the first listed table with a value wins), paper_n (the paper's runs per mean, for

@@ -5,6 +5,7 @@ grid's axes; everything about the runs comes from record columns."""
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,17 +19,23 @@ from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
 
 USAGE = """\
-usage: attnbench report NAME [--records PATH] [--out DIR] [--all] [overrides...]
+usage: attnbench report [NAME] [--records PATH] [--out DIR] [--all] [--width N] [overrides...]
 
-  NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1
+  NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
+                  next to the paper's numbers. Without NAME: every run of the records file,
+                  grouped by the columns whose values differ between rows (model, dataset,
+                  overrides...), with the mean and std over seeds of each group
   --records PATH  the records file (default: results.path of the config, results/runs.csv)
-  --out DIR       where NAME.md and NAME.csv go (default: reproduced/ beside the records file,
-                  i.e. results/reproduced for results/runs.csv)
+  --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
+                  default: reproduced/ beside the records file, i.e. results/reproduced for
+                  results/runs.csv)
   --all           also list the grid's datasets that have no records (as gaps)
+  --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
+                  when the output is not a terminal); a wider table prints one block per row
   --no-write      print only
-  logger=wandb    also log the table to Weights & Biases
+  logger=wandb    also log the table to Weights & Biases (with NAME)
 """
-REPORT_OPTIONS = {"--records": True, "--out": True, "--all": False, "--no-write": False}
+REPORT_OPTIONS = {"--records": True, "--out": True, "--all": False, "--width": True, "--no-write": False}
 # Overrides that change the schedule: the header names them (the step budget is a record column).
 BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
 
@@ -37,9 +44,21 @@ def _parse(args: list[str]):
     from bench_cli.args import parse
 
     p = parse("report", args, REPORT_OPTIONS)
+    width = p.get("--width")
+    if width is not None and not (str(width).isdigit() and int(width) > 0):
+        raise UserError(f"--width {width}: expected a number of columns, e.g. --width 100")
     opts = {"records": p.get("--records"), "out": p.get("--out"), "all": bool(p.get("--all")),
-            "write": not p.get("--no-write")}
+            "width": int(width) if width else None, "write": not p.get("--no-write")}
     return p.positional, p.overrides, opts
+
+
+def rerun_command(name: str | None, path: Path, out_dir: Path, opts: dict, overrides: list[str]) -> str:
+    """The command that rewrites the report just written: its records file and output folder
+    spelled out (their defaults depend on the config), then every other option and override given."""
+    words = ["attnbench", "report", *([name] if name else []), "--records", str(path), "--out", str(out_dir),
+             *(["--all"] if opts["all"] else []), *(["--width", str(opts["width"])] if opts["width"] else []),
+             *overrides]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def grid_axes(cfg, extra: str | None = None) -> dict[str, list[str]]:
@@ -76,6 +95,8 @@ class Report:
     grid_datasets: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     printed_average: dict = field(default_factory=dict)
+    duplicates: int = 0       # ok rows of an already counted job_key (select.one_row_per_job)
+    command: str = ""         # the command that rewrites this report (rerun_command)
 
     @property
     def baseline(self) -> str:
@@ -127,9 +148,8 @@ class Report:
         return [r for c in self.tables[0].cells.values() for r in c.rows]
 
 
-def _load(args: list[str]):
-    """(name, composed config, records path, all records, the experiment's records, options)."""
-    names, overrides, opts = _parse(args)
+def _load(names: list[str], overrides: list[str], opts: dict):
+    """(name, composed config, records path, all records, the experiment's records)."""
     experiments = C.group_options("experiment")
     if len(names) != 1:
         raise UserError(f"give one experiment name; valid: {', '.join(experiments)}")
@@ -146,13 +166,15 @@ def _load(args: list[str]):
     rows = [r for r in all_records if r.get("experiment") == name]
     if not rows:
         raise UserError(f"no records of experiment {name} in {path}; run `attnbench sweep experiment={name}` first")
-    return name, cfg, path, all_records, rows, opts
+    return name, cfg, path, all_records, rows
 
 
 def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict], show_all: bool) -> Report:
     """Every table of the report, from the records and the experiment's ``report:`` settings."""
     settings = OmegaConf.to_container(cfg.report, resolve=True)
     layout = spec.layout(settings)
+    all_records, _ = select.one_row_per_job(all_records)
+    rows, duplicates = select.one_row_per_job(rows)
     key = layout.rows_by.key if layout.rows_by else None
     axes = grid_axes(cfg, key)
     report_rows = select.Rows(rows, axes.get("model") or [], key, axes.get(key) or [] if key else [])
@@ -163,7 +185,7 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
     base_source = ([r for r in all_records if r.get("experiment") == settings["baseline_experiment"]]
                    if settings.get("baseline_experiment") else rows)
     report = Report(name, settings, layout, report_rows, datasets, rows,
-                    [r for r in base_source if r.get("model") == baseline], path, grid_ds)
+                    [r for r in base_source if r.get("model") == baseline], path, grid_ds, duplicates=duplicates)
     report.tables.append(report.table(layout.headline, layout.every + layout.inline))
     report.tables += [report.table(c, layout.every) for c in layout.own]
     return report
@@ -225,7 +247,6 @@ def header_lines(report: Report) -> list[str]:
     protocols = sorted({r.get("protocol", "") for r in used})
     seeds = sorted({r.get("seed") for r in used}, key=lambda x: (len(str(x)), str(x)))
     per_cell = sorted({c.n for c in headline.cells.values()})
-    commits = sorted({(r.get("git_commit", "")[:10] + (" (dirty)" if r.get("git_dirty") == "true" else "")) for r in used})
     paper_models = dict(s.get("paper_models") or {})
     every = report.layout.every
     header = [
@@ -239,13 +260,24 @@ def header_lines(report: Report) -> list[str]:
         f"efficiency: ratios to {report.baseline} on the same dataset"
         + (f" (its runs in {s['baseline_experiment']})" if s.get("baseline_experiment") else "")
         + ": " + ", ".join(c.what or c.name for c in every),
-        f"records: {report.path} ({len(used)} runs; git {', '.join(commits) or '—'}; "
-        f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})",
+        records_line(report.path, used),
         *([f"wall clock: {span}"] if (span := wall_clock(used)) else []),
     ]
     key = report.layout.rows_by.key if report.layout.rows_by else None
     axes_keys = ("task.dataset", "model", "seed", "experiment", *((key,) if key else ()))
     return header + budget_lines(report, axes_keys) + [sweep_line(report, axes_keys)]
+
+
+def records_line(path: Path, used: list[dict]) -> str:
+    """The records file, with the runs used and the code and torch versions that made them."""
+    commits = sorted({(r.get("git_commit", "")[:10] + (" (dirty)" if r.get("git_dirty") == "true" else "")) for r in used})
+    return (f"records: {path} ({len(used)} runs; git {', '.join(commits) or '—'}; "
+            f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})")
+
+
+def made_by() -> str:
+    """'; made by `make ...`' when a make target ran the report (ATTNBENCH_MADE_BY, mk/reproduce.mk)."""
+    return f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""
 
 
 def sweep_line(report: Report, axes_keys) -> str:
@@ -257,8 +289,7 @@ def sweep_line(report: Report, axes_keys) -> str:
                  " ".join(["attnbench sweep", f"experiment={name}", *select.common_overrides(used, axes_keys)]
                           + ([f"task.dataset={','.join(report.datasets)}"]
                              if grid_ds and set(report.datasets) != set(grid_ds) else [])))
-    return (f"sweep: `{sweep_cmd}`; report: `attnbench report {name}`"
-            + (f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""))
+    return f"sweep: `{sweep_cmd}`; report: `{report.command}`" + made_by()
 
 
 def inline_note(report: Report, column: spec.Column) -> str:
@@ -269,7 +300,7 @@ def inline_note(report: Report, column: spec.Column) -> str:
 
 
 def notes(report: Report) -> list[str]:
-    headline, out = report.tables[0], []
+    headline, out = report.tables[0], select.duplicates_note(report.duplicates)
     ignored = sum(c.ignored for c in headline.cells.values())
     if ignored:
         out.append(f"{ignored} older records of other configurations of the same cells were ignored (newest variant shown).")
@@ -298,21 +329,26 @@ def cmd_report(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)
         return
-    if not args:
-        raise UserError(f"give the experiment to report: attnbench report NAME; valid: {', '.join(C.group_options('experiment'))}")
-    name, cfg, path, all_records, rows, opts = _load(args)
+    names, overrides, opts = _parse(args)
+    if not names:
+        from bench_cli.report.grouped import report_records
+
+        return report_records(overrides, opts)
+    name, cfg, path, all_records, rows = _load(names, overrides, opts)
+    # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/.
+    out_dir = Path(opts["out"] or path.parent / "reproduced")
     report = build(name, cfg, path, all_records, rows, opts["all"])
+    report.command = rerun_command(name, path, out_dir, opts, overrides)
     header, title = header_lines(report), str(report.settings.get("title") or name)
     tables = [(t, render.display_rows(t.rows, t.average, report.rows.labels, t.columns),
                render.headers(report.floor, t.columns)) for t in report.tables]
     (headline, display, cols), sections = tables[0], tables[1:]
-    render.print_table(console, title, header, display, notes(report), cols)
+    screen = render.sized(console, opts["width"])
+    render.print_table(screen, title, header, display, notes(report), cols)
     for table, shown, section_cols in sections:
-        render.print_table(console, f"{title}: {table.column.subtitle}", [], shown, [], section_cols)
+        render.print_table(screen, f"{title}: {table.column.subtitle}", [], shown, [], section_cols)
     if opts["write"]:
-        # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/.
-        out = Path(opts["out"] or path.parent / "reproduced") / name
-        write(console, out, report, title, header, display, cols, sections)
+        write(screen, out_dir / name, report, title, header, display, cols, sections)
     if cfg.logger.get("name", "none") != "none":
         _log(cfg, name, headline.rows)
 
@@ -322,16 +358,16 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
     out.parent.mkdir(parents=True, exist_ok=True)
     replaced = committed_from_other_records(out.with_suffix(".md"), header)
     if replaced:
-        console.print(f"[yellow]note[/]: {out.with_suffix('.md')} is committed and was made from other records "
-                      f"({replaced}); it is replaced (git diff shows the change, git checkout restores it)",
-                      soft_wrap=True)
+        render.print_lines(console, [f"note: {out.with_suffix('.md')} is committed and was made from other records "
+                                     f"({replaced}); it is replaced (git diff shows the change, git checkout "
+                                     "restores it)"])
     out.with_suffix(".md").write_text(render.markdown(title, header, display, notes(report), cols,
                                                       [(t.column.subtitle, shown, c) for t, shown, c in sections]))
     labels, written = report.rows.labels, [out.with_suffix(".md")]
     for i, table in enumerate(report.tables):
         written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")
         render.write_csv(written[-1], table.rows, table.average, labels, table.columns)
-    console.print(f"wrote {', '.join(map(str, written))}", soft_wrap=True)
+    render.print_lines(console, [f"wrote {', '.join(map(str, written))}"])
 
 
 def committed_from_other_records(md: Path, header: list[str]) -> str | None:

@@ -2,11 +2,17 @@
 formatted by bench_cli.ui (mean_pm, fixed, signed, csv_value)."""
 from __future__ import annotations
 
+import os
+import textwrap
 from pathlib import Path
 
 from bench_cli.report.spec import EFFICIENCY
 from bench_cli.ui import DASH, csv_value, fixed, mean_pm, signed
 
+# The width of a report printed to a pipe or a file with COLUMNS unset (and no --width): the
+# conventional terminal width, rich's and shutil.get_terminal_size's own fallback, so a log reads
+# unwrapped in a pager, a mail or a diff; a wider table prints one block per row.
+DEFAULT_WIDTH = 80
 HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)", "Welch (p ≥ 0.05)"]
 CSV_COLUMNS = ["dataset", "model", "paper_model", "n", "n_failed", "seeds", "epochs", "mean", "std", "paper_mean",
                "paper_std", "paper_table", "diff", "tolerance", "within_tolerance", "welch_t", "welch_p",
@@ -95,15 +101,49 @@ def write_csv(path: Path, rows: list[dict], avg: dict | None, labels: list[str],
     write_rows(path, csv_rows(rows, avg, labels, columns), csv_columns(columns), append=False)
 
 
-def print_table(console, title: str, header: list[str], display: list[list[str]], notes: list[str],
-                cols: list[str]) -> None:
-    """The table as wide as its cells on a pipe or log (``ui.wide``); on a narrower terminal one block
-    per row instead of squeezed, wrapped cells (ui.show_table). Rows that miss the tolerance are red."""
+def width(console, given: int | None = None) -> int:
+    """The report's width: ``--width``, else ``COLUMNS``, else the terminal's, else DEFAULT_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if given:
+        return given
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return console.width if console.is_terminal else DEFAULT_WIDTH
+
+
+def sized(console, given: int | None = None):
+    """A console on ``console``'s stream that is ``width(console, given)`` columns wide."""
+    from rich.console import Console
+
+    return Console(file=console.file, width=width(console, given))
+
+
+def wrapped(text: str, columns: int) -> list[str]:
+    """``text`` in lines of at most ``columns``, broken at spaces only, so a path, a name or an
+    override is never cut (one longer than the width gets a line of its own); continuation lines
+    are indented."""
+    return textwrap.wrap(text, columns, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False) or [""]
+
+
+def print_lines(console, lines: list[str]) -> None:
+    """Plain lines (no markup), each wrapped to the console's width by ``wrapped``."""
     from rich.markup import escape
 
-    from bench_cli.ui import show_table, wide
+    for line in lines:
+        for part in wrapped(line, console.width):
+            console.print(escape(part), soft_wrap=True)
 
-    show_table(title, cols, [[escape(c) for c in row] for row in display], caption="\n".join(header) or None,
-               row_styles=["red" if "NO" in row[6:7] else None for row in display], out=wide(console, 200))
-    for n in notes:
-        console.print(escape(n), soft_wrap=True)
+
+def print_table(console, title: str, header: list[str], display: list[list[str]], notes: list[str],
+                cols: list[str]) -> None:
+    """The table within the console's width (``sized``): one line per row when it fits, else one
+    block per row instead of squeezed, wrapped cells (ui.show_table); then the header lines and the
+    notes, wrapped between words. Rows that miss the tolerance are red."""
+    from rich.markup import escape
+
+    from bench_cli.ui import show_table
+
+    show_table(escape("\n".join(wrapped(title, console.width))), cols, [[escape(c) for c in row] for row in display],
+               row_styles=["red" if "NO" in row[6:7] else None for row in display], out=console)
+    print_lines(console, header + notes)

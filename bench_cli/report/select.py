@@ -37,6 +37,24 @@ class Cell:
         return statistics.stdev(self.values.values()) if self.n >= 2 else None
 
 
+def one_row_per_job(rows: list[dict]) -> tuple[list[dict], int]:
+    """(rows, number dropped): of the ``ok`` rows that share a ``job_key`` (one job run twice, by two
+    sweeps at once or a ``--force`` rerun) only the latest in the file stays, so no seed counts
+    twice; rows that are not ``ok`` stay (a seed's failures count only when it has no ok row).
+    To be replaced by the records reader that returns the duplicate job keys (bench_cli/records.py)."""
+    last_ok = {r["job_key"]: i for i, r in enumerate(rows) if r.get("status") == "ok" and r.get("job_key")}
+    kept = [r for i, r in enumerate(rows)
+            if r.get("status") != "ok" or not r.get("job_key") or last_ok[r["job_key"]] == i]
+    return kept, len(rows) - len(kept)
+
+
+def duplicates_note(dropped: int) -> list[str]:
+    """The note of the rows ``one_row_per_job`` dropped (none: no note)."""
+    return [f"{dropped} duplicate ok row{'s' if dropped > 1 else ''} of an already recorded job_key dropped "
+            "(the same job run twice, e.g. by two sweeps of one records file): each job counts once, "
+            "with its latest ok row."] if dropped else []
+
+
 def record_value(r: dict, column: str):
     """A record's value of ``column``; ``test_score`` of records written before that column
     existed (classification only, then) is their ``test_accuracy``."""
