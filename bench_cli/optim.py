@@ -12,7 +12,7 @@ import torch
 from bench_cli.core.errors import unknown_choice
 
 
-OPTIMIZERS = ("adam", "adamw", "radam", "rmsprop", "sgd")
+OPTIMIZERS = ("adam", "adamw", "radam", "rmsprop", "sgd", "keras_adam", "keras_adamw", "keras_rmsprop")
 SCHEDULERS = ("none", "linear_warmup", "cosine", "step", "onecycle", "inverse_sqrt")
 
 
@@ -30,19 +30,109 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float, no_decay_1d: b
     return [{"params": plain, "weight_decay": 0.0}, {"params": decayed, "weight_decay": weight_decay}]
 
 
+class _KerasOptimizer(torch.optim.Optimizer):
+    """The step of a Keras 3 optimiser (keras/src/optimizers/base_optimizer.py ``apply``): decoupled
+    weight decay first (``_apply_weight_decay``: variable - variable * weight_decay * lr, on every
+    parameter given), then the subclass's ``update_step``. State is per parameter, as torch's."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if group["weight_decay"]:
+                    p.mul_(1.0 - group["lr"] * group["weight_decay"])
+                self._update(p, p.grad, self.state[p], group)
+        return loss
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+        raise NotImplementedError
+
+
+class KerasAdam(_KerasOptimizer):
+    """Keras' Adam (keras/src/optimizers/adam.py; the same rule as tf.keras 2's): epsilon is the
+    "epsilon hat" of Kingma & Ba (the formula before their Sec. 2.1),
+        m <- m + (g - m)(1 - beta_1),  v <- v + (g^2 - v)(1 - beta_2),
+        theta <- theta - lr sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + epsilon);
+    torch's Adam adds epsilon to sqrt(v / (1 - beta_2^t)) instead, i.e. Keras' rule with an epsilon
+    of epsilon / sqrt(1 - beta_2^t), which changes every step (hence a class of its own). With
+    ``weight_decay`` it is Keras' AdamW (keras/src/optimizers/adamw.py is Adam with a required
+    weight_decay; defaults: learning rate 1e-3, beta_1 0.9, beta_2 0.999, epsilon 1e-7)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-7, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def _update(self, p, grad, state, group):
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        beta_1, beta_2 = group["betas"]
+        t = state["step"]
+        state["exp_avg"].lerp_(grad, 1.0 - beta_1)
+        state["exp_avg_sq"].mul_(beta_2).addcmul_(grad, grad, value=1.0 - beta_2)
+        alpha = group["lr"] * math.sqrt(1.0 - beta_2**t) / (1.0 - beta_1**t)
+        p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-alpha)
+
+
+class KerasRMSprop(_KerasOptimizer):
+    """Keras' RMSprop (keras/src/optimizers/rmsprop.py; tf.keras 2's training_ops.ApplyRMSProp
+    alike): epsilon inside the square root,
+        v <- rho v + (1 - rho) g^2,  increment = lr g / sqrt(v + epsilon)
+    (centered: v - mean(g)^2 + epsilon), then theta <- theta - increment, or with ``momentum``
+    mom <- momentum mom + increment, theta <- theta - mom. torch's RMSprop divides by
+    sqrt(v) + epsilon: with epsilon 1e-7 Keras' denominator never falls below sqrt(1e-7) ~ 3.2e-4,
+    torch's below 1e-7, so rarely updated rows (rare-word embeddings) step far further in torch.
+    Defaults as Keras: learning rate 1e-3, rho 0.9, momentum 0, epsilon 1e-7, not centred;
+    ``weight_decay`` decoupled as every Keras 3 optimiser's (torch's RMSprop adds it to the gradient)."""
+
+    def __init__(self, params, lr: float = 1e-3, rho: float = 0.9, momentum: float = 0.0, eps: float = 1e-7,
+                 centered: bool = False, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, rho=rho, momentum=momentum, eps=eps, centered=centered,
+                                      weight_decay=weight_decay))
+
+    def _update(self, p, grad, state, group):
+        rho = group["rho"]
+        if not state:
+            state["square_avg"] = torch.zeros_like(p)
+            if group["centered"]:
+                state["grad_avg"] = torch.zeros_like(p)
+            if group["momentum"] > 0:
+                state["momentum_buffer"] = torch.zeros_like(p)
+        denominator = state["square_avg"].mul_(rho).addcmul_(grad, grad, value=1.0 - rho).clone()
+        if group["centered"]:
+            mean = state["grad_avg"].mul_(rho).add_(grad, alpha=1.0 - rho)
+            denominator.addcmul_(mean, mean, value=-1.0)
+        increment = grad.mul(group["lr"]).div_(denominator.add_(group["eps"]).sqrt_())
+        if group["momentum"] > 0:
+            increment = state["momentum_buffer"].mul_(group["momentum"]).add_(increment)
+        p.sub_(increment)
+
+
 def make_optimizer(params, cfg, lr_scale: float = 1.0) -> torch.optim.Optimizer:
     name, lr, wd = cfg.name, float(cfg.lr) * lr_scale, float(cfg.get("weight_decay", 0.0))
     betas = tuple(cfg.get("betas", (0.9, 0.999)))
     eps = float(cfg.get("eps", 1e-8) or 1e-8)  # the LRA PyTorch code uses AdamW eps 1e-6
+    keras_eps = float(cfg.get("eps") or 1e-7)  # Keras' default epsilon
     makers = {
         "adam": lambda: torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
         "adamw": lambda: torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
         "radam": lambda: torch.optim.RAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd),
         "sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=float(cfg.get("momentum", 0.9)), weight_decay=wd),
-        # keras' RMSprop (the keras-io translation example): rho 0.9, epsilon 1e-7, no momentum
+        # torch's RMSprop with Keras' defaults (rho 0.9, no momentum); keras_rmsprop is Keras' rule
         "rmsprop": lambda: torch.optim.RMSprop(params, lr=lr, alpha=float(cfg.get("rho", 0.9)), eps=eps,
                                                weight_decay=wd, momentum=float(cfg.get("momentum", 0.0) or 0.0)),
+        # Keras' update rules (epsilon placement, decoupled weight decay): the keras-io examples' optimisers
+        "keras_adam": lambda: KerasAdam(params, lr=lr, betas=betas, eps=keras_eps, weight_decay=wd),
+        "keras_rmsprop": lambda: KerasRMSprop(params, lr=lr, rho=float(cfg.get("rho", 0.9)), eps=keras_eps,
+                                              momentum=float(cfg.get("momentum", 0.0) or 0.0),
+                                              centered=bool(cfg.get("centered", False)), weight_decay=wd),
     }
+    makers["keras_adamw"] = makers["keras_adam"]  # Keras' AdamW is its Adam with a weight_decay
     if name not in makers:
         raise unknown_choice("optimizer", name, makers)
     return makers[name]()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from models.init import keras_init_
 from models.layers import DecoderLayer, EncoderLayer
 
 
@@ -44,23 +45,12 @@ class TokenAndPositionEmbedding(nn.Module):
         return self.token(ids.long()) + self.position(torch.arange(n, device=ids.device))
 
 
-def keras_init_(module: nn.Module) -> nn.Module:
-    """Keras' default initialisation: Dense kernels glorot-uniform and biases zero, embeddings
-    uniform(-0.05, 0.05) (LayerNorm: ones and zeros, as torch)."""
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.xavier_uniform_(m.weight)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.uniform_(m.weight, -0.05, 0.05)
-    return module
-
-
 INITS = ("keras", "torch")
 
 
 def initialise(module: nn.Module, init: str) -> nn.Module:
+    """``keras``: the examples' Keras defaults on the whole model, attention kernels shaped as
+    MultiHeadAttention's (models.init); ``torch``: PyTorch's layer defaults as built."""
     if init == "keras":
         return keras_init_(module)
     if init != "torch":

@@ -6,11 +6,16 @@ One model serves both families of experiments; the task config's size preset cho
   transformer.py`` (papers/002 Sec. 4: "implemented in Keras ... using the examples available at
   keras.io/examples with minor dataset-specific adjustments"): patches projected linearly plus a
   learned position embedding, pre-LayerNorm blocks (eps 1e-6) with a GELU MLP of width 2 d,
-  dropout 0.1, a final LayerNorm, then the pooled representation into an MLP head
-  (``head_hidden``, dropout ``head_dropout``), Glorot-uniform initialisation (``init: keras``);
+  dropout 0.1 in the blocks and none on the patch embeddings (``embed_dropout: 0``: the example
+  adds the position embedding and goes straight into the first block), a final LayerNorm, then the
+  pooled representation into an MLP head (``head_hidden``, dropout ``head_dropout``), Keras'
+  initialisation (``init: keras``: Glorot-uniform Dense kernels, attention kernels shaped as
+  MultiHeadAttention's, models.init);
 - DeiT (Touvron et al. 2021, facebookresearch/deit = timm's VisionTransformer): a cls token, the
   position embedding over cls + patches, pre-LayerNorm blocks (eps 1e-6) with MLP width 4 d,
-  stochastic depth (``drop_path``, linearly increasing over the blocks), the cls token's final
+  stochastic depth (``drop_path``, linearly increasing over the blocks), dropout on the patch +
+  position embeddings at the blocks' rate (timm's ``pos_drop``, ``embed_dropout: null`` = ``dropout``;
+  DeiT's --drop 0 makes it 0), the cls token's final
   LayerNorm output into a linear head, normal(0.02) initialisation (``init: timm``).
 
 Tokens: (image_size / patch_size)^2 patches in row-major order, plus the cls token first when
@@ -28,6 +33,7 @@ import math
 import torch
 import torch.nn as nn
 
+from models.init import keras_init_
 from models.layers import EncoderLayer
 
 
@@ -56,7 +62,8 @@ class VisionTransformer(nn.Module):
     def __init__(self, attentions: list[nn.Module], *, image_size: int, patch_size: int, in_channels: int,
                  n_classes: int, d_model: int, d_ff: int, cls_token: bool = True, pooling: str = "cls",
                  head_hidden=(), head_dropout: float = 0.0, dropout: float = 0.0, drop_path: float = 0.0,
-                 activation: str = "gelu", norm_eps: float = 1e-6, init: str = "timm"):
+                 activation: str = "gelu", norm_eps: float = 1e-6, init: str = "timm",
+                 embed_dropout: float | None = None):
         super().__init__()
         if pooling not in ("cls", "mean", "flatten"):
             raise ValueError(f"unknown pooling '{pooling}' (cls | mean | flatten)")
@@ -67,7 +74,9 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbedding(in_channels, d_model, patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if cls_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.n_tokens, d_model))
-        self.pos_drop = nn.Dropout(dropout)
+        # Dropout on patch + position embeddings: timm's pos_drop at drop_rate (None: ``dropout``, as
+        # DeiT); the keras ViT example has none (conf/task/vit.yaml sets embed_dropout 0).
+        self.pos_drop = nn.Dropout(dropout if embed_dropout is None else embed_dropout)
         n = len(attentions)
         rates = [drop_path * i / max(n - 1, 1) for i in range(n)]  # timm's stochastic depth decay rule
         self.blocks = nn.ModuleList(
@@ -90,17 +99,20 @@ class VisionTransformer(nn.Module):
         distribution of ``normal_(std=.02)``, which is drawn here (20 times faster on the CPU).
         ``keras``: the keras example's defaults (Dense and the patch projection Glorot-uniform over
         its fan-in p*p*C and fan-out d, biases 0, the position Embedding uniform(-0.05, 0.05)).
-        Applied to every Linear of the model, the attention projections and Super's W^A included;
-        other parameters (Conv2D kernels, BN's beta, Primal's projections) keep the registry's
-        initialisation."""
+        The attention projections get the kernel shapes of Keras' MultiHeadAttention and every other
+        Linear (MLP, head, Super's W^A) a Dense kernel's: models.init.keras_init_.
+        Applied to every Linear of the model; other parameters (Conv2D kernels, BN's beta, Primal's
+        W_e, W_r, Lambda) keep the registry's initialisation.
+        Afterwards, a block whose attention sets ``block_init = "torch"`` (Primal-Attention with
+        init=code) gets PyTorch's default Linear/LayerNorm init back: the authors' CV code
+        (models_combo.py ``ComboVisionTransformer``) inserts its Primal block after timm's init."""
         if init not in ("timm", "keras"):
             raise ValueError(f"unknown init '{init}' (timm | keras)")
+        if init == "keras":
+            keras_init_(self)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                if init == "timm":
-                    nn.init.normal_(m.weight, std=0.02)
-                else:
-                    nn.init.xavier_uniform_(m.weight)
+            if init == "timm" and isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
@@ -118,6 +130,11 @@ class VisionTransformer(nn.Module):
             nn.init.uniform_(self.pos_embed, -0.05, 0.05)
             if self.cls_token is not None:
                 nn.init.zeros_(self.cls_token)
+        for block in self.blocks:
+            if getattr(block.attention, "block_init", None) == "torch":
+                for m in block.modules():
+                    if isinstance(m, (nn.Linear, nn.LayerNorm)):
+                        m.reset_parameters()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters the optimiser leaves undecayed besides 1-D ones (timm's convention, used by
@@ -143,7 +160,7 @@ class VisionTransformer(nn.Module):
 
 BACKBONE_KEYS = ("image_size", "patch_size", "d_model", "n_layers", "n_heads", "d_ff", "cls_token", "pooling",
                  "head_hidden", "head_dropout", "dropout", "attention_dropout", "drop_path", "activation",
-                 "norm_eps", "init")
+                 "norm_eps", "init", "embed_dropout")
 
 
 def build_vision_transformer(model_cfg, backbone: dict, in_channels: int, n_classes: int,
@@ -178,4 +195,5 @@ def build_vision_transformer(model_cfg, backbone: dict, in_channels: int, n_clas
         head_hidden=[int(h) for h in b.get("head_hidden") or []], head_dropout=float(b.get("head_dropout") or 0.0),
         dropout=float(b.get("dropout") or 0.0), drop_path=float(b.get("drop_path") or 0.0),
         activation=str(b.get("activation", "gelu")), norm_eps=float(b.get("norm_eps", 1e-6)),
-        init=str(b.get("init", "timm")))
+        init=str(b.get("init", "timm")),
+        embed_dropout=None if b.get("embed_dropout") is None else float(b["embed_dropout"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle
 import re
@@ -630,3 +631,66 @@ def test_a_file_that_is_not_an_image_is_one_line_naming_it(tmp_path):
     with pytest.raises(UserError) as e:
         load_rgb(str(bad))
     assert str(bad) in str(e.value) and "not a readable image" in str(e.value) and "\n" not in str(e.value)
+
+
+# --- patch-embedding dropout and the CV Primal block's initialisation (issue 20, items 3 and 10) ----
+def test_vit_has_no_patch_embedding_dropout_and_deit_keeps_timms():
+    """task=vit: the keras example adds the position embedding and goes into the first block (no
+    dropout); DeiT: timm's pos_drop at the blocks' rate (``embed_dropout: null``)."""
+    _, vit = build_on_meta("vit", "standard")
+    assert vit.pos_drop.p == 0.0 and vit.blocks[0].dropout1.p == 0.1
+    _, deit = build_on_meta("deit", "softmax", "task.backbone.dropout=0.2", "task.backbone.n_layers=1")
+    assert deit.pos_drop.p == 0.2
+    _, deit = build_on_meta("deit", "softmax", "task.backbone.embed_dropout=0.3", "task.backbone.n_layers=1")
+    assert deit.pos_drop.p == 0.3 and deit.blocks[0].dropout1.p == 0.0
+
+
+def primal_imagenet_draws(init: str, draws: int) -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    """primal_attention/imagenet's Primal.+ DeiT (tiny, 2 blocks, 32 x 32 images) with
+    ``primal_options.init``; its parameters over ``draws`` timm initialisations."""
+    from bench_cli.runner import build_task
+    from test_keras_reference import collect_draws
+
+    cfg = vision_cfg("deit", "experiment=primal_attention/imagenet", "model=primal_plus", "task.dataset=imagenet100",
+                     "task.backbone.size=tiny", "task.backbone.n_layers=2", "task.backbone.image_size=32",
+                     f"primal_options.init={init}")
+    task = build_task(cfg)
+    task.n_classes, task.in_channels = 100, 3
+    torch.manual_seed(0)
+    net = task.build_model(cfg.model)
+    return net, collect_draws(net, lambda m: m.reset_parameters("timm"), draws)
+
+
+def assert_timm_normal(values: np.ndarray, name: str) -> None:
+    if name.endswith("bias"):
+        assert not values.any(), name
+    else:
+        assert abs(values.std() / 0.02 - 1) < 5 * math.sqrt(0.5 / values.size), (name, values.std())
+
+
+def test_cv_primal_block_keeps_pytorch_default_init_under_init_code(single_thread):
+    """init=code: the Primal block (the last) has PyTorch's nn.Linear defaults, as the authors'
+    ComboVisionTransformer inserts it after timm's init: kaiming_uniform(a=sqrt(5)) weights, i.e.
+    uniform(+-1/sqrt(fan_in)) (std 1/sqrt(3 fan_in)), and uniform(+-1/sqrt(fan_in)) biases. The
+    other blocks, and the Primal block under init=per_head, are timm's normal(0.02), zero biases."""
+    from test_keras_reference import assert_uniform
+
+    net, values = primal_imagenet_draws("code", draws=10)
+    primal = net.blocks[-1]
+    assert type(primal.attention).__name__ == "PrimalAttention" and primal.attention.concat_proj.in_features == 192
+    checked = 0
+    for name, module in primal.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            bound = 1.0 / math.sqrt(module.in_features)  # gain sqrt(2 / (1 + 5)) * sqrt(3 / fan_in)
+            for part in ("weight", "bias"):
+                assert_uniform(values[f"blocks.1.{name}.{part}"], bound, f"{name}.{part}")
+            checked += 1
+    assert checked == 6  # q_proj, k_proj, concat_proj, out_proj, ff1, ff2
+    for name, v in values.items():
+        if name.startswith("blocks.0.") and ".norm" not in name:
+            assert_timm_normal(v, name)
+    net, values = primal_imagenet_draws("per_head", draws=1)
+    for name, v in values.items():
+        if name.startswith("blocks.1.") and (name.endswith("proj.weight") or name.endswith("proj.bias")
+                                             or ".ff" in name):
+            assert_timm_normal(v, name)

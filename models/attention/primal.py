@@ -57,6 +57,12 @@ defaults are the equations / the principled choice, the reproduction experiments
                    code: ``nn.init.orthogonal_`` on the whole (heads, rows, s) tensor, as every
                      authors' module does; torch flattens it to (heads, rows * s), so each head's
                      matrix is one unit-norm row of an orthonormal set (Frobenius norm 1).
+                     Also ``block_init = "torch"``: the ViT/DeiT backbone (models/vision.py), which
+                     re-initialises its blocks (timm: normal(0.02), zero biases), gives the block
+                     holding this layer PyTorch's default Linear init back (kaiming_uniform(a=sqrt(5))
+                     weights, uniform(+-1/sqrt(fan_in)) biases), as the CV code's
+                     ``ComboVisionTransformer`` (models_combo.py) inserts its Primal block after
+                     timm's init. Other backbones do not read it.
 ``padding``        valid: rows are sampled from each sequence's valid positions, running means and
                      KSVD terms use valid positions only: padding never changes real outputs.
                    ignore: the mask is not used; padded positions are tokens (rows over the padded
@@ -195,6 +201,8 @@ class PrimalAttention(AttentionBase):
             n_rows = low_rank * rank_multi  # n_max
         self.we = nn.Parameter(torch.empty(n_heads, n_rows, low_rank))
         self.wr = nn.Parameter(torch.empty(n_heads, n_rows, low_rank))
+        # The backbone reads block_init (module docstring, ``init``): the CV code's Primal block keeps torch's defaults
+        self.block_init = "torch" if init == "code" else None
         if init == "code":  # torch flattens (heads, rows, s) to (heads, rows * s): see the module docstring
             nn.init.orthogonal_(self.we)
             nn.init.orthogonal_(self.wr)
