@@ -3,7 +3,10 @@
 The file is never modified in place: each append writes the old rows plus the new one to a
 temporary file in the same directory and atomically renames it over the original, under a
 lock, so a crash mid-write (or two parallel jobs) cannot corrupt earlier rows. The same writer
-(:func:`write_rows`) writes the CSVs of `attnbench profile`.
+(:func:`write_rows`) writes the CSVs of `attnbench profile`. Every reader reads strictly
+(:func:`read_table`): a corrupt row is an error naming its line, never rows silently absorbed.
+Sweeps claim each job under the same lock before running it (:func:`claim_job`), so two sweeps
+of one file never run a job twice.
 """
 from __future__ import annotations
 
@@ -20,11 +23,13 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench_cli.core.errors import UserError
 from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
@@ -244,12 +249,18 @@ def run_folders(output_dir: Path) -> list[Path]:
     return sorted(set(found), key=lambda p: p.stat().st_mtime)
 
 
+def target(path: str | Path) -> Path:
+    """The file the records of ``path`` go to: a symbolic link is written through (its target
+    gets the rows, the link stays a link)."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
 def check_results_path(path: str | Path) -> None:
     """Before a run: ``path`` can take records -- its folder exists or can be made and is writable,
-    and an existing file is an attnbench record file (its header starts with the record columns)."""
-    from bench_cli.core.errors import UserError
-
-    path = Path(path).resolve() if Path(path).is_symlink() else Path(path)  # a link is written through
+    and an existing file is an attnbench record file (its header starts with the record columns)
+    that reads strictly and takes appends (:func:`check_appendable`)."""
+    path = target(path)
     folder = path.parent if str(path.parent) else Path(".")
     probe = folder
     while not probe.exists() and probe != probe.parent:
@@ -268,14 +279,127 @@ def check_results_path(path: str | Path) -> None:
                             f"header); choose another results.path=FILE")
         if not os.access(path, os.W_OK):
             raise UserError(f"results.path={path} is read-only; choose another results.path=FILE")
+        check_appendable(path, read_table(path))
+
+
+def check_appendable(path: Path, table: Table | None) -> None:
+    """Refuse to append to a file with rows wider than its header (a newer version's): the
+    rewrite could only drop their extra fields or give them names it cannot know."""
+    wide = table.wide_rows() if table else []
+    if wide:
+        raise RecordsFileError(f"{path} line {wide[0]}: the row has more fields than the header (written by another "
+                               f"version of attnbench?); nothing is appended to this file, so as not to reshape that "
+                               f"row: choose another results.path=FILE, or move such rows to a file of their own")
+
+
+class RecordsFileError(UserError):
+    """A records file that cannot be read, or appended to, as it is (one line naming the file and line)."""
+
+
+@dataclass
+class Table:
+    """A CSV file as it is: its header, each row's fields as written (an incomplete row is shorter
+    than the header, a newer version's row longer) and the file line each row starts on."""
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+    def wide_rows(self) -> list[int]:
+        """Lines of the rows with more fields than the header."""
+        return [line for line, r in zip(self.lines, self.rows) if len(r) > len(self.header)]
+
+
+_WARNED: set[tuple[str, int, str]] = set()
+
+
+def _warn_once(path: Path, line: int, message: str) -> None:
+    """One line on stderr per (file, line) and process: readers of one file (plan, resume, report)
+    share the warning instead of repeating it."""
+    if (str(path), line, message) not in _WARNED:
+        _WARNED.add((str(path), line, message))
+        print(f"warning: {path} line {line}: {message}", file=sys.stderr, flush=True)
+
+
+def read_table(path: str | Path) -> Table | None:
+    """The CSV at ``path`` read strictly (None: no file or an empty one), for every reader of
+    records (report, sweep resume, the writer itself).
+
+    A row whose quote is never closed, or that runs over several lines with the wrong number of
+    fields, is a corrupt file: a RecordsFileError names the file and the line, since reading on
+    would silently absorb the rows after it. A row with fewer fields than the header (a line
+    another tool left half-written) is kept as it is, with one warning naming its line; a row
+    with more fields (a newer version's) is kept too (:func:`read_records` warns, writers refuse)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        lines = list(io.StringIO(path.read_text(), newline=""))  # the physical lines, endings kept
+    except UnicodeDecodeError as e:
+        raise RecordsFileError(f"{path} is not a text CSV file ({e.reason} at byte {e.start})") from None
+    reader = csv.reader(lines, strict=True)
+    table = None
+    while True:
+        start = reader.line_num + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            if start != len(lines) or "unexpected end of data" not in str(e):
+                raise _corrupt(path, start, reader.line_num, str(e)) from None
+            fields = next(csv.reader(lines[start - 1:]))  # the last line, cut inside a quoted field
+        if not fields:  # a blank line
+            continue
+        if table is None:
+            table = Table(fields)
+            continue
+        n, width = len(fields), len(table.header)
+        if reader.line_num > start and n != width:
+            raise _corrupt(path, start, reader.line_num, f"{n} fields where the header has {width}")
+        if n < width:
+            _warn_once(path, start, f"incomplete row ({n} of {width} fields; a half-written line?): "
+                                    "kept as it is, its missing fields read as blank")
+        table.rows.append(fields)
+        table.lines.append(start)
+    return table
+
+
+def _corrupt(path: Path, start: int, end: int, problem: str) -> RecordsFileError:
+    where = f"line {start}" if end <= start else f"line {start} (a row running on to line {end})"
+    return RecordsFileError(f"{path} {where}: corrupt CSV, {problem} (an unterminated quote?); the file is left "
+                            f"as it is: fix or remove that row")
 
 
 def read_records(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
+    """The rows of the records file at ``path`` (none when it does not exist), read strictly
+    (:func:`read_table`): a field an incomplete row lacks is None, fields beyond the header are left
+    out, with one warning (no name can be known for them)."""
+    table = read_table(path)
+    if table is None:
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    for line in table.wide_rows():
+        _warn_once(Path(path), line, "the row has more fields than the header (written by another version?): "
+                                     "the fields beyond the header have no column name and are not read")
+    return [{k: (r[i] if i < len(r) else None) for i, k in enumerate(table.header)} for r in table.rows]
+
+
+def read_job_records(path: str | Path) -> tuple[list[dict], list[str]]:
+    """(rows, duplicate job keys): the records of ``path`` with each job counted once
+    (:func:`one_row_per_job`)."""
+    return one_row_per_job(read_records(path))
+
+
+def one_row_per_job(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """(rows, duplicate job keys). Of the ``ok`` rows that share a ``job_key`` (one job run twice:
+    two sweeps of one file at once, a ``--force`` rerun) only the latest stays, so no seed counts
+    twice; rows that are not ``ok`` all stay. The duplicate keys are those that had more than one
+    ``ok`` row, in the order they first appear."""
+    ok_rows: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.get("status") == "ok" and r.get("job_key"):
+            ok_rows.setdefault(r["job_key"], []).append(i)
+    dropped = {i for kept in ok_rows.values() for i in kept[:-1]}
+    return [r for i, r in enumerate(rows) if i not in dropped], [k for k, idx in ok_rows.items() if len(idx) > 1]
 
 
 def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS, *, append: bool = True) -> None:
@@ -285,36 +409,44 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
     temporary file in the same directory and renamed over the original, so a crash mid-write or a
     parallel writer cannot corrupt earlier rows. The header is the file's own (when appending),
     then ``columns`` it lacks, then every other key in the order it first appears: unknown keys
-    become new columns at the end and older rows get blanks; existing columns never move. A
-    symbolic link is written through: its target gets the rows and the link stays a link.
+    become new columns at the end and older rows get blanks; existing columns never move. Earlier
+    rows are written back field for field (an incomplete row stays incomplete); a file that does
+    not read strictly, or has rows wider than its header, is refused (:func:`read_table`,
+    :func:`check_appendable`). A symbolic link is written through: its target gets the rows and
+    the link stays a link.
     """
-    path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
+    path = target(path)
     with _locked(path):
-        old = read_records(path) if append else []
-        rows = old + list(rows)
-        header = list(old[0]) if old else []
+        old = read_table(path) if append else None
+        check_appendable(path, old)
+        header = list(old.header) if old else []
         header += [c for c in columns if c not in header]
         for r in rows:
             header += [k for k in r if k not in header]
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=header, extrasaction="raise", lineterminator="\n")
-        writer.writeheader()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(header)
+        for fields in old.rows if old else []:  # complete rows get blanks for new columns, others stay as they are
+            writer.writerow(fields + [""] * (len(header) - len(fields)) if len(fields) == len(old.header) else fields)
         for r in rows:
-            writer.writerow({k: _cell(r.get(k)) for k in header})
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            # mkstemp creates 0600: keep the existing file's mode, or the umask's for a new file
-            os.fchmod(fd, _file_mode(path))
-            with os.fdopen(fd, "w", newline="") as f:
-                f.write(buf.getvalue())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            writer.writerow([_cell(r.get(k)) for k in header])
+        _replace_atomically(path, buf.getvalue())
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text``: written to a temporary file beside it, synced, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        # mkstemp creates 0600: keep the existing file's mode, or the umask's for a new file
+        os.fchmod(fd, _file_mode(path))
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _file_mode(path: Path) -> int:
@@ -329,6 +461,113 @@ def _file_mode(path: Path) -> int:
 def append_record(path: str | Path, row: dict) -> None:
     """Append one run record (``COLUMNS`` first)."""
     write_rows(path, [row])
+
+
+# --- claims: which process runs which job of a records file ------------------------------------
+# Two sweeps of one records file plan the same jobs; each job is claimed under the file's lock
+# before it runs, in ``<file>.claims`` (JSON: job_key -> the claiming process), and released
+# when its record is written. A claim whose process is gone (kill -9) is taken over.
+def _claims_path(path: Path) -> Path:
+    return path.with_name(path.name + ".claims")
+
+
+def _read_claims(path: Path) -> dict:
+    try:
+        claims = json.loads(_claims_path(path).read_text())
+    except (OSError, ValueError):  # none yet, or a torn file: no process can be shown to hold a claim
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def _write_claims(path: Path, claims: dict) -> None:
+    if claims:
+        _replace_atomically(_claims_path(path), json.dumps(claims, indent=1, sort_keys=True) + "\n")
+    else:
+        _claims_path(path).unlink(missing_ok=True)
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (/proc/PID/stat field 22): with
+    the pid it names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _this_process() -> dict:
+    import socket
+    from datetime import datetime, timezone
+
+    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def claim_alive(claim: dict) -> bool | None:
+    """Whether the process that holds ``claim`` still runs; None when it runs on another host
+    (it cannot be checked from here)."""
+    import socket
+
+    if claim.get("host") != socket.gethostname():
+        return None
+    try:
+        pid = int(claim["pid"])
+        os.kill(pid, 0)
+    except (KeyError, TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    started = claim.get("process_start")
+    return started is None or _process_start(pid) == started
+
+
+def _holder_text(claim: dict) -> str:
+    alive = claim_alive(claim)
+    where = f" on {claim.get('host')}" if alive is None else ""
+    return f"running in pid {claim.get('pid')}{where} since {claim.get('since', '?')}"
+
+
+def claim_job(path: str | Path, key: str, ok_rows_from: int = 0) -> tuple[bool, str]:
+    """Claim job ``key`` of the records file ``path`` for this process, under the file's lock:
+    (True, note) when this process may run it (note says whose dead claim it took over, or is
+    empty); (False, why) when the file holds an ``ok`` row of it (from row ``ok_rows_from`` on:
+    ``--force`` reruns the rows it planned to rerun) or a live process holds its claim."""
+    path = target(path)
+    with _locked(path):
+        table = read_table(path)
+        for r in table.rows[ok_rows_from:] if table else []:
+            row = dict(zip(table.header, r))
+            if row.get("status") == "ok" and row.get("job_key") == key:
+                return False, f"done by another process (ok record {row.get('run_id')})"
+        claims = _read_claims(path)
+        me, note = _this_process(), ""
+        held = claims.get(key)
+        if held and (held.get("pid"), held.get("host")) != (me["pid"], me["host"]):
+            if claim_alive(held) is not False:
+                return False, _holder_text(held)
+            note = f"taking over the claim of pid {held.get('pid')} (since {held.get('since', '?')}), no longer running"
+        claims[key] = me
+        _write_claims(path, claims)
+    return True, note
+
+
+def release_job(path: str | Path, key: str) -> None:
+    """Drop this process's claim of job ``key`` (its record is written, or it never ran)."""
+    path = target(path)
+    with _locked(path):
+        claims = _read_claims(path)
+        held, me = claims.get(key) or {}, _this_process()
+        if (held.get("pid"), held.get("host")) == (me["pid"], me["host"]):
+            del claims[key]
+            _write_claims(path, claims)
+
+
+def running_elsewhere(path: str | Path, keys) -> dict[str, str]:
+    """job_key -> who runs it, for the ``keys`` that another live process has claimed."""
+    path = target(path)
+    claims, me = _read_claims(path), _this_process()
+    return {k: _holder_text(c) for k in keys if (c := claims.get(k)) and claim_alive(c) is not False
+            and (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
 
 
 def _cell(v) -> str:

@@ -17,9 +17,16 @@ failed jobs are handed to the launcher of the config (the basic launcher, ``hydr
 another process); the job checks that its config has the planned ``job_key`` before it runs, and
 a mismatch is an error that names both keys.
 
+Two sweeps of one records file at once: each job is claimed in the records file under its lock
+before it runs (``records.claim_job``); a job another live process has claimed, or that got an
+``ok`` record since the plan, is skipped with one line (``skipped, running in pid N``), and the
+claim of a process that is gone (kill -9) is taken over. A dry run lists every job, marking those
+whose data is missing; a real sweep refuses them in one line.
+
 Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recorded by the runner
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
-without an ``ok`` record after the sweep (capped at 125); 0 when all are ok.
+without an ``ok`` record after the sweep (capped at 125), not counting those another process is
+still running; 0 when all are ok.
 """
 from __future__ import annotations
 
@@ -56,7 +63,7 @@ record and runs only what is missing or failed.
 
 options:
   --force     rerun jobs that already have an ok record
-  --dry-run   list the jobs and whether each is done, run nothing
+  --dry-run   list the jobs, whether each is done and whether its data is here; run nothing
   Hydra's --config-dir DIR (and --config-name, --config-path) are used by the plan and the jobs;
   Hydra's --cfg job, --info and --hydra-help print and run nothing
 
@@ -102,6 +109,9 @@ class JobPlan:
     keys: dict  # the job's task overrides (tuple) -> (position in the plan, planned job_key)
     total: int
     sweep_pid: int
+    # records file -> the row from which an ok row of a job means another process ran it: 0 (any
+    # ok row), or with --force the number of rows when the sweep started (those are rerun)
+    ok_rows_from: dict = field(default_factory=dict)
 
     def check(self, overrides: tuple[str, ...], cfg: DictConfig) -> int:
         """The job's position in the plan, after checking that ``cfg`` is the planned config."""
@@ -195,37 +205,44 @@ def plan(overrides: list[str]) -> list[Job]:
     return plan_sweep(overrides).jobs
 
 
-def validate_jobs(jobs: list[Job]) -> None:
+def _checked_as(cfg) -> tuple:
+    """Jobs checked once for all: same task, dataset and model (the seeds of one variant)."""
+    return cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), cfg.model.name
+
+
+def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str, str]:
     """bench_cli.validate on every job: settings, data present, model fits the task (once per
-    distinct (task, dataset, model)), model builds (once per distinct task and model config)."""
+    distinct (task, dataset, model)), model builds (once per distinct task and model config).
+    Missing data is one line for the whole grid, or with ``missing_data_ok`` (a dry run) the
+    answer: job_key -> what is missing, for the jobs whose data is not here."""
     from bench_cli.validate import check_config, check_model_builds
 
-    seen_data, seen_model = set(), set()
-    missing, present = [], []
+    seen_model: set[str] = set()
+    missing_of: dict[tuple, str | None] = {}  # (task, dataset, model) -> the missing-data message
     for job in jobs:
-        cfg = job.cfg
-        data_id = (cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), cfg.model.name)
+        cfg, data_id = job.cfg, _checked_as(job.cfg)
+        if data_id in missing_of:
+            continue
         try:
-            if data_id in seen_data:
-                continue
-            seen_data.add(data_id)
             task = check_config(cfg)
-            present.append(data_id[1])
+            missing_of[data_id] = None
             model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
                                    OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
             if model_id not in seen_model:
                 seen_model.add(model_id)
                 check_model_builds(task, cfg)
         except DataNotFoundError as e:
-            missing.append(str(e))
+            missing_of[data_id] = str(e)
         except UserError as e:
             raise UserError(f"job '{' '.join(job.overrides)}': {e}") from None
-    if missing:
-        uniq = list(dict.fromkeys(missing))
+    missing = {j.key: m for j in jobs if (m := missing_of[_checked_as(j.cfg)])}
+    if missing and not missing_data_ok:
+        uniq = list(dict.fromkeys(missing.values()))
         more = f" (and {len(uniq) - 1} more datasets)" if len(uniq) > 1 else ""
-        here = sorted({str(d) for d in present if d is not None})
+        here = sorted({str(d[1]) for d, m in missing_of.items() if m is None and d[1] is not None})
         hint = f"; or restrict the dataset axis to what is here: task.dataset={','.join(here)}" if here else ""
         raise UserError(f"{uniq[0]}{more}{hint}")
+    return missing
 
 
 def done_keys(path) -> dict[str, dict]:
@@ -274,28 +291,64 @@ def die_with_sweep(sweep_pid: int) -> None:
 
 def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     """The task function the launcher runs for each job (``functools.partial`` with the plan):
-    check the config against the plan, train, record, print the job's line."""
+    check the config against the plan, claim the job in its records file, train, record, print
+    the job's line."""
     import torch
-    from rich.markup import escape
-
-    from bench_cli.runner import run_experiment
-    from bench_cli.ui import console, metric_digits
 
     die_with_sweep(plan.sweep_pid)
     catch_termination()  # a worker process SIGTERMed (Slurm, joblib) records its job as interrupted
     plugins.import_plugins()  # the sweep's plugins in this process too (joblib worker, Slurm job): once each
     plugins.import_configured(cfg)
     hc = HydraConfig.get()
-    position = plan.check(tuple(hc.overrides.task), cfg)
-    head, label = _head(position, plan.total), job_label(cfg)
+    overrides = tuple(hc.overrides.task)
+    position = plan.check(overrides, cfg)
+    head, label, key = _head(position, plan.total), job_label(cfg), plan.keys[overrides][1]
+    claimed = claim(cfg, key, plan, head, label)
+    if claimed is False:
+        return "skipped"
     threads = _threads_for_launcher(cfg)
     if threads:
         torch.set_num_threads(threads)
+    try:
+        return _run_job(cfg, hc, position, plan.total, head, label)
+    finally:
+        if claimed:
+            records.release_job(str(cfg.results.path), key)
+
+
+def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str) -> bool | None:
+    """Claim the job in its records file before it runs (records.claim_job), so that another sweep
+    of the same file skips it: False when another process ran it or runs it now (said in one
+    line), None for a job of several processes (torchrun, Slurm tasks: each runs it; not claimed)."""
+    from rich.markup import escape
+
+    from bench_cli.distributed import launch_env
+    from bench_cli.ui import console
+
+    env = launch_env()
+    if env is not None and env.world_size > 1:
+        return None
+    path = str(cfg.results.path)
+    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0))
+    if not claimed:
+        console.print(f"{head} [yellow]skipped[/], {escape(note)}: {label}", highlight=False, soft_wrap=True)
+    elif note:
+        console.print(f"{head} {escape(note)}: {label}", highlight=False, soft_wrap=True)
+    return claimed
+
+
+def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: str) -> str:
+    """Train and record the job; print its line; its status."""
+    from rich.markup import escape
+
+    from bench_cli.runner import run_experiment
+    from bench_cli.ui import console, metric_digits
+
     console.print(f"{head} [cyan]start[/]   {label}", highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
     try:
         row = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
-                             line_prefix=f"[sweep {position + 1}/{plan.total}] {label}: ")
+                             line_prefix=f"[sweep {position + 1}/{total}] {label}: ")
     except UserError as e:  # recorded by the runner; the sweep goes on
         console.print(f"{head} [red]failed[/]  {label}: {escape(str(e))}", highlight=False, soft_wrap=True)
         return "failed"
@@ -316,12 +369,12 @@ def _head(position: int, total: int) -> str:
     return escape(f"[sweep {position + 1:>{len(str(total))}}/{total}]")
 
 
-def launch(sweep: Sweep, todo: list[Job]) -> list:
+def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None) -> list:
     """Run ``todo`` with the launcher of the sweep's config, in batches of
     ``hydra.sweeper.max_batch_size``, as Hydra's ``Hydra.multirun`` and ``BasicSweeper.sweep`` do
     (callbacks, ``multirun.yaml`` in the sweep folder), minus their second expansion and
     composition of the grid: the jobs are the plan's. Returns Hydra's JobReturns; stops after a
-    batch in which a job did not match the plan."""
+    batch in which a job did not match the plan. ``ok_rows_from``: see ``JobPlan``."""
     from hydra._internal.callbacks import Callbacks
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
@@ -330,7 +383,8 @@ def launch(sweep: Sweep, todo: list[Job]) -> list:
 
     master = sweep.master
     keys = {tuple(j.overrides): (i, j.key) for i, j in enumerate(sweep.jobs)}
-    task_function = functools.partial(run_planned_job, plan=JobPlan(keys, len(sweep.jobs), os.getpid()))
+    task_function = functools.partial(run_planned_job, plan=JobPlan(keys, len(sweep.jobs), os.getpid(),
+                                                                    dict(ok_rows_from or {})))
     returns: list = []
     with C.hydra_app(JOB_NAME, sweep.flags) as app:
         setup_globals()
@@ -395,7 +449,7 @@ def cmd_sweep(args: list[str]) -> None:
     jobs = sweep.jobs
     if not jobs:
         raise UserError("the sweep has no jobs")
-    validate_jobs(jobs)
+    missing = validate_jobs(jobs, missing_data_ok=dry_run)  # a dry run lists every job, data or not
     paths = {str(j.cfg.results.path) for j in jobs}
     done = {}
     for path in paths:
@@ -407,7 +461,7 @@ def cmd_sweep(args: list[str]) -> None:
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
     if dry_run:
-        _print_plan(jobs, done, force)
+        _print_plan(jobs, done, force, missing)
         return
     if not todo:
         console.print("[green]nothing to do[/]: every job has an ok record (use --force to rerun)")
@@ -416,13 +470,14 @@ def cmd_sweep(args: list[str]) -> None:
         if not force and job.key in done:
             console.print(f"{_head(i, len(jobs))} [dim]skip[/]    {job.label}  (ok record {done[job.key].get('run_id', '')})",
                           highlight=False, soft_wrap=True)
-    n_failed = run_sweep(sweep, todo, paths, done if not force else {})
+    n_failed = run_sweep(sweep, todo, paths, done if not force else {}, force=force)
     if n_failed:
         raise SystemExit(min(n_failed, MAX_EXIT))
 
 
-def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict) -> int:
-    """Launch ``todo``, then summarise; the number of jobs without an ok record."""
+def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict, force: bool = False) -> int:
+    """Launch ``todo``, then summarise; the number of jobs without an ok record (those another
+    process runs at the end are not counted)."""
     from rich.markup import escape
 
     from bench_cli.records import new_run_id
@@ -433,7 +488,7 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict)
     os.environ["ATTNBENCH_RUN_ID"] = new_run_id()  # the sweep's folder (hydra.sweep.dir)
     plugins.export_to_environment()  # the workers it starts import the same plugins
     try:
-        returns = launch(sweep, todo)
+        returns = launch(sweep, todo, before if force else None)
     except KeyboardInterrupt as e:
         summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)
         console.print(f"[red]interrupted[/] ({interruption_name(e)}): rerun the same command to run only the "
@@ -447,7 +502,10 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict)
     return max(n_failed, 1) if errors else n_failed
 
 
-def _print_plan(jobs: list[Job], done: dict, force: bool) -> None:
+def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str]) -> None:
+    """The dry run's table: every job, whether it is done, and whether its data is here (``missing``:
+    job_key -> what is missing); then each missing dataset once, with how to get it."""
+    from rich.markup import escape
     from rich.table import Table
 
     from bench_cli.ui import console, wide
@@ -457,23 +515,41 @@ def _print_plan(jobs: list[Job], done: dict, force: bool) -> None:
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        if j.key in missing:
+            status += ", [red]data missing[/]"
         t.add_row(str(i), j.label, j.key, status)
     wide(console, 120).print(t)
+    if missing:
+        console.print(f"[red]data missing[/] for {len(missing)} of {len(jobs)} jobs (a sweep refuses to start "
+                      "until it is here):", highlight=False)
+        for message in dict.fromkeys(missing.values()):
+            console.print(f"  {escape(message)}", highlight=False, soft_wrap=True)
+
+
+RUNNING_ELSEWHERE = "running elsewhere"  # an outcome: another process holds the job's claim
 
 
 def outcomes(jobs: list[Job], paths, before: dict[str, int], done_before: dict) -> list[tuple[Job, str, dict | None]]:
-    """(job, status, record) for every job: the status of its newest record written by this sweep,
-    'skipped' when it was done before and not rerun, 'missing' when nothing was recorded."""
+    """(job, status, record) for every job: the status of its newest record written since the sweep
+    started, 'skipped' when it has an ok record from before (or from another process that ran it),
+    'running elsewhere' when another live process holds its claim, 'missing' when nothing was recorded."""
     new: dict[str, dict] = {}
+    ok: dict[str, dict] = dict(done_before)
+    running: dict[str, str] = {}
     for p in paths:
-        for r in records.read_records(p)[before.get(p, 0):]:
+        rows = records.read_records(p)
+        for r in rows[before.get(p, 0):]:
             new[r.get("job_key", "")] = r
+        ok.update({r["job_key"]: r for r in rows if r.get("status") == "ok" and r.get("job_key")})
+        running.update(records.running_elsewhere(p, [j.key for j in jobs]))
     out = []
     for j in jobs:
         if j.key in new:
             out.append((j, new[j.key].get("status") or "failed", new[j.key]))
-        elif j.key in done_before:
-            out.append((j, "skipped", done_before[j.key]))
+        elif j.key in ok:
+            out.append((j, "skipped", ok[j.key]))
+        elif j.key in running:
+            out.append((j, RUNNING_ELSEWHERE, {"error": running[j.key]}))
         else:
             out.append((j, "missing", None))
     return out
@@ -489,7 +565,7 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
     counts: dict[str, int] = {}
     for _, status, _ in res:
         counts[status] = counts.get(status, 0) + 1
-    bad = [(j, s, r) for j, s, r in res if s not in ("ok", "skipped")]
+    bad = [(j, s, r) for j, s, r in res if s not in ("ok", "skipped", RUNNING_ELSEWHERE)]
     parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: (kv[0] != "ok", kv[0])))
     if bad:
         t = Table(title=f"{len(bad)} of {len(jobs)} jobs did not finish ok (rerun the same command to retry them)")

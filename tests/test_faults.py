@@ -222,3 +222,45 @@ def test_a_symlinked_results_file_is_written_through_and_stays_a_link(uea_fixtur
     main(["run", *TINY, "seed=1", "results.path=link.csv"])
     assert (workdir / "link.csv").is_symlink() and (workdir / "link.csv").resolve() == target.resolve()
     assert [r["seed"] for r in read_records(target)] == ["0", "1"]
+
+
+def test_report_on_a_corrupt_records_file_is_one_line_naming_the_line(workdir, capsys):
+    """Issue 22 item 6: an unterminated quote is exit 2 and one line, not rows absorbed as gaps."""
+    from bench_cli.records import append_record
+
+    path = workdir / "runs.csv"
+    for seed in range(3):
+        append_record(path, {"run_id": f"r{seed}", "status": "ok", "task": "uea", "dataset": "JapaneseVowels",
+                             "model": "softmax", "seed": seed, "experiment": "primal_dual/table1",
+                             "test_accuracy": 98.0, "variant_key": "v", "metrics_json": {"history": [seed]}})
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace("r1,", '"r1,', 1)
+    path.write_text("".join(lines))
+    err = exit_line(capsys, "report", "primal_dual/table1", f"--records={path}")
+    assert f"{path} line 3" in err and "corrupt" in err
+
+
+def test_a_run_refuses_a_records_file_with_rows_wider_than_its_header(uea_fixture, workdir, capsys):
+    """Issue 22 item 4: refused before training, one line naming the file and the row."""
+    from bench_cli.records import append_record
+
+    path = workdir / "res.csv"
+    append_record(path, {"run_id": "r0", "status": "ok"})
+    text = path.read_text() + path.read_text().splitlines()[1] + ",from,a,newer,version\n"
+    path.write_text(text)
+    err = exit_line(capsys, "run", *TINY, f"results.path={path}")
+    assert f"{path} line 3" in err and not list((workdir / "outputs").glob("runs/*/*"))
+    assert path.read_text() == text
+
+
+def test_dry_run_lists_every_job_and_marks_missing_data(workdir, capsys):
+    """Issue 22: a dry run lists an experiment's jobs without their data (MNIST and CIFAR-100 are
+    not in the test's data root), marked; a real sweep refuses them in one line."""
+    from bench_cli.cli import main
+
+    args = ["sweep", "experiment=pay_better_attention/table1", "seed=0", "model=standard,super"]
+    main([*args, "--dry-run"])
+    out = capsys.readouterr().out
+    assert "4 jobs, 0 already done, 4 to run" in out and out.count("data missing") == 4 + 1
+    assert "vit/mnist standard seed=0" in out and "attnbench data vision mnist" in out
+    assert "MNIST not found" in exit_line(capsys, *args)

@@ -105,3 +105,80 @@ def test_a_held_lock_is_announced_then_the_record_is_written(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert err.count("waiting for") == 1 and "runs.csv.lock" in err
     assert [r["run_id"] for r in records.read_records(path)] == ["a"]
+
+
+# --- issue 22 items 4-6: every reader reads strictly, no row is reshaped --------------------------
+def records_file(path, n: int) -> str:
+    """``n`` rows as runs write them (a quoted JSON field each); the file's text."""
+    from bench_cli.records import append_record
+
+    for i in range(n):
+        append_record(path, {"run_id": f"r{i}", "status": "ok", "job_key": f"k{i}", "metrics_json": {"history": [i]}})
+    return path.read_text()
+
+
+def test_a_corrupt_row_is_an_error_naming_the_file_and_line(tmp_path):
+    """An unterminated quote on line 3 (closed by a later row's quote, or by none): never rows
+    silently absorbed into one field; appending refuses too and leaves the file as it was."""
+    import pytest
+
+    from bench_cli.records import RecordsFileError, append_record, read_records
+
+    path = tmp_path / "runs.csv"
+    lines = records_file(path, 3).splitlines(keepends=True)
+    lines[2] = lines[2].replace("r1,", '"r1,', 1)
+    for text in ("".join(lines), "".join(lines).replace('"{', "{").replace('}"', "}").replace('""', '"')):
+        path.write_text(text)
+        with pytest.raises(RecordsFileError, match=f"{path} line 3.*corrupt"):
+            read_records(path)
+        with pytest.raises(RecordsFileError, match="line 3"):
+            append_record(path, {"run_id": "new"})
+        assert path.read_text() == text
+
+
+def test_a_truncated_last_row_is_kept_as_it_is_with_one_warning(tmp_path, capsys):
+    from bench_cli.records import append_record, read_records
+
+    path = tmp_path / "runs.csv"
+    cut = records_file(path, 2) + "r2,2025-01-01T00:00:00+00:00,ok,,uea,Fix"  # half-written, no newline
+    path.write_text(cut)
+    last = read_records(path)[-1]
+    assert (last["run_id"], last["dataset"], last["model"]) == ("r2", "Fix", None)
+    append_record(path, {"run_id": "r3"})
+    assert path.read_text().startswith(cut + "\n")  # not padded to the header's width
+    assert [r["run_id"] for r in read_records(path)] == ["r0", "r1", "r2", "r3"]
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and f"{path} line 4: incomplete row" in err
+    path.write_text(cut + ',"{""hist')  # cut inside a quoted field: incomplete, not corrupt
+    assert read_records(path)[-1]["model"] == '{"hist'
+
+
+def test_a_row_wider_than_the_header_is_never_reshaped(tmp_path):
+    """A newer version's row (more fields than the header): read by its named fields, and the
+    file is refused for appends (and for runs, before they train), unchanged."""
+    import pytest
+
+    from bench_cli.records import RecordsFileError, append_record, check_results_path, read_records
+
+    path = tmp_path / "runs.csv"
+    text = records_file(path, 2)
+    text += text.splitlines()[1].replace("r0,", "r9,", 1) + ",newer,columns\n"
+    path.write_text(text)
+    row = read_records(path)[-1]
+    assert row["run_id"] == "r9" and None not in row and "newer" not in row.values()
+    for refused in (lambda: append_record(path, {"run_id": "new"}), lambda: check_results_path(path)):
+        with pytest.raises(RecordsFileError, match=f"{path} line 4: the row has more fields than the header"):
+            refused()
+    assert path.read_text() == text
+
+
+def test_read_job_records_counts_each_job_once(tmp_path):
+    """For reports: of a job_key's ok rows the latest stays; other rows stay; the keys run twice."""
+    from bench_cli.records import append_record, read_job_records
+
+    path = tmp_path / "runs.csv"
+    for run_id, status, key in (("a", "ok", "k1"), ("b", "failed", "k2"), ("c", "ok", "k1"), ("d", "ok", "k2"),
+                                ("e", "ok", "k3"), ("f", "ok", "k1")):
+        append_record(path, {"run_id": run_id, "status": status, "job_key": key})
+    rows, duplicates = read_job_records(path)
+    assert [r["run_id"] for r in rows] == ["b", "d", "e", "f"] and duplicates == ["k1"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from bench_cli import records
 from bench_cli.report.paper import number
 
 
@@ -38,13 +39,8 @@ class Cell:
 
 
 def one_row_per_job(rows: list[dict]) -> tuple[list[dict], int]:
-    """(rows, number dropped): of the ``ok`` rows that share a ``job_key`` (one job run twice, by two
-    sweeps at once or a ``--force`` rerun) only the latest in the file stays, so no seed counts
-    twice; rows that are not ``ok`` stay (a seed's failures count only when it has no ok row).
-    To be replaced by the records reader that returns the duplicate job keys (bench_cli/records.py)."""
-    last_ok = {r["job_key"]: i for i, r in enumerate(rows) if r.get("status") == "ok" and r.get("job_key")}
-    kept = [r for i, r in enumerate(rows)
-            if r.get("status") != "ok" or not r.get("job_key") or last_ok[r["job_key"]] == i]
+    """(rows, number of rows dropped): each job_key counted once (records.one_row_per_job)."""
+    kept, _ = records.one_row_per_job(rows)
     return kept, len(rows) - len(kept)
 
 

@@ -1,0 +1,110 @@
+"""Two sweeps of one records file at once (issue 22 item 2): each job is claimed under the records
+lock before it runs, so no job runs twice; a claim held by a live process is skipped and said so,
+the claim of a dead process (kill -9) is taken over, and a rerun finds every job done."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench_cli import records
+from bench_cli import sweep as S
+from conftest import ATTNBENCH
+from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture)
+
+
+def start_time(pid: int) -> str:
+    """/proc/PID/stat field 22: the process's start time (an independent reading of it)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def hold_claim(path: Path, key: str, pid: int, host: str | None = None, process_start: str | None = None) -> None:
+    """The claims file as another process that claimed ``key`` leaves it."""
+    claim = {"pid": pid, "host": host or socket.gethostname(), "since": "2025-01-01T00:00:00+00:00",
+             "process_start": process_start}
+    path.with_name(path.name + ".claims").write_text(json.dumps({key: claim}))
+
+
+@pytest.fixture
+def sleeper():
+    """A live process of this host (a claim it holds is alive), killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_claims_skip_live_processes_and_take_over_dead_ones(tmp_path, sleeper):
+    path = tmp_path / "runs.csv"
+    hold_claim(path, "k1", sleeper.pid, process_start=start_time(sleeper.pid))
+    assert records.claim_job(path, "k1") == (False, f"running in pid {sleeper.pid} since 2025-01-01T00:00:00+00:00")
+    hold_claim(path, "k1", 4242, host="another-node")  # cannot be checked from here: left alone
+    claimed, why = records.claim_job(path, "k1")
+    assert not claimed and "running in pid 4242 on another-node" in why
+
+    sleeper.kill()
+    sleeper.wait()
+    hold_claim(path, "k1", sleeper.pid)
+    claimed, note = records.claim_job(path, "k1")  # kill -9 left its claim behind
+    assert claimed and f"taking over the claim of pid {sleeper.pid}" in note
+    assert records.claim_job(path, "k1") == (True, "")  # this process's own claim
+    records.release_job(path, "k1")
+    assert not path.with_name("runs.csv.claims").exists()
+
+    records.append_record(path, {"run_id": "r1", "status": "ok", "job_key": "k2"})
+    assert records.claim_job(path, "k2") == (False, "done by another process (ok record r1)")
+    assert records.claim_job(path, "k2", ok_rows_from=1)[0]  # --force: rows from before the sweep are rerun
+
+
+def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,
+                                                                     capsys):
+    args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
+    jobs = S.plan(args)
+    res = workdir / "res.csv"
+    hold_claim(res, jobs[1].key, sleeper.pid, process_start=start_time(sleeper.pid))
+    capsys.readouterr()
+    assert sweep(*args) == 0  # a job another process runs is not a failure of this sweep
+    out = capsys.readouterr().out
+    assert [c.seed for c in fake_runs] == [0, 2]
+    assert f"[sweep 2/3] skipped, running in pid {sleeper.pid}" in out and "1 running elsewhere" in out
+
+    sleeper.kill()  # the other sweep dies (kill -9) before recording its job
+    sleeper.wait()
+    assert sweep(*args) == 0
+    out = capsys.readouterr().out
+    assert [c.seed for c in fake_runs] == [0, 2, 1] and f"taking over the claim of pid {sleeper.pid}" in out
+    assert sweep(*args) == 0 and "nothing to do" in capsys.readouterr().out
+    assert sorted(r["job_key"] for r in records.read_records(res)) == sorted(j.key for j in jobs)
+    assert not res.with_name("res.csv.claims").exists()
+
+
+@pytest.mark.slow
+def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
+    """Two `attnbench sweep` processes started together on one CSV: both plan 3 jobs, 0 done; each
+    job runs once (one row per job_key), the other sweep says it skipped it."""
+    args = [*[a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")], "trainer.max_epochs=6",
+            "trainer.num_threads=1", "seed=0,1,2"]
+    logs = [workdir / "a.log", workdir / "b.log"]
+    procs = []
+    for log in logs:
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([str(ATTNBENCH), "sweep", *args], stdout=out, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    texts = [log.read_text() for log in logs]
+    assert codes == [0, 0], texts
+    rows = records.read_records(workdir / "res.csv")
+    keys = [r["job_key"] for r in rows]
+    assert len(keys) == 3 and len(set(keys)) == 3, texts
+    assert {r["status"] for r in rows} == {"ok"}
+    assert "".join(texts).count("start ") == 3, texts  # each job started once, in one of the two
+    capsys.readouterr()
+    assert sweep(*args, "--dry-run") == 0  # a rerun finds every job done
+    assert "3 jobs, 3 already done" in capsys.readouterr().out
