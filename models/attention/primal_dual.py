@@ -34,6 +34,11 @@ from models.attention.registry import Capabilities, register_attention
 
 PAPER = "Nguyen et al., A Primal-Dual Framework for Transformers and Neural Networks, ICLR 2023 (papers/003)"
 KERNELS = ("softmax", "linear", "sparse")
+# The plain kernels are the baselines the primal-dual paper builds on: cited by their own papers.
+KERNEL_PAPERS = {
+    "linear": "Katharopoulos et al., Transformers are RNNs, ICML 2020 (the linear baseline of papers/003 and 004)",
+    "sparse": "Child et al., Generating Long Sequences with Sparse Transformers, 2019 (papers/003 Sec. 2.2.2)",
+}
 # The kernel is invariant to a per-query constant added to its logits (needed by causal BN).
 SHIFT_INVARIANT_KERNELS = ("softmax", "sparse")
 
@@ -215,7 +220,7 @@ def _register_family() -> None:
             modifiers = " + ".join(m for m, on in (("BN", bn), ("SH", sh)) if on)
             register_attention(
                 name,
-                paper=PAPER,
+                paper=PAPER if bn or sh else KERNEL_PAPERS[kernel],
                 equation=_EQUATIONS[(kernel, bn, sh)],
                 capabilities=Capabilities(causal=causal, cross=cross),
                 summary=f"{_SUMMARIES[kernel]} kernel" + (f" with {modifiers}" if modifiers else ""),
