@@ -310,3 +310,94 @@ def test_profile_runs_on_a_task_with_encoder_and_decoder_stacks(workdir):
           "profile.output=prof.csv"])
     rows = read_csv(workdir / "prof.csv")
     assert rows and {r["status"] for r in rows} == {"ok"} and {r["n_layers"] for r in rows} == {"3"}
+
+
+# --------------------------------------------------------------------------- several models and tasks, a paper's table
+
+
+def test_several_models_and_tasks_share_the_baseline_and_get_the_papers_ratios(workdir, monkeypatch):
+    import torch
+
+    (workdir / "paper.csv").write_text(
+        "table,dataset,model,metric,value\n7,Seq,trans,sec,200\n7,Seq,lin,sec,50\n7,Seq,trans,gb,8\n7,Seq,lin,gb,2\n"
+        "7,Ops,trans,sec,100\n7,Ops,lin,sec,80\n8,Seq,lin,sec,1\n")
+    paper = ("profile.paper={csv:paper.csv,table:7,baseline:trans,models:{linear:lin},datasets:{uea:Seq,lra_listops:Ops},"
+             "metrics:{time_per_1k_steps_s:sec,peak_mem_train_bytes:gb},source:tiny}")
+    optimisers, real_step = [], harness.train_step
+    monkeypatch.setattr(harness, "train_step", lambda side: (optimisers.append(side.optimizer), real_step(side)))
+    run_profile("profile.models=[linear,attention_sh]", "profile.timing.eval_batches_per_1k_steps=7",
+                "profile.timing.optimizer=true", "profile.tasks=[{task:uea,seq_lens:[8]},{task:lra_listops,seq_lens:[16],batch_size:2}]",
+                paper, "profile.report=eff.md", "profile.output=eff.csv", *NO_FLOPS)
+    rows = read_csv(workdir / "eff.csv")
+    assert [(r["task"], r["model"], r["seq_len"], r["batch_size"]) for r in rows] == [
+        ("uea", "linear", "8", "1"), ("uea", "attention_sh", "8", "1"),
+        ("lra_listops", "linear", "16", "2"), ("lra_listops", "attention_sh", "16", "2")]
+    for a, b in (rows[:2], rows[2:]):  # the baseline is measured once per point and shared by its rows
+        for m in ("params", "peak_mem_train_bytes", "time_train_s", "time_per_1k_steps_s"):
+            assert a[f"baseline_{m}"] == b[f"baseline_{m}"] != "", m
+    for r in rows:
+        assert r["status"] == "ok" and r["baseline"] == "softmax"
+        assert f"train step with {'adamw' if r['task'] == 'lra_listops' else 'radam'} step" in r["timing_method"]
+        assert float(r["model_time_per_1k_steps_s"]) == pytest.approx(
+            1000 * float(r["model_time_train_s"]) + 7 * float(r["model_time_infer_s"]))
+        assert float(r["ratio_time_per_1k_steps_s"]) == pytest.approx(
+            float(r["model_time_per_1k_steps_s"]) / float(r["baseline_time_per_1k_steps_s"]))
+        assert f"task={r['task']}" in r["command"] and "profile.tasks=null" in r["command"]  # reruns its task alone
+    # the timed train steps took the run's optimiser step (the LRA trainer's AdamW, eps 1e-6)
+    assert optimisers and all(o is not None for o in optimisers)
+    assert any(isinstance(o, torch.optim.AdamW) and o.defaults["eps"] == 1e-6 for o in optimisers)
+    # paper ratios: model / baseline from the printed values of table 7 only; none for an unmapped model or metric
+    assert float(rows[0]["paper_ratio_time_per_1k_steps_s"]) == 0.25 and float(rows[0]["paper_ratio_peak_mem_train_bytes"]) == 0.25
+    assert rows[0]["paper_source"] == "tiny" and rows[1]["paper_ratio_time_per_1k_steps_s"] == ""
+    assert float(rows[2]["paper_ratio_time_per_1k_steps_s"]) == 0.8 and rows[2]["paper_ratio_peak_mem_train_bytes"] == ""
+    md = (workdir / "eff.md").read_text()
+    assert "## Seq (`uea`): N = 8, batch 1" in md and "## Ops (`lra_listops`): N = 16, batch 2" in md
+    linear_seq = next(line for line in md.splitlines() if line.startswith("| linear |"))
+    assert "| 0.25 (4.0x) | " in linear_seq and linear_seq.count("0.25 (4.0x)") == 2
+
+
+def test_timed_train_step_takes_the_optimiser_step():
+    import torch
+
+    module = torch.nn.Linear(3, 1)
+    side = harness.Side("model", None, harness.Budget(None), module=module, inputs=torch.ones(2, 3),
+                        loss_fn=lambda out: out.sum())
+    before = module.weight.detach().clone()
+    harness.train_step(side)
+    assert torch.equal(module.weight, before) and module.weight.grad is not None  # no optimiser: no step
+    side.optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    harness.train_step(side)
+    assert torch.allclose(module.weight, before - 0.1 * 2)  # d(sum of 2 outputs)/dW = 2 per weight
+
+
+def test_primal_lra_efficiency_preset_covers_table4(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from bench_cli import compose as C
+    from bench_cli.profile.paper_table import PaperRatios
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # profile.paper.csv is relative to the repository
+    cfg = config.load_config(["profile=primal_lra_efficiency"])
+    p = cfg.profile
+    assert cfg.baseline == "softmax" and list(p.sdpa_backends) == ["math"] and p.timing.optimizer is True
+    assert cfg.task.backbone.dropout == 0.1 and cfg.primal_options.ksvd_form == "code"  # the LRA experiment's setup
+    tasks = {e.task: e for e in p.tasks}
+    assert sorted(tasks) == ["lra_image", "lra_listops", "lra_pathfinder", "lra_retrieval", "lra_text"]
+    for name, entry in tasks.items():  # every task at its full LRA length
+        assert list(entry.seq_lens) == [int(OmegaConf.load(C.option_file("task", name)).seq_len)], name
+    paper = PaperRatios.of(p.paper)
+    for name in tasks:
+        for model in p.models:
+            for metric in p.paper.metrics:
+                assert paper.ratio(name, model, metric) is not None, (name, model, metric)
+    assert paper.ratio("lra_text", "primalformer", "time_per_1k_steps_s") == pytest.approx(93.6 / 694.8)
+    assert paper.ratio("lra_listops", "nystromformer", "peak_mem_train_bytes") == pytest.approx(0.89 / 5.50)
+
+
+def test_several_models_and_paper_mistakes_are_one_line(workdir, capsys):
+    assert "unknown profile.models entry 'linea'" in fail_line(capsys, "profile.models=[linea]")
+    assert "plot=auto" in fail_line(capsys, "profile.models=[linear,softmax]", "profile.plot=p.png")
+    assert "profile.tasks entry's task" in fail_line(capsys, "profile.tasks=[{task:nope}]")
+    assert "eval_batches_per_1k_steps" in fail_line(capsys, "profile.timing.eval_batches_per_1k_steps=-1")
+    bad_metric = "profile.paper={csv:x.csv,table:4,baseline:t,models:{},datasets:{a:b},metrics:{flops:x}}"
+    assert "profile.paper.metrics" in fail_line(capsys, bad_metric)

@@ -46,7 +46,9 @@ forward); the math path stores the scores and its backward is 8*B*H*N^2*d (2x th
 Modules: ``config`` (compose and check the ``profile`` group), ``harness`` (one side at one
 point: budgets, OOM/timeout guards, FLOPs and memory, timing; one attention layer), ``grid``
 (task mode: the points, model vs baseline, one row per point), ``render`` (the table, the plot's
-path and title), ``command`` (the CLI). What compares with the papers' printed numbers lives in
+path and title), ``paper_table`` (a results/paper table as ratios to the baseline next to ours, and
+its markdown report), ``command`` (the CLI; ``profile.tasks``: one grid per task). ``profile.models``
+measures several models against one baseline, measured once per point. What compares with the papers' printed numbers lives in
 :mod:`bench_cli.reproduce`: the papers' reductions placed next to the measured ones, and the
 whole ``pba`` mode. The CSV files are written by :func:`bench_cli.records.write_rows`.
 """

@@ -2,6 +2,7 @@
 and the plot, log (``logger=``)."""
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -31,8 +32,7 @@ PROFILE_OPTIONS = {"-h": False, "--help": False, "--cfg": ("job", "hydra", "all"
 
 def cmd_profile(args: list[str]) -> None:
     from bench_cli import records
-    from bench_cli.profile import render
-    from bench_cli.profile.grid import PROFILE_COLUMNS, run_profile
+    from bench_cli.profile.render import label
     from bench_cli.ui import console, progress_bar
 
     p = parse("profile", args, PROFILE_OPTIONS, positional=False)
@@ -74,20 +74,63 @@ def cmd_profile(args: list[str]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     if not bool(p.append) and output.exists():
         output.unlink()
-    on_row = lambda row: records.write_rows(output, [row], PROFILE_COLUMNS)  # noqa: E731
+    load_before = _load_average()
+    rows, images = [], []
     with progress_bar(bool(cfg.trainer.get("progress", True))) as progress:
-        rows = run_profile(cfg, on_row, progress, command="attnbench profile " + " ".join(overrides), run_id=run_id)
+        for task_overrides in _task_overrides(p):
+            task_cfg = load_config([*overrides, *task_overrides]) if task_overrides else cfg
+            command = "attnbench profile " + " ".join([*overrides, *task_overrides])
+            task_rows, task_images = _profile_task(task_cfg, output, progress, command, run_id)
+            rows, images = rows + task_rows, images + task_images
+    if p.get("report") and p.get("paper") is not None:
+        from bench_cli.profile.paper_table import markdown
+
+        notes = f"{p.report_notes or ''}\n\nLoad average (1 min) of this machine: {load_before} before, {_load_average()} after."
+        report = Path(str(p.report))
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}", notes))
+        images.append(report)
+    console.print(f"[green]ok[/]: {len(rows)} points -> {output}" + "".join(f", {i}" for i in images)
+                  + f" ({time.perf_counter() - started:.0f} s)")
+    _log(cfg, run_dir, {"profile": rows}, [i for i in images if Path(i).suffix == ".png"])
+
+
+def _load_average() -> str:
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
+
+
+def _override_value(value) -> str:
+    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if isinstance(value, list):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _task_overrides(p: DictConfig) -> list[list[str]]:
+    """One list of overrides per ``profile.tasks`` entry (task=NAME, profile.KEY=VALUE, and
+    profile.tasks=null, so a row's command reruns its task alone); ``[[]]`` without tasks."""
+    if not p.get("tasks"):
+        return [[]]
+    return [[f"task={entry.task}", "profile.tasks=null",
+             *(f"profile.{k}={_override_value(v)}" for k, v in entry.items() if k != "task")] for entry in p.tasks]
+
+
+def _profile_task(cfg: DictConfig, output: Path, progress, command: str, run_id: str) -> tuple[list[dict], list[Path]]:
+    """One task's grid: rows appended to ``output`` as measured, the table shown, one plot per model."""
+    from bench_cli import records
+    from bench_cli.profile import render
+    from bench_cli.profile.grid import PROFILE_COLUMNS, run_profile
+
+    on_row = lambda row: records.write_rows(output, [row], PROFILE_COLUMNS)  # noqa: E731
+    rows = run_profile(cfg, on_row, progress, command=command, run_id=run_id)
     title = render.title(cfg, rows[0]["device"] if rows else "")
     render.print_task_table(rows, title)
     images = []
-    plot = render.plot_path(cfg)
-    if plot is not None and rows:
+    for model, plot in render.plot_paths(cfg) if rows else []:
         from bench_cli import plots
 
-        images.append(plots.ratio_figure(rows, plot, title=title))
-    console.print(f"[green]ok[/]: {len(rows)} points -> {output}" + (f", {images[0]}" if images else "")
-                  + f" ({time.perf_counter() - started:.0f} s)")
-    _log(cfg, run_dir, {"profile": rows}, images)
+        images.append(plots.ratio_figure([r for r in rows if r["model"] == model], plot, title=title))
+    return rows, images
 
 
 def _log(cfg: DictConfig, run_dir: Path, tables: dict[str, list[dict]], images: list[Path]) -> None:

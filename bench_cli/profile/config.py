@@ -90,6 +90,11 @@ def validate(cfg: DictConfig) -> None:
     for b in t.get("sdpa_backends") or []:
         if str(b) not in SDPA_BACKENDS:
             raise unknown_choice("profile.timing.sdpa_backends entry", str(b), SDPA_BACKENDS)
+    if not isinstance(t.get("optimizer"), bool):
+        raise UserError(f"profile.timing.optimizer must be true or false, got {t.get('optimizer')!r}")
+    eval_batches = t.get("eval_batches_per_1k_steps")
+    if not isinstance(eval_batches, int) or isinstance(eval_batches, bool) or eval_batches < 0:
+        raise UserError(f"profile.timing.eval_batches_per_1k_steps must be an integer >= 0, got {eval_batches!r}")
     if mode == "pba":
         from bench_cli.reproduce.pba import validate as validate_pba
 
@@ -99,6 +104,19 @@ def validate(cfg: DictConfig) -> None:
     baseline = cfg.get("baseline")
     if baseline is not None and str(baseline) not in models:
         raise unknown_choice("baseline model", str(baseline), models)
+    for m in p.get("models") or []:
+        if str(m) not in models:
+            raise unknown_choice("profile.models entry", str(m), models)
+    if len(p.get("models") or []) > 1 and p.get("plot") not in (None, "auto"):
+        raise UserError("profile.plot: several profile.models need plot=auto (one figure per model) or null")
+    tasks = C.group_options("task")
+    for entry in p.get("tasks") or []:
+        if not isinstance(entry, DictConfig) or str(entry.get("task")) not in tasks:
+            raise unknown_choice("profile.tasks entry's task", str(entry.get("task") if isinstance(entry, DictConfig)
+                                                                   else entry), tasks)
+    from bench_cli.profile.paper_table import validate as validate_paper
+
+    validate_paper(p.get("paper"))
     heads = int(cfg.task.backbone.n_heads) if "backbone" in cfg.task and "n_heads" in cfg.task.backbone else None
     for d in int_list(p, "d_models", allow_null=True) or []:
         if "backbone" not in cfg.task or "d_model" not in cfg.task.backbone:

@@ -1,5 +1,6 @@
-"""Task mode of `attnbench profile`: the task's model and the baseline at every point
-(sdpa_backend, d_model, seq_len) of the grid, measured by the harness; one row per point."""
+"""Task mode of `attnbench profile`: the task's model (or each of ``profile.models``) and the
+baseline at every point (sdpa_backend, d_model, seq_len) of the grid, measured by the harness;
+one row per model and point, the baseline measured once per point and shared by its rows."""
 from __future__ import annotations
 
 import time
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from bench_cli import compose as C
 from bench_cli.profile.settings import int_list
 from bench_cli.profile import harness as H
+from bench_cli.profile.paper_table import PAPER_RATIO_COLUMNS, PaperRatios
 from bench_cli.profile.render import label
 from bench_cli.reproduce.reductions import PAPER_COLUMNS, REDUCTIONS, paper_columns
 
@@ -19,6 +21,7 @@ SIDES = ("model", "baseline")
 METRICS = (
     "params", "attn_params_per_layer", "flops_forward", "flops_train_step", "peak_mem_train_bytes",
     "peak_mem_infer_bytes", "time_train_s", "time_infer_s", "rss_train_bytes",
+    "time_per_1k_steps_s",  # 1000 train steps + profile.timing.eval_batches_per_1k_steps inference batches
 )
 
 PROFILE_COLUMNS = [
@@ -31,6 +34,8 @@ PROFILE_COLUMNS = [
     # reductions (100 * (1 - ratio)) next to the paper's
     *[f"reduction_pct_{m}" for m in REDUCTIONS],
     *PAPER_COLUMNS,
+    # ratios model / baseline printed by the paper (profile.paper: a results/paper table)
+    *PAPER_RATIO_COLUMNS,
     # how it was measured
     "model_status", "baseline_status", "model_error", "baseline_error", "model_attn_layers",
     "baseline_attn_layers", "flops_method", "memory_method", "timing_method", "process_peak_rss_bytes",
@@ -88,27 +93,51 @@ def _timed_point(cfg: DictConfig, backend: str, d_model: int | None, seq_len: in
     return t.get("seq_lens") is None or seq_len in int_list(t, "seq_lens")
 
 
+def _model_cfgs(cfg: DictConfig) -> list:
+    """The measured models: ``model``, or every preset of ``profile.models``, each placed where
+    ``model`` is so its interpolations (e.g. ${per_dataset:...}) resolve against the same root."""
+    names = cfg.profile.get("models")
+    if not names:
+        return [cfg.model]
+    return [_with_model(cfg, C.load_option("model", str(n))).model for n in names]
+
+
+def _build_side(side: H.Side, cfg: DictConfig, task, seq_len: int, device) -> None:
+    """The side's model, its synthetic batch and the run's objective on it (and its optimiser)."""
+    from bench_cli.objective import Objective
+    from bench_cli.optim import make_optimizer, parameter_groups
+    from bench_cli.trainer import seed_everything
+
+    p = cfg.profile
+    seed_everything(int(cfg.seed), False)
+    side.module = task.build_model(side.model_cfg).to(device)
+    batch = task.synthetic_batch(int(p.batch_size), seq_len, device)
+    side.inputs = task.model_inputs(batch)
+    side.loss_fn = Objective.of(task, side.model_cfg).on(side.module, batch)  # the run's objective
+    if p.timing.get("optimizer"):  # the trainer's optimiser (trainer.optimizer), stepped by every timed train step
+        o = cfg.trainer.optimizer
+        side.optimizer = make_optimizer(parameter_groups(side.module, float(o.get("weight_decay", 0.0)),
+                                                         bool(o.get("no_decay_1d", False))), o)
+
+
 def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, progress=None,
                 command: str = "", run_id: str | None = None) -> list[dict]:
-    """Measure every point of the grid for ``cfg.model`` and ``cfg.baseline``; return the rows
+    """Measure every point of the grid for each model and ``cfg.baseline``; return the rows
     (and hand each to ``on_row`` as soon as it is complete); ``run_id``: the rows' (default: a new one)."""
     import torch
 
     from bench_cli import measure as M
     from bench_cli import records
-    from bench_cli.objective import Objective
     from bench_cli.runner import build_task, check_model_fits_task
-    from bench_cli.trainer import seed_everything, select_device
+    from bench_cli.trainer import select_device
 
     p = cfg.profile
     device = select_device(str(cfg.trainer.device))
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(int(cfg.trainer.num_threads))
     budget_bytes = H.memory_budget_bytes(p.get("memory_budget_gb"), device)
-    side_cfgs = [("model", cfg.model)]
+    side_cfgs = [("model", m) for m in _model_cfgs(cfg)]
     if cfg.get("baseline") is not None:
-        # The baseline's preset placed where `model` is, so interpolations (e.g. ${per_dataset:...})
-        # resolve against the same root config.
         side_cfgs.append(("baseline", _with_model(cfg, C.load_option("model", str(cfg.baseline))).model))
     for _, mcfg in side_cfgs:
         check_model_fits_task(build_task(cfg), _with_model(cfg, mcfg))
@@ -118,6 +147,7 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     prov = records.provenance()
     run_id = run_id or records.new_run_id()
     reference = [OmegaConf.to_container(r, resolve=True) for r in (p.get("reference") or [])]
+    paper = PaperRatios.of(p.get("paper"))
     rows = []
     for backend, d_model, seq_len in points:
         started = time.perf_counter()
@@ -126,19 +156,9 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
         task.setup_synthetic(seq_len)
         if progress:
             progress.update(bar, status=f"{backend} d={d_model or d_default} N={seq_len}")
-        sides = []
-        for role, mcfg in side_cfgs:
-            side = H.Side(role, mcfg, H.Budget(p.get("timeout_s")))
-            sides.append(side)
-
-            def build(side=side):
-                seed_everything(int(cfg.seed), False)
-                side.module = task.build_model(side.model_cfg).to(device)
-                batch = task.synthetic_batch(int(p.batch_size), seq_len, device)
-                side.inputs = task.model_inputs(batch)
-                side.loss_fn = Objective.of(task, side.model_cfg).on(side.module, batch)  # the run's objective
-
-            H.guarded(side, "build", build, p.get("timeout_s"))
+        sides = [H.Side(role, mcfg, H.Budget(p.get("timeout_s"))) for role, mcfg in side_cfgs]
+        for side in sides:
+            H.guarded(side, "build", lambda side=side: _build_side(side, cfg, task, seq_len, device), p.get("timeout_s"))
             with H.sdpa_backend(backend):
                 H.guarded(side, "measure", lambda side=side: H.measure_static(
                     side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
@@ -146,18 +166,21 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
         if timed:
             with H.sdpa_backend(backend):
                 H.time_sides([s for s in sides if s.ok], int(p.timing.warmup), int(p.timing.repeats), device,
-                           p.get("timeout_s"))
-        row = _row(cfg, pcfg, sides, backend, seq_len, device, prov, run_id, command, timed)
-        row.update(paper_columns(reference, row["d_model"], seq_len, backend))
-        row["process_peak_rss_bytes"] = M.process_peak_rss_bytes()
-        row["point_wall_time_s"] = round(time.perf_counter() - started, 3)
+                             p.get("timeout_s"), int(p.timing.get("eval_batches_per_1k_steps") or 0))
+        baseline = sides[-1] if sides[-1].role == "baseline" else None
+        for side in (s for s in sides if s.role == "model"):
+            row = _row(cfg, pcfg, side, baseline, backend, seq_len, device, prov, run_id, command, timed)
+            row.update(paper_columns(reference, row["d_model"], seq_len, backend))
+            row.update(paper.columns(row))
+            row["process_peak_rss_bytes"] = M.process_peak_rss_bytes()
+            row["point_wall_time_s"] = round(time.perf_counter() - started, 3)
+            rows.append(row)
+            if on_row:
+                on_row(row)
         for side in sides:  # free the point's models before the next one
-            side.module = side.inputs = side.loss_fn = None
+            side.module = side.inputs = side.loss_fn = side.optimizer = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows.append(row)
-        if on_row:
-            on_row(row)
         if progress:
             progress.advance(bar)
     return rows
@@ -169,24 +192,30 @@ def _ratio(a, b):
     return a / b
 
 
-def _row(cfg, pcfg, sides: list[H.Side], backend, seq_len, device, prov, run_id, command, timed: bool) -> dict:
+def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, device, prov, run_id, command,
+         timed: bool) -> dict:
     import torch
 
     p = cfg.profile
     b = pcfg.task.backbone
+    t = p.timing
     row = {
         "run_id": run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "profile": str(p.name), "task": str(cfg.task.name), "model": str(cfg.model.name),
-        "attention": str(cfg.model.attention.name),
-        "baseline": str(cfg.baseline) if cfg.get("baseline") is not None else "",
-        "baseline_attention": str(sides[1].model_cfg.attention.name) if len(sides) > 1 else "",
+        "profile": str(p.name), "task": str(cfg.task.name), "model": str(model.model_cfg.name),
+        "attention": str(model.model_cfg.attention.name),
+        "baseline": str(cfg.baseline) if baseline is not None else "",
+        "baseline_attention": str(baseline.model_cfg.attention.name) if baseline is not None else "",
         "sdpa_backend": backend, "d_model": int(b.d_model), "n_heads": int(b.n_heads), "n_layers": _layers(b),
         "seq_len": seq_len, "batch_size": int(p.batch_size), "device": str(device),
-        "timing_method": (f"warmup={p.timing.warmup}, median of {p.timing.repeats} interleaved repeats, "
-                          f"{torch.get_num_threads()} thread(s)" if timed else "not timed"),
+        "timing_method": (f"warmup={t.warmup}, median of {t.repeats} interleaved repeats, "
+                          f"{torch.get_num_threads()} thread(s)"
+                          + (f", train step with {cfg.trainer.optimizer.name} step" if t.get("optimizer") else "")
+                          + (f", per 1K steps: 1000 train steps + {t.eval_batches_per_1k_steps} inference batches"
+                             if t.get("eval_batches_per_1k_steps") else "") if timed else "not timed"),
         "command": command,
         **prov,
     }
+    sides = [s for s in (model, baseline) if s is not None]
     for side in sides:
         for m in METRICS:
             row[f"{side.role}_{m}"] = side.metrics.get(m)
@@ -198,7 +227,7 @@ def _row(cfg, pcfg, sides: list[H.Side], backend, seq_len, device, prov, run_id,
     bad = [s for s in sides if not s.ok]
     row["status"] = bad[0].status if bad else "ok"
     row["error"] = "; ".join(f"{s.role}: {s.error}" for s in bad)
-    if len(sides) > 1:
+    if baseline is not None:
         for m in METRICS:
             row[f"ratio_{m}"] = _ratio(row.get(f"model_{m}"), row.get(f"baseline_{m}"))
         for m in REDUCTIONS:

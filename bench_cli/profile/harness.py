@@ -109,6 +109,7 @@ class Side:
     module: Any = None
     inputs: Any = None
     loss_fn: Callable | None = None
+    optimizer: Any = None          # stepped by train_step when profile.timing.optimizer (the run's optimiser)
     metrics: dict = field(default_factory=dict)
     status: str = "ok"
     error: str = ""
@@ -155,7 +156,8 @@ def measure_static(side: Side, batch_size: int, flops: str, memory: str, device,
 
 
 def train_step(side: Side) -> None:
-    """Forward + loss + backward (train mode), gradients cleared first; no optimizer step."""
+    """Forward + loss + backward (train mode), gradients cleared first; then the side's optimiser
+    step when it has one (``profile.timing.optimizer``), as a training loop's step."""
     import torch
 
     from bench_cli.measure import _call
@@ -165,6 +167,8 @@ def train_step(side: Side) -> None:
         p.grad = None
     with torch.enable_grad():
         side.loss_fn(_call(side.module, side.inputs)).backward()
+    if side.optimizer is not None:
+        side.optimizer.step()
 
 
 def infer_step(side: Side) -> None:
@@ -194,10 +198,11 @@ def _timed(fn: Callable[[], None], device) -> float:
     return seconds(fn, device)
 
 
-def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s) -> None:
+def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, eval_batches_per_1k: int = 0) -> None:
     """Warm-up steps of each side (the first one also gives ``rss_train_bytes`` on Linux), then
     ``repeats`` rounds in which every side runs one timed train step and one timed inference
-    step in turn; medians are reported."""
+    step in turn; medians are reported, and ``time_per_1k_steps_s`` = 1000 train steps plus
+    ``eval_batches_per_1k`` inference batches (the evaluations a training script makes meanwhile)."""
     import gc
 
     for side in sides:
@@ -223,6 +228,8 @@ def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s) 
         if side.ok and train:
             side.metrics["time_train_s"] = statistics.median(train)
             side.metrics["time_infer_s"] = statistics.median(infer)
+            side.metrics["time_per_1k_steps_s"] = (1000 * side.metrics["time_train_s"]
+                                                   + eval_batches_per_1k * side.metrics["time_infer_s"])
         side.module.zero_grad(set_to_none=True)
 
 

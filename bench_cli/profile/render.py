@@ -12,9 +12,14 @@ def label(name: str) -> str:
     return "profile" if str(name) == "profile" else f"profile {name}"
 
 
+def model_names(cfg: DictConfig) -> list[str]:
+    """The measured models: ``profile.models`` or ``model``."""
+    return [str(m) for m in cfg.profile.get("models") or [cfg.model.name]]
+
+
 def title(cfg: DictConfig, device: str) -> str:
-    return (f"{label(cfg.profile.name)}: {cfg.model.name} vs {cfg.get('baseline') or '-'} on {cfg.task.name} "
-            f"({device})")
+    return (f"{label(cfg.profile.name)}: {', '.join(model_names(cfg))} vs {cfg.get('baseline') or '-'} on "
+            f"{cfg.task.name} ({device})")
 
 
 def fmt(v, kind: str = "") -> str:
@@ -40,11 +45,14 @@ def print_task_table(rows: list[dict], title: str) -> None:
     cols = (("FLOPs fwd", "flops_forward"), ("FLOPs train", "flops_train_step"), ("mem train", "peak_mem_train_bytes"),
             ("mem infer", "peak_mem_infer_bytes"), ("time train", "time_train_s"), ("time infer", "time_infer_s"),
             ("params", "params"))
-    headers = ["sdpa", "D", "N", "status", *[c for c, _ in cols], "model FLOPs train", "model mem train"]
+    cols += (("time / 1K steps", "time_per_1k_steps_s"),) if any(r.get("ratio_time_per_1k_steps_s") for r in rows) else ()
+    several = len({r["model"] for r in rows}) > 1
+    headers = [*(["model"] if several else []), "sdpa", "D", "N", "status", *[c for c, _ in cols], "model FLOPs train",
+               "model mem train"]
     table = []
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/]"
-        table.append([r["sdpa_backend"], str(r["d_model"]), str(r["seq_len"]), status,
+        table.append([*([r["model"]] if several else []), r["sdpa_backend"], str(r["d_model"]), str(r["seq_len"]), status,
                       *[fmt(r.get(f"ratio_{m}"), "ratio") for _, m in cols],
                       human(r.get("model_flops_train_step")) if r.get("model_flops_train_step") is not None else "-",
                       human(r.get("model_peak_mem_train_bytes"), "B") if r.get("model_peak_mem_train_bytes") is not None else "-"])
@@ -55,18 +63,19 @@ def print_task_table(rows: list[dict], title: str) -> None:
         console.print(line, highlight=False)
     for r in rows:
         if r["status"] != "ok":
-            console.print(f"[red]{r['status']}[/] D={r['d_model']} N={r['seq_len']} sdpa={r['sdpa_backend']}: {r['error']}",
-                          highlight=False)
+            console.print(f"[red]{r['status']}[/] {r['model']} D={r['d_model']} N={r['seq_len']} sdpa={r['sdpa_backend']}: "
+                          f"{r['error']}", highlight=False)
 
 
-def plot_path(cfg: DictConfig) -> Path | None:
-    """``profile.plot``: auto = beside the CSV, named <output>_<task>_<model>_vs_<baseline>.png."""
+def plot_paths(cfg: DictConfig) -> list[tuple[str, Path]]:
+    """(model, plot) for every measured model. ``profile.plot``: auto = beside the CSV, named
+    <output>_<task>_<model>_vs_<baseline>.png; a path (one model only); null: none."""
     p = cfg.profile
     plot = p.get("plot")
     if plot in (None, False, "", "none", "null"):
-        return None
+        return []
     if plot != "auto":
-        return Path(str(plot))
+        return [(model_names(cfg)[0], Path(str(plot)))]
     out = Path(str(p.output))
     base = f"{cfg.baseline}" if cfg.get("baseline") is not None else "none"
-    return out.with_name(f"{out.stem}_{cfg.task.name}_{cfg.model.name}_vs_{base}.png")
+    return [(m, out.with_name(f"{out.stem}_{cfg.task.name}_{m}_vs_{base}.png")) for m in model_names(cfg)]
