@@ -54,10 +54,11 @@ def parse(command: str, args: list[str], options: dict[str, Arity], free_options
     command's own options win a name they share); without ``positional`` every argument that is
     not an option is an override (Hydra's grammar then judges it)."""
     out, i = Parsed(), 0
-    known = {**(hydra_flags() if hydra else {}), **options}
+    known = options  # with Hydra's flags once an option is met: reading them imports Hydra (half a second)
     while i < len(args):
         a = args[i]
         if a.startswith("-") and a != "-":
+            known = {**(hydra_flags() if hydra else {}), **options}
             name, eq, value = a.partition("=")
             if name not in known and not free_options:
                 raise UserError(f"unknown option '{name}' for `attnbench {command}`{did_you_mean(name, known)}; "

@@ -10,16 +10,15 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
 from bench_cli.args import parse
 from bench_cli.core.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
-from bench_cli.records import new_run_id
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
-from bench_cli.validate import check_config
+
+# Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
+# (issue 21); the commands that train, validate or list datasets import them where they need them.
 
 RUN_ID_ENV = "ATTNBENCH_RUN_ID"
 
@@ -38,6 +37,9 @@ commands:
   report NAME            paper vs reproduced table of an experiment (results/reproduced/)
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
+  bench-cli [--repeat N] time --help, ls and a misspelt override next to `import torch`
+  bench-overhead [--repeats N] [--cases NAME,...]
+                         time `attnbench run` against a bare PyTorch loop of the same config
   check-attention NAME [--length N ...] [KEY=VALUE ...]
                          conformance suite of a registered attention (built-in or plugin)
 
@@ -49,6 +51,8 @@ trainer.max_epochs=50 seed=3 +key=value; `attnbench run --cfg job` prints the co
 # --- run ------------------------------------------------------------------------------------
 def _run_job(cfg: DictConfig) -> None:
     """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job)."""
+    from hydra.core.hydra_config import HydraConfig
+
     from bench_cli.runner import run_experiment
 
     hc = HydraConfig.get()
@@ -67,14 +71,21 @@ def _run_job(cfg: DictConfig) -> None:
         err_console.print(f"[bold red]error:[/] {row['_append_error']}", highlight=False, soft_wrap=True)
         raise SystemExit(1)
     if row["status"] != "ok":
-        console.print(f"[red]run {row['status']}[/]: {row.get('error', '')}  (details: {row['output_dir']})")
+        console.print(f"[red]run {row['status']}[/]: {row.get('error', '')}  (details: {row['output_dir']})",
+                      soft_wrap=True)  # the folder's path unbroken
         raise SystemExit(1)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name=C.CONFIG_NAME)
-def _hydra_run(cfg: DictConfig) -> None:
-    """Only for Hydra's own flags (--help, --info, --cfg): nothing is trained through it."""
-    raise SystemExit("attnbench run: internal error: the Hydra entry point only serves Hydra's flags")
+def _hydra_run() -> None:
+    """Only for Hydra's own flags (--help, --info, --cfg): nothing is trained through it. Decorated
+    when called, so that importing this module does not import Hydra."""
+    import hydra
+
+    @hydra.main(version_base=C.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=C.CONFIG_NAME)
+    def entry(cfg: DictConfig) -> None:
+        raise SystemExit("attnbench run: internal error: the Hydra entry point only serves Hydra's flags")
+
+    entry()
 
 
 _HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c", "--resolve",
@@ -127,7 +138,11 @@ def cmd_run(args: list[str]) -> None:
     overrides = p.overrides
     cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
+    from bench_cli.records import new_run_id
+    from bench_cli.validate import check_config
+
     check_config(cfg, build=True)
+    note_invocation()
     # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
     # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
     run_id = new_run_id()
@@ -146,13 +161,14 @@ def cmd_run(args: list[str]) -> None:
 
 # --- validate -------------------------------------------------------------------------------
 def cmd_validate(args: list[str]) -> None:
-    from rich.syntax import Syntax
-
-    from bench_cli.measure import attention_parameters, count_parameters
-
     overrides = parse("validate", args, {}, positional=False).overrides
     cfg = C.compose(overrides, with_hydra=True)
     check_single_job(cfg, overrides)
+    from rich.syntax import Syntax
+
+    from bench_cli.measure import attention_parameters, count_parameters
+    from bench_cli.validate import check_config
+
     with open_dict(cfg):
         del cfg["hydra"]
     task = check_config(cfg, build=True)
@@ -177,29 +193,29 @@ def cmd_ls(args: list[str]) -> None:
     what = p.positional[0] if p.positional else "summary"
     if what not in (*LS_SECTIONS, "summary"):
         raise unknown_choice("listing", what, LS_SECTIONS)
-    cfg = C.compose(p.overrides)
+    cfg = C.compose_for_listing(p.overrides)
     data_root = Path(cfg.paths.data_root).expanduser()
-    listings = {"summary": lambda: _ls_summary(data_root), "tasks": lambda: _ls_tasks(data_root),
+    listings = {"summary": lambda: _ls_summary(data_root), "tasks": _ls_tasks,
                 "datasets": lambda: _ls_datasets(data_root), "models": _ls_models,
                 "runs": lambda: _ls_runs(Path(cfg.paths.output_dir), bool(p.get("--all"))),
                 "experiments": _ls_experiments}
     listings[what]()
 
 
-def _plugin_attentions() -> list[str]:
-    from models.attention import attention_spec, available_attentions
+def _plugin_attentions() -> dict[str, dict]:
+    from bench_cli import catalog
+    from models import is_builtin
 
-    return [n for n in available_attentions() if not attention_spec(n).builtin]
+    return {n: a for n, a in catalog.attentions().items() if not is_builtin(a["owner"])}
 
 
 def _ls_summary(data_root: Path) -> None:
-    from models.attention import attention_spec
-    from tasks import available_tasks
+    from bench_cli import catalog
 
-    tasks, models, experiments = available_tasks(), C.group_options("model"), C.group_options("experiment")
+    tasks, models, experiments = sorted(catalog.tasks()), C.group_options("model"), C.group_options("experiment")
     console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
     console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
-    plugged = [f"{n} ({attention_spec(n).owner})" for n in _plugin_attentions()]
+    plugged = [f"{n} ({a['owner']})" for n, a in _plugin_attentions().items()]
     if plugged:
         console.print(f"[bold]plugin attentions[/] ({len(plugged)}): {', '.join(plugged)}")
     console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}")  # wrapped between names
@@ -207,20 +223,18 @@ def _ls_summary(data_root: Path) -> None:
     console.print("more: attnbench ls tasks | datasets | models | experiments | runs", soft_wrap=True)
 
 
-def _ls_tasks(data_root: Path) -> None:
-    from tasks import available_tasks, task_class
+def _ls_tasks() -> None:
+    from bench_cli import catalog
 
-    rows = []
-    for name in available_tasks():
-        cls = task_class(name)
-        sel = next(m for m in cls.metrics if m.name == cls.selection)
-        rows.append([name, f"{sel.name} ({'higher' if sel.higher_is_better else 'lower'} is better)",
-                     str(len(cls.datasets(data_root))), f"attnbench data {cls.fetcher}" if cls.fetcher else "-"])
-    show_table("tasks (task=NAME)", ["task", "selects on", "datasets", "data"], rows)
+    rows = [[name, f"{t['selection']} ({'higher' if t['higher_is_better'] else 'lower'} is better)",
+             str(len(t["datasets"])), f"attnbench data {t['fetcher']}" if t["fetcher"] else "-"]
+            for name, t in sorted(catalog.tasks().items())]
+    show_table("tasks (task=NAME)", ["task", "selects on", "datasets", "data"], rows,
+               caption="datasets: those the task knows; `attnbench ls datasets` also finds others under the data root")
 
 
 def _ls_datasets(data_root: Path) -> None:
-    from tasks import available_tasks, task_class
+    from tasks import available_tasks, task_class  # the fetchers answer: this listing imports the families
     from tasks.fetch import fetcher
 
     rows = []
@@ -235,32 +249,36 @@ def _ls_datasets(data_root: Path) -> None:
     show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
 
 
-def _model_row(model: str, names: list[str]) -> list[str]:
-    """A model's row of `ls models`: its attentions (the last layer's decides what it can do)."""
-    from models.attention import attention_spec, available_attentions
+def _model_row(model: str, names: list[str], known: dict[str, dict]) -> list[str]:
+    """A model's row of `ls models`: its attentions (the last layer's decides what it can do);
+    ``known``: the attentions' catalog entries (bench_cli.catalog)."""
+    from models import is_builtin
 
-    unknown = [n for n in names if n not in available_attentions()]
+    unknown = [n for n in names if n not in known]
     if unknown:  # a user folder's yaml whose plugin is not imported
         return [model, f"{', '.join(unknown)} (not registered: import its plugin)", "?", "?"]
-    spec = attention_spec(names[-1])
-    caps = spec.capabilities
-    lacks = ", ".join(label for label, on in (("causal", caps.causal), ("mask", caps.padding_mask),
-                                              ("any length", caps.variable_length), ("cross", caps.cross)) if not on)
-    shown = [n + ("" if attention_spec(n).builtin else f" (plugin: {attention_spec(n).owner})") for n in names]
-    attention = " + last: ".join(shown) + (" (+ loss)" if caps.extra_loss else "")
-    return [model, attention, lacks or "-", f"{spec.paper}, {spec.equation}"]
+    last = known[names[-1]]
+    caps = last["capabilities"]
+    lacks = ", ".join(label for label, key in (("causal", "causal"), ("mask", "padding_mask"),
+                                               ("any length", "variable_length"), ("cross", "cross")) if not caps[key])
+    shown = [n + ("" if is_builtin(known[n]["owner"]) else f" (plugin: {known[n]['owner']})") for n in names]
+    attention = " + last: ".join(shown) + (" (+ loss)" if caps["extra_loss"] else "")
+    return [model, attention, lacks or "-", f"{last['paper']}, {last['equation']}"]
 
 
 def _ls_models() -> None:
+    from bench_cli import catalog
+
+    known = catalog.attentions()
     rows, used = [], set()
     for name in C.group_options("model"):
-        m = C.load_option("model", name)
-        names = [m.attention.name] + ([m.final_attention.name] if m.get("final_attention") else [])
+        m = C.option_data("model", name)
+        names = [m["attention"]["name"]] + ([m["final_attention"]["name"]] if m.get("final_attention") else [])
         used.update(names)
-        rows.append(_model_row(name, names))
+        rows.append(_model_row(name, names, known))
     # A plugin's attention needs no yaml: any model selects it with model.attention.name=NAME.
     plugged = _plugin_attentions()
-    rows += [_model_row("(any)", [n]) for n in plugged if n not in used]
+    rows += [_model_row("(any)", [n], known) for n in plugged if n not in used]
     show_table("models (model=NAME; options: model.attention.KEY=VALUE)",
                ["model", "attention", "cannot do", "paper"], rows,
                caption="cannot do: causal (decoders), mask (padding), any length (Super's fixed l), cross "
@@ -326,6 +344,7 @@ def cmd_bench(args: list[str]) -> None:
 def cmd_sweep(args: list[str]) -> None:
     from bench_cli.sweep import cmd_sweep as sweep
 
+    note_invocation()
     sweep(args)
 
 
@@ -341,40 +360,70 @@ def cmd_profile(args: list[str]) -> None:
     profile(args)
 
 
+def cmd_bench_cli(args: list[str]) -> None:
+    from bench_cli.profile.cli_speed import main as bench_cli_speed
+
+    bench_cli_speed(args)
+
+
 def cmd_check_attention(args: list[str]) -> None:
     from bench_cli.check_attention import cmd_check_attention as check  # imports torch: lazily
 
     check(args)
 
 
+def cmd_bench_overhead(args: list[str]) -> None:
+    from bench_cli.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
+
+    bench_overhead(args)
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
             "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
-            "check-attention": cmd_check_attention}
+            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead}
 
 
 def available_commands() -> list[str]:
     return sorted(COMMANDS)
 
 
-COMPOSING = ("run", "validate", "ls", "data", "sweep", "report", "profile")  # take --config-dir DIR
+COMPOSING = ("run", "validate", "ls", "data", "sweep", "report", "profile")  # take --config-dir / --config-path
+CONFIG_FLAGS = {"--config-dir": C.add_config_dir, "-cd": C.add_config_dir,
+                "--config-path": C.set_config_path, "-cp": C.set_config_path}
 
 
 def take_config_dirs(args: list[str]) -> list[str]:
-    """``args`` without Hydra's ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR``, whose
-    folders are added to every composition of the process (plugins' model/*.yaml, experiments)."""
+    """``args`` without Hydra's ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR`` (folders
+    added to every composition of the process: plugins' model/*.yaml, experiments) and
+    ``--config-path DIR`` / ``-cp DIR`` (the folder of the root config.yaml)."""
     rest, i = [], 0
     while i < len(args):
         name, eq, value = args[i].partition("=")
-        if name in ("--config-dir", "-cd"):
+        if name in CONFIG_FLAGS:
             if not eq:
                 if i + 1 >= len(args) or args[i + 1].startswith("-"):
                     raise UserError(f"option {name} needs a folder: {name} DIR")
                 i, value = i + 1, args[i + 1]
-            C.add_config_dir(value)
+            CONFIG_FLAGS[name](value)
         else:
             rest.append(args[i])
         i += 1
     return rest
+
+
+_TYPED: list[str] = []  # the command line as typed, before Hydra rewrites sys.argv
+
+
+def note_invocation() -> None:
+    """Put the typed command in the environment for the records (``records.invocation``; a
+    sweep's workers inherit it). Called by the commands that record, once their config is checked:
+    the records module imports torch, which a mistake's one line must not wait for."""
+    import shlex
+
+    from bench_cli.records import COMMAND_ENV
+
+    if _TYPED:
+        os.environ[COMMAND_ENV] = shlex.join(_TYPED)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -383,11 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = args[0], args[1:]
-    import shlex
-
-    from bench_cli.records import COMMAND_ENV
-
-    os.environ[COMMAND_ENV] = shlex.join(["attnbench", *args])
+    _TYPED[:] = ["attnbench", *args]
     if cmd not in available_commands():
         fail(str(unknown_choice("command", cmd, available_commands())))
     catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits

@@ -61,6 +61,29 @@ def conf_dir() -> Path:
 # searches them: those of --config-dir, then those of hydra.searchpath (conf/ wins a name both have).
 _CONFIG_DIRS: list[Path] = []
 _SEARCHPATH_DIRS: list[Path] = []
+# --config-path: a folder whose config.yaml is the root config instead of conf/'s; conf/ is
+# searched right after it, so its groups stay available (Hydra alone would drop them).
+_CONFIG_PATH: list[Path] = []
+
+
+def set_config_path(path: str | os.PathLike) -> Path:
+    """The --config-path of every command that composes: the root config is DIR/config.yaml."""
+    folder = Path(path).expanduser().resolve()
+    if not (folder / f"{CONFIG_NAME}.yaml").is_file():
+        raise UserError(f"--config-path {path}: no {CONFIG_NAME}.yaml there (--config-path replaces the root "
+                        f"config, conf/{CONFIG_NAME}.yaml; to add your own model/*.yaml or experiments use "
+                        f"--config-dir {path})")
+    _CONFIG_PATH[:] = [folder]
+    return folder
+
+
+def root_dir() -> Path:
+    """The folder of the root config: --config-path's, else conf/."""
+    return _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir()
+
+
+def _primary_path() -> str:
+    return str(_CONFIG_PATH[0]) if _CONFIG_PATH else "pkg://conf"  # absolute: Hydra takes it as a folder
 
 
 def add_config_dir(path: str | os.PathLike) -> Path:
@@ -75,8 +98,9 @@ def add_config_dir(path: str | os.PathLike) -> Path:
 
 
 def config_dirs() -> list[Path]:
-    """Where options are looked up, in Hydra's order: conf/, --config-dir folders, hydra.searchpath."""
-    return [conf_dir(), *_CONFIG_DIRS, *_SEARCHPATH_DIRS]
+    """Where options are looked up, in Hydra's order: --config-path, conf/, --config-dir folders,
+    hydra.searchpath."""
+    return [*_CONFIG_PATH, conf_dir(), *_CONFIG_DIRS, *_SEARCHPATH_DIRS]
 
 
 def note_searchpath(overrides: list[str]) -> None:
@@ -129,6 +153,27 @@ def load_option(group: str, option: str) -> DictConfig:
     return OmegaConf.merge(*(load_option(group, p) for p in parents), raw) if parents else raw
 
 
+def option_data(group: str, option: str) -> dict:
+    """``load_option`` as plain data read by libyaml, without OmegaConf: ten times faster, for a
+    listing of many options (`ls models` reads every model's attention names and must answer at
+    once, issue 21). YAML's own typing (no interpolation; '1e-3' stays a string): for names."""
+    raw = read_yaml(option_file(group, option))
+    parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+    merged: dict = {}
+    for parent in [*(option_data(group, p) for p in parents), raw]:
+        _merge_into(merged, parent)
+    return merged
+
+
+def _merge_into(base: dict, other: dict) -> dict:
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge_into(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
 def yaml_error(err: Exception) -> UserError:
     """A YAML error as one line naming the file, its line and the problem."""
     mark = getattr(err, "problem_mark", None)
@@ -147,9 +192,23 @@ def parse_overrides(overrides: list[str]):
         try:
             parsed += parser.parse_overrides([o])
         except OverrideParseException as e:
-            first = str(e).strip().splitlines()[0]
-            raise UserError(f"bad override '{o}': {first} (expected key=value, +key=value or group=option)") from None
+            raise _unparsable(o, e) from None
     return parsed
+
+
+def _unparsable(override: str, err: Exception) -> UserError:
+    """The error of an override Hydra's grammar refuses. A value with characters its unquoted
+    values cannot hold (non-ASCII letters, spaces: issue 22 item 15) works quoted: say so, and show
+    the quoted form to type."""
+    import shlex
+
+    key, eq, value = override.partition("=")
+    if eq and value and value[0] not in "'\"" and re.search(r"[^\x21-\x7e]", value):
+        quoted = shlex.quote(f'{key}="{value}"' if '"' not in value else f"{key}='{value}'")
+        return UserError(f"bad override '{override}': a value with spaces or non-ASCII characters needs "
+                         f"quotes in Hydra's override grammar; type it as {quoted}")
+    first = str(err).strip().splitlines()[0]
+    return UserError(f"bad override '{override}': {first} (expected key=value, +key=value or group=option)")
 
 
 # Where a new key may be added with `+key=value`: option mappings whose consumer checks every key
@@ -163,10 +222,129 @@ def addable(key: str) -> bool:
     return key.startswith(ADDABLE)
 
 
+# A plain `key=value` (no sweep, quotes or function): what quick_check can judge without Hydra.
+_PLAIN_OVERRIDE = re.compile(r"([A-Za-z_][\w.]*)=([\w./-]+)", re.ASCII)
+
+
+def quick_check(overrides: list[str]) -> None:
+    """The commonest mistakes of plain ``key=value`` overrides, found without importing Hydra (that
+    alone takes half a second, and a misspelt override answers at once: issue 21): an unknown
+    option of a group (``task=uae``) and a top-level key that no config has (``modle=softmax``).
+    Same messages as the full checks (``check_group_choices``, ``_explain``), which judge the rest."""
+    for o in overrides:
+        m = _PLAIN_OVERRIDE.fullmatch(o)
+        if not m or m.group(2) == "null":
+            continue
+        key, value = m.groups()
+        if key in GROUPS and value not in group_options(key):
+            raise unknown_choice(key, value, group_options(key))
+        if "." not in key and key not in top_level_keys():
+            raise UserError(f"unknown config key '{key}'{did_you_mean(key, top_level_keys())}")
+
+
+def top_level_keys() -> set[str]:
+    """Every top-level key a composed config can have (a superset): the root config's, the config
+    groups', and those of options packaged elsewhere (``# @package _global_`` experiments)."""
+    return _top_level_keys(tuple(config_dirs()))
+
+
+@functools.lru_cache(maxsize=8)
+def _top_level_keys(folders: tuple[Path, ...]) -> set[str]:
+    import yaml
+
+    def keys_of(stream) -> list[str]:  # the document's node tree only: constructing it costs more
+        node = yaml.compose(stream, Loader=_yaml_loader())
+        return [k.value for k, _ in node.value] if isinstance(node, yaml.MappingNode) else []
+
+    keys = {"hydra", *root_config().keys()}
+    for folder in folders:
+        keys.update(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("_"))
+        for path in folder.rglob("*.yaml"):
+            with path.open() as f:
+                package = re.match(r"\s*#\s*@package\s+(\S+)", f.readline())
+                if package and package.group(1) == "_global_":
+                    keys.update(keys_of(f))
+                elif package:
+                    keys.add(package.group(1).split(".")[0])
+    return keys
+
+
+def _yaml_loader():
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: ten times faster
+
+
+def read_yaml(path: Path) -> dict:
+    """A YAML file as plain data (YAML's own typing: no interpolation, '1e-3' stays a string), read
+    without OmegaConf for the checks and listings that answer at once (issue 21). A YAML error is
+    one line naming the file and its line."""
+    import yaml
+
+    try:
+        with path.open() as f:
+            return yaml.load(f, Loader=_yaml_loader()) or {}
+    except yaml.YAMLError as e:
+        raise yaml_error(e) from None
+
+
+def root_config() -> dict:
+    """conf/config.yaml as plain data (``read_yaml``)."""
+    return read_yaml(root_dir() / f"{CONFIG_NAME}.yaml")
+
+
+def root_default(group: str) -> str:
+    """The option of ``group`` the root config's defaults list selects."""
+    return next(d[group] for d in root_config()["defaults"] if isinstance(d, dict) and group in d)
+
+
+def experiment_tasks(name: str) -> list[str]:
+    """The tasks experiment ``name`` is for (issue 22 item 13), read from its YAML and its parents'
+    (no Hydra): those its sweep runs over (``hydra.sweeper.params.task``) and the one it selects
+    (``override /task: X``), else the root config's default task."""
+    selected, swept = _experiment_task_settings(name)
+    return sorted({selected or root_default("task"), *swept})
+
+
+def _experiment_task_settings(name: str) -> tuple[str | None, list[str]]:
+    """(the task an experiment's defaults select, the tasks its sweep runs over); the file's own
+    settings win over its parents' (same-group defaults)."""
+    raw = read_yaml(option_file("experiment", name))
+    selected, swept = None, []
+    for entry in raw.get("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":
+            selected, swept = _experiment_task_settings(entry)
+    for entry in raw.get("defaults", []):
+        if isinstance(entry, dict) and "override /task" in entry:
+            selected = str(entry["override /task"])
+    params = ((raw.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    if "task" in params:
+        swept = [t.strip() for t in str(params["task"]).split(",")]
+    return selected, swept
+
+
+def check_experiment_tasks(experiments: list[str], tasks: list[str]) -> None:
+    """A ``task=`` an experiment is not for is one line saying so, before any other suggestion
+    (issue 22 item 13: the experiment's settings would fail later on the other task's model)."""
+    for experiment in experiments:
+        meant = experiment_tasks(experiment)
+        for task in tasks:
+            if task in meant:
+                continue
+            others = [e for e in group_options("experiment") if task in experiment_tasks(e)]
+            hint = (f"experiments for {task}: {', '.join(others)}" if others
+                    else f"no experiment is for {task}: run it without experiment=")
+            raise UserError(f"experiment {experiment} is for task{'s' if len(meant) > 1 else ''} "
+                            f"{', '.join(meant)}, not {task} (its settings are for {'them' if len(meant) > 1 else 'it'}); "
+                            f"{hint}")
+
+
 def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None:
     """Unknown group options ('model=no_such_model') list the valid choices; ``+key`` outside the
-    keys that are read (``ADDABLE``) is refused."""
+    keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused."""
     note_searchpath(overrides)
+    quick_check(overrides)
+    chosen: dict[str, list[str]] = {"task": [], "experiment": []}
     for o in parse_overrides(overrides):
         if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not addable(o.key_or_group):
             raise UserError(f"'{o.input_line}': nothing reads {o.key_or_group}, so adding it would change nothing; "
@@ -189,6 +367,9 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
                     continue
                 if str(v) not in group_options(group):
                     raise unknown_choice(group, str(v), group_options(group))
+                if group in chosen:
+                    chosen[group].append(str(v))
+    check_experiment_tasks(chosen["experiment"], chosen["task"])
 
 
 @contextmanager
@@ -211,7 +392,7 @@ def composer():
     GlobalHydra.instance().clear()
     try:  # as hydra.initialize_config_module(config_module="conf", job_name="app") sets Hydra up
         _setbase()
-        Hydra.create_main_hydra2(task_name="app", config_search_path=_search_path("conf.app", "pkg://conf"))
+        Hydra.create_main_hydra2(task_name="app", config_search_path=_search_path("conf.app", _primary_path()))
         yield compose_one
     finally:
         GlobalHydra.instance().clear()
@@ -239,6 +420,8 @@ def _search_path(calling_module: str, config_path: str, config_dir: str | None =
     from hydra.core.config_search_path import SearchPathQuery
 
     search_path = create_automatic_config_search_path(None, calling_module, config_path)
+    if _CONFIG_PATH:  # after the root config's folder (the main entry): conf/'s groups
+        search_path.prepend(provider="attnbench", path="pkg://conf", anchor=SearchPathQuery(provider="schema"))
     folders = [add_config_dir(config_dir)] if config_dir else []
     for folder in [*folders, *(d for d in _CONFIG_DIRS if d not in folders)]:
         search_path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
@@ -257,6 +440,18 @@ def compose_unchecked(overrides: list[str], with_hydra: bool = False) -> DictCon
     """Compose without the checks of ``compose`` (sweep grids, report lookups, error hints)."""
     with composer() as compose_one:
         return compose_one(overrides, with_hydra)
+
+
+def compose_for_listing(overrides: list[str]) -> DictConfig:
+    """The config `ls` reads (``paths``, ``plugins``). Without overrides it is read without Hydra:
+    the root config's own keys and its ``paths`` option, as composing them gives (Hydra's
+    composition costs most of a second, and `ls` answers at once: issue 21). tests/test_cli.py
+    checks it equals the composed one."""
+    if overrides:
+        return compose(overrides)
+    keys = {k: v for k, v in root_config().items() if k not in ("defaults", "hydra")}
+    cfg = OmegaConf.create({**keys, "paths": option_data("paths", root_default("paths"))})
+    return _with_plugins(cfg)
 
 
 def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
@@ -279,7 +474,8 @@ def dispatch_to_hydra(entry, args: list[str]) -> None:
     import sys
 
     given = {"--config-dir", "-cd"} & {a.split("=", 1)[0] for a in args}
-    extra = ["--config-dir", str(_CONFIG_DIRS[0])] if _CONFIG_DIRS and not given else []
+    extra = ["--config-path", str(_CONFIG_PATH[0]), "--config-dir", str(conf_dir())] if _CONFIG_PATH else []
+    extra += ["--config-dir", str(_CONFIG_DIRS[0])] if _CONFIG_DIRS and not given and not _CONFIG_PATH else []
     sys.argv = ["attnbench", *extra, *args]
     entry()
 
@@ -324,7 +520,9 @@ def hydra_app(job_name: str, flags: dict | None = None):
 
     _setbase()
     flags = flags or {}
-    config_path = flags.get("--config-path") or flags.get("-cp") or "pkg://conf"
+    if flags.get("--config-path") or flags.get("-cp"):
+        set_config_path(str(flags.get("--config-path") or flags.get("-cp")))
+    config_path = _primary_path()
     config_dir = flags.get("--config-dir") or flags.get("-cd")
     search_path = _search_path(f"bench_cli.{job_name}", str(config_path), str(config_dir) if config_dir else None)
     GlobalHydra.instance().clear()  # a composition of the checks may have left one
@@ -341,9 +539,9 @@ RUN_JOB_NAME = "attnbench"  # hydra.job.name of `attnbench run`: its log file is
 def compose_run(overrides: list[str]) -> DictConfig:
     """The config of one `attnbench run`, with its hydra node, composed once: validation and the
     run use this same object (``run_job``)."""
+    check_group_choices(overrides)
     from hydra.types import RunMode
 
-    check_group_choices(overrides)
     with hydra_app(RUN_JOB_NAME) as app:
         cfg = app.compose(overrides, RunMode.RUN, with_log_configuration=True)
     check_value_types(cfg, overrides)

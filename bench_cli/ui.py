@@ -106,14 +106,25 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
         ("peak mem train | infer", f"{human(row.get('peak_mem_train_bytes'), 'B')} | {human(row.get('peak_mem_infer_bytes'), 'B')}"),
         ("train time (per epoch)", f"{row.get('train_time_s', '-')} s ({row.get('time_per_epoch_s', '-')} s)"),
         ("device", row.get("device", "-")),
-        ("record", f"{records_path or '-'} (run_id {row['run_id']})"),
-        ("run folder", str(row.get("output_dir", "-"))),
     ]
     if row.get("error"):
         fields.append(("error", row["error"]))
     for k, v in fields:
         t.add_row(k, str(v))
     console.print(t)
+    # Paths below the table, never folded inside a cell, so they can be copied (issue 22).
+    print_path(f"record (run_id {row['run_id']})", records_path or "-")
+    print_path("run folder", str(row.get("output_dir", "-")))
+
+
+def print_path(label: str, path: str, out: Console | None = None) -> None:
+    """``label: path`` on one line, or the path on a line of its own when both do not fit the
+    console: never broken inside (a terminal may wrap it for display; copying keeps it whole)."""
+    out = out or console
+    text = f"{label}: {path}"
+    if len(text) > out.width:
+        text = f"{label}:\n{path}"
+    out.print(text, soft_wrap=True, highlight=False, markup=False)
 
 
 def _value(v, name: str = "") -> str:

@@ -194,3 +194,103 @@ def test_make_help_fits_80_columns_and_lists_every_target_unbroken():
     assert [line.split()[0] for line in lines if line[2:3] != " "] == targets
     width = max(map(len, targets))
     assert all(line[2 + width:4 + width] == "  " for line in lines if line[2:3] != " ")
+
+
+# --- experiments state their tasks (issue 22 item 13) ----------------------------------------------
+def test_every_experiment_is_for_known_tasks_and_composes_to_one_of_them(workdir):
+    from bench_cli import catalog
+    from bench_cli import compose as C
+
+    experiments = C.group_options("experiment")
+    for name in experiments:
+        tasks = C.experiment_tasks(name)
+        assert tasks and set(tasks) <= set(catalog.tasks()), (name, tasks)
+    # Hydra agrees, for each way an experiment selects its task: the root default, its own
+    # `override /task`, its parent's, a sweep over tasks (composing all of them takes half a minute)
+    expected = {"primal_dual/table1": ["uea"], "pay_better_attention/table2": ["textcls"],
+                "pay_better_attention/table1": ["vit"], "primal_attention/d4rl": ["d4rl"],
+                "primal_dual/table2": ["lra_image", "lra_listops", "lra_pathfinder", "lra_retrieval", "lra_text"]}
+    with C.composer() as compose_one:
+        for name, tasks in expected.items():
+            assert C.experiment_tasks(name) == tasks
+            assert compose_one([f"experiment={name}"]).task.name in tasks, name
+
+
+@pytest.mark.parametrize("command", ["validate", "run", "sweep"])
+def test_a_task_the_experiment_is_not_for_is_one_line_first(command, capsys, workdir):
+    err = fail_line(capsys, command, "experiment=primal_dual/table1", "task=lm")
+    assert "experiment primal_dual/table1 is for task uea, not lm" in err
+    assert "experiments for lm: primal_attention/wikitext103" in err and "sweep" not in err
+
+
+# --- overrides that need quotes (issue 22 item 15) ------------------------------------------------
+@pytest.mark.parametrize("override", ["task.dataset=Bäsic™Motions", "results.path=my results/ré.csv"])
+def test_a_value_that_needs_quotes_says_so_and_shows_the_quoted_form(override, capsys, workdir):
+    key, value = override.split("=", 1)
+    err = fail_line(capsys, "run", override)
+    assert "needs quotes" in err and f"""'{key}="{value}"'""" in err
+
+
+def test_quoted_values_with_spaces_and_accents_work(uea_fixture, capsys, workdir):
+    main(["validate", *TINY, 'results.path="my results/ré.csv"'])
+    assert "path: my results/ré.csv" in capsys.readouterr().out
+    err = fail_line(capsys, "validate", *TINY, 'task.dataset="Bäsic™Motions"')
+    assert "unknown UEA dataset 'Bäsic™Motions'" in err  # the value arrived whole
+
+
+# --- user config folders (issue 22 item 14) ---------------------------------------------------------
+@pytest.fixture
+def user_conf(tmp_path, monkeypatch):
+    """A user folder with a model of its own, and one with a root config.yaml selecting it; the
+    process's config folders are restored afterwards."""
+    from bench_cli import compose as C
+
+    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(C, "_CONFIG_PATH", [])
+    C._top_level_keys.cache_clear()
+    models = tmp_path / "userconf"
+    (models / "model").mkdir(parents=True)
+    (models / "model" / "mysoft.yaml").write_text("defaults:\n  - softmax\nname: mysoft\n")
+    root = tmp_path / "userroot"
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "mysoft.yaml").write_text("defaults:\n  - softmax\nname: mysoft\n")
+    text = (C.conf_dir() / "config.yaml").read_text().replace("  - model: softmax", "  - model: mysoft")
+    (root / "config.yaml").write_text(text)
+    yield models, root
+    C._top_level_keys.cache_clear()
+    C._group_defaults.cache_clear()
+
+
+def test_config_dir_and_config_path_compose_a_users_model(uea_fixture, user_conf, capsys, workdir):
+    models, root = user_conf
+    main(["validate", "--config-dir", str(models), "model=mysoft", *TINY])
+    assert "ok: model mysoft" in capsys.readouterr().out
+    main(["sweep", "--config-dir", str(models), "model=mysoft,softmax", "--dry-run", *TINY])
+    assert "mysoft" in capsys.readouterr().out
+    main(["validate", "--config-path", str(root), *TINY])  # the user's config.yaml selects mysoft
+    assert "ok: model mysoft" in capsys.readouterr().out
+
+
+def test_config_path_without_a_root_config_points_to_config_dir(user_conf, capsys, workdir):
+    models, _ = user_conf
+    for command in ("run", "validate", "sweep"):
+        err = fail_line(capsys, command, "--config-path", str(models))
+        assert "no config.yaml" in err and f"--config-dir {models}" in err
+
+
+# --- paths at 80 columns (issue 22) -------------------------------------------------------------
+def test_run_summary_prints_long_paths_unbroken_at_80_columns(workdir):
+    import os
+    import subprocess
+    import sys
+
+    folder = str(workdir / ("outputs/runs/2026-01-01/" + "r" * 70))
+    records = str(workdir / ("results/" + "a_long_records_file_name_" * 3 + ".csv"))
+    row = dict(run_id="20260101-000000-abcd", status="ok", task="uea", dataset="Fixture", model="softmax",
+               attention="softmax", seed=0, protocol="holdout", test_score=98.6, output_dir=folder)
+    code = f"from bench_cli.ui import print_summary; print_summary({row!r}, {records!r})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "80"}).stdout
+    lines = out.splitlines()
+    assert folder in lines and records in lines  # each on a line of its own, whole
+    assert max(len(line) for line in lines if line not in (folder, records)) <= 80

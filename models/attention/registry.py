@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch.nn as nn
 
+from models import is_builtin  # noqa: F401  (public here too: tasks and plugins import it from the registry)
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -44,11 +46,6 @@ class AttentionSpec:
     @property
     def builtin(self) -> bool:
         return is_builtin(self.owner)
-
-
-def is_builtin(module: str) -> bool:
-    """Whether ``module`` is attnbench's own (models.*, tasks.*), not a plugin's."""
-    return module.split(".")[0] in ("models", "tasks")
 
 
 class NameTakenError(ValueError):

@@ -1,0 +1,100 @@
+"""Commands that answer at once (issue 21): `--help`, `ls` and a misspelt override import neither
+torch nor Hydra, and what they read instead of the torch registries (bench_cli/catalog_table.py,
+the YAML read without Hydra) stays equal to what the registries and Hydra say. The times
+themselves are a benchmark (`attnbench bench-cli`), not a test."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench_cli import catalog
+from bench_cli import compose as C
+from bench_cli.cli import main
+from bench_cli.core.errors import UserError
+
+# Runs each command of argv lists (JSON) in one fresh process and prints, after each, whether
+# torch and Hydra have been imported by then.
+PROBE = """
+import json, sys
+sys.argv = ["attnbench"]
+import bench_cli.cli
+flags = [["import bench_cli.cli", "torch" in sys.modules, "hydra" in sys.modules]]
+for args in json.loads(sys.argv_json):
+    try:
+        bench_cli.cli.main(args)
+    except SystemExit:
+        pass
+    flags.append([" ".join(args), "torch" in sys.modules, "hydra" in sys.modules])
+print("FLAGS " + json.dumps(flags))
+"""
+
+QUICK = [["--help"], ["ls", "models"], ["ls"], ["ls", "tasks"], ["ls", "experiments"],
+         ["run", "modle=softmax"], ["run", "task=uae"]]
+
+
+def test_help_ls_and_misspelt_overrides_import_neither_torch_nor_hydra(workdir):
+    code = PROBE.replace("sys.argv_json", repr(json.dumps(QUICK)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("FLAGS "))
+    flags = json.loads(line[len("FLAGS "):])
+    assert [f[0] for f in flags] == ["import bench_cli.cli", *(" ".join(a) for a in QUICK)], r.stderr
+    assert [f[0] for f in flags if f[1]] == [], "imported torch"
+    assert [f[0] for f in flags if f[2]] == [], "imported Hydra"
+    assert "unknown config key 'modle' (did you mean 'model'?)" in r.stderr
+    assert "unknown task 'uae' (did you mean 'uea'?)" in r.stderr
+
+
+def test_catalog_table_equals_the_live_registries():
+    from bench_cli import catalog_table
+
+    hint = "the registries changed: run `python -m bench_cli.catalog` to rewrite bench_cli/catalog_table.py"
+    assert catalog.table_attentions() == catalog.live_attentions(builtin_only=True), hint
+    assert catalog_table.TASKS == catalog.live_tasks(builtin_only=True), hint
+
+
+@pytest.mark.parametrize("section", ["models", "tasks", "summary"])
+def test_ls_from_the_table_prints_what_the_live_registries_print(section, workdir, capsys, monkeypatch):
+    args = ["ls"] if section == "summary" else ["ls", section]
+    outputs = []
+    for live in (True, False):
+        monkeypatch.setattr(catalog, "_live", lambda live=live: live)
+        main(args)
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    assert ("softmax" if section != "tasks" else "lra_listops") in outputs[0]
+
+
+def test_listing_config_equals_the_composed_one(workdir, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_DATA", str(workdir / "elsewhere"))
+    light, full = C.compose_for_listing([]), C.compose([])
+    for key in ("paths", "plugins"):
+        assert OmegaConf.to_container(light[key], resolve=True) == OmegaConf.to_container(full[key], resolve=True)
+    assert light.paths.data_root == str(workdir / "elsewhere")
+
+
+def test_option_data_reads_the_attentions_load_option_reads():
+    for model in C.group_options("model"):
+        fast, slow = C.option_data("model", model), C.load_option("model", model)
+        assert fast["attention"]["name"] == slow.attention.name, model
+        assert bool(fast.get("final_attention")) == bool(slow.get("final_attention")), model
+
+
+def test_quick_check_says_what_hydra_says(workdir, monkeypatch):
+    def message(*overrides: str) -> str:
+        with pytest.raises(UserError) as e:
+            C.compose(list(overrides))
+        return str(e.value)
+
+    quick = message("modle=softmax"), message("task=uae")
+    monkeypatch.setattr(C, "quick_check", lambda overrides: None)
+    assert (message("modle=softmax"), message("task=uae")) == quick
+
+
+def test_top_level_keys_hold_every_composed_key(workdir):
+    keys = C.top_level_keys()
+    for overrides in ([], ["experiment=primal_dual/table1"], ["experiment=primal_attention/lra"]):
+        assert set(C.compose(overrides, with_hydra=True).keys()) <= keys, overrides
