@@ -81,6 +81,34 @@ def test_normalised_score_uses_d4rl_reference_returns():
     assert d4rl_filename("halfcheetah-medium-replay-v2") == "halfcheetah_medium_replay-v2.hdf5"
 
 
+def test_both_target_returns_are_reported_the_first_as_default(monkeypatch):
+    """experiment.py evaluates every env_targets entry and logs (return_mean - ref_min) / (ref_max -
+    ref_min) for each (trainer.py); the paper does not say which it printed: the task records both,
+    the first as normalized_return (the default, the selection), the second by position."""
+    from types import SimpleNamespace
+
+    from bench_cli.core.task import EvalContext
+    from tasks.d4rl import rollout
+
+    returns_by_target = {12000.0: np.array([9000.0, 11000.0]), 6000.0: np.array([5000.0, 5200.0])}
+    monkeypatch.setattr(rollout, "rollouts", lambda model, env, seeds, target, **kw: (
+        returns_by_target[target], np.array([1000, 1000])))
+    task = task_class("d4rl")(compose(["task=d4rl", "task.dataset=halfcheetah-medium-v2",
+                                       "task.eval.test_episodes=2"]).task, "/nonexistent")
+    task.windows = SimpleNamespace(state_mean=np.zeros(17), state_std=np.ones(17))
+    out = task.evaluate(None, "test", EvalContext(loader=None, device=torch.device("cpu")))
+    ref_min, ref_max = -280.178953, 12135.0  # d4rl.infos REF_MIN_SCORE / REF_MAX_SCORE, halfcheetah
+    first, second = ((np.mean(r) - ref_min) / (ref_max - ref_min) * 100 for r in returns_by_target.values())
+    assert out["normalized_return"] == pytest.approx(first) == out["normalized_return_12000"]
+    assert out["normalized_return_target2"] == pytest.approx(second) == out["normalized_return_6000"]
+    assert "normalized_return_target1" not in out  # the first is normalized_return itself
+    for exp in ("primal_attention/d4rl", "primal_attention/d4rl_s"):  # the reports show both, first as headline
+        report = compose([f"experiment={exp}"]).report
+        columns = [c.column for c in report.columns]
+        assert columns[:2] == ["test_normalized_return", "test_normalized_return_target2"], exp
+        assert {c.paper_metric for c in report.columns[:2]} == {"reward"} and "targets" in report.notes
+
+
 def test_loss_ignores_padded_steps(tmp_path):
     hand_made(tmp_path / "d4rl" / "hopper-toy-v2.hdf5")
     task = task_class("d4rl")(compose(["task=d4rl", "task.dataset=hopper-toy-v2"]).task, tmp_path)
@@ -209,6 +237,7 @@ def test_end_to_end_on_a_dataset_recorded_from_mujoco(workdir):
     assert float(row["test_normalized_return"]) == float(row["test_normalized_return_3600"]) == float(row["test_score"])
     assert float(row["test_normalized_return"]) == pytest.approx(float(normalized_score("hopper", float(row["test_return"]))))
     assert "test_normalized_return_1800" in row and 0 < float(row["test_episode_length_3600"]) <= 30
+    assert float(row["test_normalized_return_target2"]) == float(row["test_normalized_return_1800"])
     facts = json.loads(row["metrics_json"])["data"]
     assert facts["environment"].startswith("gymnasium Hopper-v4") and facts["trajectories"] == 12
     # without eval_every_steps the preset evaluates once, at the last step (the code's final evaluation)

@@ -164,6 +164,56 @@ def test_imdb_loader_tokenises_train_vocabulary_only_and_caches(data, monkeypatc
     assert torch.equal(again.splits["test"].tensors["x"], task.splits["test"].tensors["x"])
 
 
+def keras_imdb_load_data(train: list[tuple[str, int]], test: list[tuple[str, int]], num_words: int, maxlen: int):
+    """keras.datasets.imdb as the keras example reads it, transcribed: imdb.npz holds every review
+    as the 1-based ranks of its words "by overall frequency in the dataset" (train and test; ties
+    here by first appearance), load_data(num_words) prepends start_char 1, adds index_from 3 and
+    maps every id outside [skip_top 0, num_words) to oov_char 2; keras.utils.pad_sequences pads and
+    truncates at the front. (load_data's seed-113 shuffle only reorders the reviews.)"""
+    words = [w for text, _ in train + test for w in text.split()]
+    distinct, first, counts = np.unique(words, return_index=True, return_counts=True)
+    order = np.lexsort((first, -counts))  # count descending, then first appearance
+    rank = {distinct[i]: r for r, i in enumerate(order, start=1)}
+    def ids(text):
+        x = [1] + [rank[w] + 3 for w in text.split()]
+        x = [w if 0 <= w < num_words else 2 for w in x]
+        x = x[-maxlen:]
+        return [0] * (maxlen - len(x)) + x
+    return [ids(t) for t, _ in train], [ids(t) for t, _ in test]
+
+
+def test_keras_vocabulary_ranks_train_and_test_as_keras_datasets_imdb(data):
+    """task.vocabulary=keras (the reproduction configs') equals load_data's ids; train (the
+    default) ranks on TRAIN only, which keeps other words: here 'movie' instead of 'zebra'."""
+    train = [("good movie good", 1), ("movie good film", 0), ("good movie", 1)]
+    test = [("zebra zebra film", 0), ("zebra good zebra zebra zebra", 1)]
+    # counts: train good 4, movie 3, film 1; with test zebra 6, good 5, film 2, movie 3
+    write_imdb(data, train, test)
+    setup = ["task=textcls", "task.setups.imdb.num_words=6", "task.setups.imdb.max_len=5", "task.protocol=paper"]
+    keras_task = task_class("textcls")(compose([*setup, "task.vocabulary=keras"]).task, data)
+    keras_task.setup("paper")
+    x_train, x_test = keras_imdb_load_data(train, test, num_words=6, maxlen=5)
+    assert keras_task.splits["train"].tensors["x"].tolist() == x_train
+    assert keras_task.splits["test"].tensors["x"].tolist() == x_test
+    assert x_test[1] == [4, 5, 4, 4, 4]  # zebra (rank 1) and good (rank 2) are the 2 words kept
+
+    train_task = task_class("textcls")(compose(setup).task, data)
+    train_task.setup("paper")
+    assert compose(setup).task.vocabulary == "train"  # the task's default: leak-free
+    # ranked on TRAIN: good 4, movie 5; zebra never seen, film cut: both 2
+    assert train_task.splits["test"].tensors["x"].tolist() == [[0, 1, 2, 2, 2], [2, 4, 2, 2, 2]]
+    assert train_task.splits["train"].tensors["x"][0].tolist() == [0, 1, 4, 5, 4]
+    assert keras_task.splits["train"].tensors["x"][0].tolist() == [0, 1, 5, 2, 5]  # movie is out under keras
+    assert keras_task.describe()["vocabulary"] == "keras" and keras_task.describe()["distinct_train_test_words"] == 4
+    # holdout carves the validation reviews after keras' ranking: the vocabulary is the same
+    holdout = task_class("textcls")(compose([*setup[:-1], "task.vocabulary=keras", "task.val_fraction=0.34"]).task, data)
+    holdout.setup("holdout")
+    assert len(holdout.splits["val"]) == 1 and len(holdout.splits["train"]) == 2  # its own cache, not paper's
+    assert holdout.splits["test"].tensors["x"].tolist() == x_test
+    with pytest.raises(UserError, match="task.vocabulary"):
+        task_class("textcls")(compose([*setup, "task.vocabulary=test"]).task, data).setup("paper")
+
+
 def test_holdout_vocabulary_excludes_the_validation_reviews(data):
     train = [(f"common word{i}", i % 2) for i in range(20)]
     write_imdb(data, train, [("common", 0), ("common", 1)])

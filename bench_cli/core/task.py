@@ -17,14 +17,15 @@ how it is evaluated. The trainer sees only what is declared here:
   attention must support; both are checked against the registry's capabilities before building;
 * metrics: ``metrics`` (bench_cli.metrics: name, direction, summable statistics) and
   ``selection``, the metric that selects the model (on 'val' under holdout, on 'test' under
-  the flagged ``paper`` protocol);
+  the flagged ``paper`` protocol); ``resolve_protocol(name)`` is the protocol as the task's config
+  runs it (the ``paper`` protocol keeps what the reference code kept: ``paper_selection``);
 * evaluation: ``evaluate(model, split, ctx)`` -- by default a forward pass over the split's
   loader with every metric updated per batch; a task replaces it (greedy decoding then BLEU,
   rollouts in an environment, sliding-window perplexity) without the trainer changing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Collection
 
@@ -42,19 +43,31 @@ from bench_cli.core.fetch import registered
 class Protocol:
     """How a protocol uses the splits (recorded in every result): ``selects`` is the split whose
     evaluations select the reported one; ``holds_out`` means test is evaluated apart, with the
-    selected weights.
-    - ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of
-      the selection metric, ties to the lower loss); the test metrics of those weights are reported.
-    - ``paper``: the papers' practice, the best test value over the evaluations (highest accuracy,
-      lowest RMSE...). Optimistic: the test set selects the model. Reported under this name only."""
+    selected weights; ``keeps`` the rule: ``best`` (the best value of the selection metric, ties to
+    the lower loss) or ``last`` (the last evaluation, whatever its value).
+    - ``holdout``: a validation split carved from TRAIN selects the evaluation (the best one); the
+      test metrics of those weights are reported.
+    - ``paper``: what the papers' code reported, from evaluations of TEST during training: the best
+      one (``paper_selection: best``, the default: DeiT's max_accuracy, the highest accuracy or
+      lowest RMSE over the epochs; optimistic, the test set selects the model) or the last one
+      (``paper_selection: last``: keras' fit without a checkpoint, which logs the test set as its
+      validation_data; the Decision Transformer's final iteration). Reported under this name only."""
 
     name: str
     selects: str
     holds_out: bool
+    keeps: str = "best"
+
+    @property
+    def selection(self) -> str:
+        """The record's ``selection``: the rule and the split it reads ('best val', 'last test')."""
+        return f"{self.keeps} {self.selects}"
 
 
 PROTOCOL_SPLITS = {"holdout": Protocol("holdout", "val", True), "paper": Protocol("paper", "test", False)}
 PROTOCOLS = tuple(PROTOCOL_SPLITS)
+# task.paper_selection: which of the paper protocol's TEST evaluations is reported (Protocol.keeps)
+PAPER_SELECTIONS = ("best", "last")
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -165,10 +178,23 @@ class Task:
         if protocol not in cls.protocols:
             raise unknown_choice("task.protocol", protocol, cls.protocols)
 
+    def resolve_protocol(self, name: str) -> Protocol:
+        """The protocol ``name`` as this task's config runs it: holdout keeps the best validation
+        evaluation; ``paper`` keeps the TEST evaluation the reference code reported, by
+        ``task.paper_selection`` (``best`` when the config has none)."""
+        self.check_protocol(name)
+        protocol = PROTOCOL_SPLITS[name]
+        if protocol.holds_out:
+            return protocol
+        keeps = str((self.cfg or {}).get("paper_selection") or "best")
+        if keeps not in PAPER_SELECTIONS:
+            raise unknown_choice("task.paper_selection", keeps, PAPER_SELECTIONS)
+        return replace(protocol, keeps=keeps)
+
     def setup(self, protocol: str) -> None:
         """Check the protocol and the data (one line each), then fill ``splits`` (``make_splits``).
         Under the paper protocol TEST selects: no validation split is kept."""
-        self.check_protocol(protocol)
+        self.resolve_protocol(protocol)
         self.check_data()
         self.make_splits(protocol)
         if protocol == "paper":

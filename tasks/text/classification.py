@@ -10,16 +10,27 @@ Datasets (``task.dataset``), in their official formats under the data root (``DA
   ``DATA/amazon_review_full_csv/{train,test}.csv`` (no header; class 1-5, title, text), which
   ``attnbench data textcls amazon`` downloads (fast.ai mirror of the original archive, md5 checked).
 
-Tokenisation is keras.datasets.imdb's (tasks/text/tokenize.py): words ranked on the training split
-only (the fitting part under ``protocol=holdout``), ``num_words`` ids (0 pad, 1 start, 2 OOV, words
-from 3), pre-padding and pre-truncation to ``max_len``. Amazon's title and text are joined by a
-space (Zhang et al.'s CSV escapes newlines as ``\\n``, turned into spaces). Tokenised splits are
-cached under ``DATA/text_cache/``.
+Tokenisation is keras.datasets.imdb's (tasks/text/tokenize.py): ``num_words`` ids (0 pad, 1 start,
+2 OOV, words from 3), pre-padding and pre-truncation to ``max_len``. Which words get the ids is
+``task.vocabulary``:
+
+- ``keras`` (what the reproduction configs use, conf/experiment/pay_better_attention/_textcls.yaml):
+  as ``keras.datasets.imdb.load_data(num_words=...)``, whose prepared arrays index words "by overall
+  frequency in the dataset" -- ranked over TRAIN and TEST together -- and which maps every id >=
+  num_words to 2 in both splits. The test reviews take part in choosing the vocabulary (a leak,
+  small but real: it changes which of a review's last ``max_len`` words survive as themselves);
+- ``train`` (the default, leak-free): ranked on the training split only (its fitting part under
+  ``protocol=holdout``); a test word never seen in training becomes 2.
+
+Amazon (no keras loader) is tokenised the same way under either option. Amazon's title and text
+are joined by a space (Zhang et al.'s CSV escapes newlines as ``\\n``, turned into spaces).
+Tokenised splits are cached under ``DATA/text_cache/``.
 """
 from __future__ import annotations
 
 import csv
 import sys
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +49,8 @@ AMAZON_URL = "https://s3.amazonaws.com/fast-ai-nlp/amazon_review_full_csv.tgz"
 AMAZON_MD5 = "289723722b64d337a40f809edd29d0f0"  # torchtext's AmazonReviewFull checksum
 DATASETS = ("imdb", "amazon")
 N_CLASSES = {"imdb": 2, "amazon": 5}
+# task.vocabulary -> which reviews rank the words (keras.datasets.imdb ranks the whole dataset)
+VOCABULARIES = ("train", "keras")
 
 
 def cache_dir(data_root: Path) -> Path:
@@ -117,8 +130,14 @@ class TextClassification(Task):
     def _shapes(self) -> None:
         if self.dataset_name not in DATASETS:
             raise unknown_choice("textcls dataset", self.dataset_name, DATASETS)
+        if self.vocabulary not in VOCABULARIES:
+            raise unknown_choice("task.vocabulary", self.vocabulary, VOCABULARIES)
         self.max_len, self.vocab_size = int(self.cfg.max_len), int(self.cfg.num_words)
         self.n_classes = N_CLASSES[self.dataset_name]
+
+    @property
+    def vocabulary(self) -> str:
+        return str(self.cfg.get("vocabulary") or "train")
 
     # --- data ------------------------------------------------------------------------------------
     def _raw_source(self) -> tuple[str, list[Path]]:
@@ -132,8 +151,11 @@ class TextClassification(Task):
         source, files = self._raw_source()
         fit = ({"val_fraction": float(self.cfg.val_fraction), "split_seed": int(self.cfg.split_seed)}
                if protocol == "holdout" else "all of train")
-        return {"dataset": self.dataset_name, "source": source, "files": file_signature(files),
-                "num_words": int(self.cfg.num_words), "max_len": int(self.cfg.max_len), "vocabulary_from": fit}
+        key = {"dataset": self.dataset_name, "source": source, "files": file_signature(files),
+               "num_words": int(self.cfg.num_words), "max_len": int(self.cfg.max_len), "vocabulary_from": fit}
+        if self.vocabulary == "keras":  # ranked on every review; the split still decides the splits
+            key["vocabulary"] = "keras: train and test"
+        return key
 
     def _cache_path(self, protocol: str = "holdout") -> Path:
         return cache_path(cache_dir(self.data_root), f"textcls-{self.dataset_name}", self._cache_key(protocol))
@@ -150,15 +172,20 @@ class TextClassification(Task):
 
     def tokenise(self, protocol: str) -> dict:
         """Tokenised splits (train, val under holdout, test) and facts about the vocabulary. Words
-        are ranked on the fitting part of TRAIN only; texts are tokenised twice (count, encode)
-        rather than kept as word lists (Amazon has 3.65M reviews)."""
+        are ranked on the fitting part of TRAIN (``vocabulary: train``) or on all of TRAIN then
+        TEST (``keras``); texts are tokenised twice (count, encode) rather than kept as word lists
+        (Amazon has 3.65M reviews)."""
         raw = self.read_raw()
         texts, labels = raw["train"]
         if protocol == "holdout":
             fit, val = validation_split(self.cfg, len(labels), labels)
         else:
             fit, val = np.arange(len(labels)), None
-        ranked = rank_words(text_to_word_sequence(texts[i]) for i in fit)
+        if self.vocabulary == "keras":  # the whole prepared dataset, as keras' imdb.npz indexes it
+            ranking_texts = chain(texts, raw["test"][0])
+        else:
+            ranking_texts = (texts[i] for i in fit)
+        ranked = rank_words(text_to_word_sequence(t) for t in ranking_texts)
         index = WordIndex(ranked, int(self.cfg.num_words))
         max_len = int(self.cfg.max_len)
 
@@ -170,7 +197,8 @@ class TextClassification(Task):
         if val is not None:
             out["val"] = encode((texts[i] for i in val), labels[val])
         out["test"] = encode(*raw["test"])
-        out["facts"] = {"vocabulary_words": len(index), "distinct_training_words": len(ranked)}
+        distinct = "distinct_training_words" if self.vocabulary == "train" else "distinct_train_test_words"
+        out["facts"] = {"vocabulary_words": len(index), distinct: len(ranked)}
         return out
 
     def make_splits(self, protocol: str) -> None:
@@ -214,7 +242,7 @@ class TextClassification(Task):
 
     def describe(self) -> dict:
         out = {"source": str(self.source), "max_len": self.max_len, "num_words": self.vocab_size,
-               "classes": self.n_classes, "padding": "pre", "truncating": "pre",
+               "classes": self.n_classes, "padding": "pre", "truncating": "pre", "vocabulary": self.vocabulary,
                "padding_mask": self.requires["padding_mask"], **self.facts}
         out.update({f"n_{k}": len(v) for k, v in self.splits.items()})
         return out
