@@ -64,9 +64,11 @@ import torch
 import torch.nn as nn
 from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
     "MetaCountingError",
+    "ValueReads",
     "attention_parameters",
     "count_parameters",
     "ensure_sdpa_formulas",
@@ -451,6 +453,28 @@ def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, de
                    memory_method=("CUDA allocator peak" if device.type == "cuda"
                                   else f"MemTracker on real tensors ({device.type})"))
     return out
+
+
+class ValueReads(TorchDispatchMode):
+    """Notes whether the ops run under it read tensor values on the host (``.item()``, ``bool()``,
+    ``float()``, ``torch.equal``) or made shapes from values (``nonzero``, ``masked_select``,
+    ``unique``, indexing with a boolean mask). A model that did neither ran the same ops on the
+    same shapes whatever its weights and data values: its FLOPs and peak memory depend on the
+    shapes alone, so they can be reused (bench_cli.runner's measurement cache)."""
+
+    VALUE_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "nonzero_static", "argwhere",
+                           "masked_select", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive"})
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.VALUE_OPS or (name.startswith("index") and any(
+                isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in tree_flatten((args, kwargs))[0])):
+            self.seen.add(name)
+        return func(*args, **(kwargs or {}))
 
 
 def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, *, flops: str = "real",

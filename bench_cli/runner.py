@@ -19,6 +19,7 @@ from bench_cli import distributed as D
 from bench_cli import records, schema
 from bench_cli.core.errors import UserError
 from bench_cli.loggers import LineLogger, Loggers, make_logger
+from bench_cli.head_diversity import record_head_diversity
 from bench_cli.objective import Objective
 from bench_cli.trainer import Trainer, seed_everything, select_device
 
@@ -59,19 +60,91 @@ def measure(task, model, cfg: DictConfig, device, objective: Objective) -> dict:
     (bench_cli.measure.measure_model), as `attnbench profile` measures."""
     from bench_cli import measure as M
 
+    started = time.perf_counter()
     # one forward/backward of training: a micro-batch when the batch is accumulated (a 64 x 512-token
     # batch of the 267,744-word LM would need 35 GB of logits; training never holds it at once)
     size = min(int(cfg.trainer.batch_size), int(cfg.trainer.get("micro_batch_size") or cfg.trainer.batch_size))
     batch = example_batch(task, "train", size, device)
     flops = ("meta" if cfg.measure.get("meta_flops", False) else "real") if cfg.measure.flops else "off"
-    measured = M.measure_model(model, task.model_inputs(batch), objective.on(model, batch), task.batch_len(batch),
-                               flops=flops, memory="real" if cfg.measure.memory else "off")
+    memory = "real" if cfg.measure.memory else "off"
+    cache = MeasureCache.of(cfg, model, task, batch, device, (flops, memory))
+    measured = cache.load() if cache else None
+    if measured is None:
+        with M.ValueReads() as reads:
+            measured = M.measure_model(model, task.model_inputs(batch), objective.on(model, batch),
+                                       task.batch_len(batch), flops=flops, memory=memory)
+        if cache and not reads.seen:  # shapes alone decided the ops: the next job of these shapes reuses it
+            cache.store(measured)
     out = {k: v for k, v in measured.items() if k not in ("flops_method", "memory_method")}
     samples = int(cfg.measure.get("inference_samples") or 0)
     if samples:
         out.update(inference_time(task, model, cfg, device, samples))
     out["peak_rss_bytes"] = M.process_peak_rss_bytes()
+    out["measure_time_s"] = round(time.perf_counter() - started, 3)
     return out
+
+
+class MeasureCache:
+    """Parameters, FLOPs and peak memory of a (model, task shape), measured by one job and reused by
+    the next jobs of a sweep that have the same key (other seeds, above all): the semantic model
+    and task config, the example batch (its shapes, dtypes and values), the measurement modes, the
+    device type, torch's version and the source of every module the model is made of, of the task
+    and of the measurement. Only measurements that read no tensor value are stored
+    (bench_cli.measure.ValueReads): they depend on the shapes, not on the weights. One JSON file
+    per key in ``.measure_cache/`` beside ``results.path``, written atomically (parallel jobs);
+    ``+measure.cache=false`` turns it off."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def of(cls, cfg: DictConfig, model, task, batch: dict, device, modes: tuple) -> "MeasureCache | None":
+        import hashlib
+        import inspect
+
+        if not cfg.measure.get("cache", True) or modes == ("off", "off"):
+            return None
+        import models
+
+        # the model zoo's code (helpers included), a plugin's modules, the task's, the measurement's
+        sources = set(Path(models.__file__).parent.rglob("*.py"))
+        sources |= {inspect.getsourcefile(cls) for m in model.modules() for cls in type(m).__mro__
+                    if not cls.__module__.startswith(("torch", "builtins"))}
+        sources |= {inspect.getsourcefile(type(task)), Path(__file__).with_name("measure.py"),
+                    Path(__file__).with_name("objective.py")}
+        digest = hashlib.sha256()
+        for part in (OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.task, resolve=True),
+                     modes, device.type, torch.__version__):
+            digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+        for name in sorted(batch):
+            value = batch[name]
+            if torch.is_tensor(value):
+                digest.update(f"{name}{tuple(value.shape)}{value.dtype}".encode())
+                digest.update(value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+            else:
+                digest.update(f"{name}{value!r}".encode())
+        for source in sorted({Path(s) for s in sources if s}):
+            digest.update(source.read_bytes())
+        return cls(Path(cfg.results.path).parent / ".measure_cache" / f"{digest.hexdigest()[:32]}.json")
+
+    def load(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def store(self, measured: dict) -> None:
+        import os
+        import tempfile
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(measured, f)
+            os.replace(tmp, self.path)
+        except OSError:  # a read-only results folder: measured again next time
+            pass
 
 
 def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
@@ -180,6 +253,7 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
     row.update(result.metrics)
     if env.is_main:
         row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
+        row.update(record_head_diversity(cfg, task, model, device))  # measure.head_diversity (primal-dual Table 4)
     row["metrics_json"] = {"data": task.describe(), "history": result.history}
     row["status"] = "ok"
 
@@ -196,9 +270,9 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
         (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
         try:
             records.append_record(cfg.results.path, row)
-        except OSError as e:  # the record is safe in the run folder; say where
-            row["_append_error"] = (f"could not append to {cfg.results.path} ({e.strerror or e}); the record is "
-                                    f"in {run_dir / 'record.json'}")
+        except (OSError, records.RecordsFileError) as e:  # the record is safe in the run folder; say where
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+            row["_append_error"] = f"could not append to {cfg.results.path} ({reason}); the record is in {run_dir / 'record.json'}"
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])

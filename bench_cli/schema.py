@@ -9,8 +9,10 @@ selects. Columns are only ever added, never renamed (records.py writes them; rep
 Protocols (recorded in every result):
 - ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of the
   selection metric, ties to the lower loss); the test metrics of those weights are reported.
-- ``paper``: the papers' practice, the best test value over the evaluations (highest accuracy,
-  lowest RMSE...). Optimistic: the test set selects the model. Reported under this name only.
+- ``paper``: what the papers' code reported from its test evaluations: the best one (highest
+  accuracy, lowest RMSE...; optimistic: the test set selects the model) or, by the task's
+  ``paper_selection: last``, the last one (keras' fit). Reported under this name only.
+The ``selection`` column says which ('best val', 'best test', 'last test'; Task.resolve_protocol).
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ COLUMNS = [
     "params", "attn_params", "attn_params_per_layer", "flops_forward", "flops_train_step",
     "peak_mem_train_bytes", "peak_mem_infer_bytes", "peak_rss_bytes", "train_time_s", "time_per_epoch_s",
     "wall_time_s", "device",
+    # seconds the measurement above took (FLOPs, memory, inference timing; a cached measurement is quick)
+    "measure_time_s",
+    # head diversity (measure.head_diversity; bench_cli/head_diversity.py): primal-dual Table 4
+    "head_l2_distance_mean", "head_l2_distance_std",
     # provenance
     "git_commit", "git_dirty", "torch_version", "attnbench_version", "python_version", "platform",
     "config_path", "output_dir", "overrides", "metrics_json", "command",
@@ -36,6 +42,9 @@ COLUMNS = [
     "epochs_planned", "steps_planned", "steps_run", "step_budget", "train_metrics_source",
     # the plugins of the run's process (bench_cli/plugins.py): 'mymod==1.2 (module mymod)', or empty
     "plugins",
+    # which evaluation the protocol reported (bench_cli.core.task.Protocol.selection): 'best val',
+    # 'best test' or 'last test' (the paper protocol as the reference code: task.paper_selection)
+    "selection",
 ]
 IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
@@ -69,7 +78,7 @@ def fit_columns(result) -> dict:
         test, last = result.test, result.test_last
     else:  # the best evaluation on TEST is the reported number (optimistic by construction)
         test, last = _unprefixed("test", chosen), _unprefixed("test", result.history[-1])
-    row = {"best_epoch": result.best_epoch, "epochs_run": result.epochs_run,
+    row = {"selection": proto.selection, "best_epoch": result.best_epoch, "epochs_run": result.epochs_run,
            "epochs_planned": result.epochs_planned, "steps_planned": result.steps_planned,
            "steps_run": result.steps_run, "step_budget": result.step_budget,
            "train_metrics_source": result.train_metrics_source,

@@ -18,6 +18,7 @@ import copy
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,17 @@ def select_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def deterministic_algorithms() -> None:
+    """torch.use_deterministic_algorithms(True, warn_only=True) without its import of
+    torch._inductor.config, which loads torch._dynamo (as long as `import torch` itself, per job)
+    only to set the compiler's flag: nothing here compiles. The flag is set when the compiler is
+    already loaded."""
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True
+
+
 def seed_everything(seed: int, deterministic: bool = True) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -50,7 +62,7 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         torch.cuda.manual_seed_all(seed)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        deterministic_algorithms()
         torch.backends.cudnn.benchmark = False
 
 
@@ -165,13 +177,29 @@ class TrainResult:
         return schema.fit_columns(self)
 
 
+def snapshot_weights(model: torch.nn.Module, into: dict | None = None) -> dict:
+    """A copy of the model's weights on its own device: cloned the first time, then copied into the
+    same buffers (``into``) each time the best evaluation improves, instead of a deep copy each time."""
+    state = model.state_dict()
+    if into is None or into.keys() != state.keys():
+        return {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in state.items()}
+    for k, v in state.items():
+        if torch.is_tensor(v) and into[k].shape == v.shape and into[k].dtype == v.dtype:
+            into[k].copy_(v)
+        else:  # extra (non-tensor) state, or a buffer that changed shape
+            into[k] = v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)
+    return into
+
+
 class Selection:
     """The best evaluation so far under the selection rule (the metric in its direction, ties to
     the lower loss: bench_cli.core.metrics.selection_key), a copy of its weights when they are needed
-    later, and early stopping (``patience`` evaluations without improvement)."""
+    later, and early stopping (``patience`` evaluations without improvement). ``keeps='last'``
+    takes every evaluation instead (the protocol's rule, bench_cli.core.task.Protocol.keeps: keras'
+    fit without a checkpoint keeps the last epoch's weights)."""
 
-    def __init__(self, metric: M.Metric, tie: M.Metric | None, keep_weights: bool, patience):
-        self.metric, self.tie, self.keep_weights = metric, tie, keep_weights
+    def __init__(self, metric: M.Metric, tie: M.Metric | None, keep_weights: bool, patience, keeps: str = "best"):
+        self.metric, self.tie, self.keep_weights, self.keeps = metric, tie, keep_weights, keeps
         self.patience = None if patience is None else int(patience)
         self.key, self.state, self.since_best = None, None, 0
         self.epoch = self.step = 0
@@ -179,9 +207,9 @@ class Selection:
     def offer(self, metrics: dict, model: torch.nn.Module, epoch: int, step: int) -> bool:
         """Consider one evaluation; True when patience has run out."""
         key = M.selection_key(self.metric, metrics, self.tie)
-        if self.key is None or key > self.key:
+        if self.key is None or key > self.key or self.keeps == "last":
             self.key, self.epoch, self.step, self.since_best = key, epoch, step, 0
-            self.state = copy.deepcopy(model.state_dict()) if self.keep_weights else None
+            self.state = snapshot_weights(model, self.state) if self.keep_weights else None
         else:
             self.since_best += 1
         return self.patience is not None and self.since_best >= self.patience
@@ -304,7 +332,7 @@ class Trainer:
         first, every ``eval_every_epochs``-th and the last epoch or every ``eval_every_steps``
         optimiser steps (the LRA code's ``eval_frequency``); then evaluate what the protocol
         reports with the selected weights."""
-        proto = schema.protocol(protocol)
+        proto = self.task.resolve_protocol(protocol)  # the paper protocol's rule is the task config's
         train_loader = self.loader("train", train=True)
         plan = self.schedule(train_loader)
         opt, sched, scaler = self.optimisation(plan)
@@ -313,7 +341,7 @@ class Trainer:
         train_eval = (None if source == "evaluation" else list(self.task.train_split_metrics) if source else [])
         result = TrainResult(self.task.selection_metric(), proto, plan, train_metrics_source=source)
         selection = Selection(result.metric, self.task.loss_metric(), proto.holds_out or train_eval != [],
-                              self.cfg.early_stopping.get("patience"))
+                              self.cfg.early_stopping.get("patience"), keeps=proto.keeps)
         loop = _Loop(self, plan, opt, sched, scaler, result, selection)
         loop.run(train_loader)
         result.best_epoch, result.best_step = selection.epoch, selection.step
@@ -338,14 +366,22 @@ class Trainer:
 
 
 class _Loop:
-    """One fit's training loop and its running state (steps, running loss, training-batch
-    statistics), evaluating and selecting as the schedule says."""
+    """One fit's training loop and its running state (steps, the training losses and training-batch
+    statistics since the last evaluation), evaluating and selecting as the schedule says.
+
+    Nothing in the step loop reads a tensor on the host: on CUDA a ``.item()`` per step is a
+    host-device sync per step. The losses stay on the device and are read once per evaluation,
+    where their finiteness is checked (``read_losses``)."""
 
     def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection):
         self.t, self.plan, self.opt, self.sched, self.scaler = trainer, plan, opt, sched, scaler
         self.result, self.selection = result, selection
         self.train_metrics = result.train_metrics_source == "batches"
-        self.step, self.loss_sum, self.n_batches, self.train_stats = 0, 0.0, 0, {}
+        self.step, self.train_stats = 0, {}
+        self.losses: list[torch.Tensor] = []  # each training batch's loss since the last evaluation (on the device)
+        self.loss_at: list[tuple[int, int]] = []  # (epoch, batch) of each, to say where a loss diverged
+        clip = trainer.cfg.get("grad_clip")  # read once: a config lookup per step costs more than the clip
+        self.grad_clip = float(clip) if clip else None
         self.bar_unit = "steps" if plan.by_steps else "epochs"
         progress = trainer.progress
         self.bar = (progress.add_task("train", total=plan.total_steps if plan.by_steps else plan.epochs, status="")
@@ -357,7 +393,11 @@ class _Loop:
             t.train_model.train()
             if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
                 train_loader.sampler.set_epoch(epoch - 1)
-            stop = self.epoch(train_loader, epoch)
+            try:
+                stop = self.epoch(train_loader, epoch)
+            except Exception:  # a model may fail on the weights a non-finite loss left: that is the cause
+                self.raise_if_diverged(D.SINGLE)
+                raise
             self.result.epochs_run = epoch
             if plan.evaluates_after(epoch):
                 stop = self.evaluate_and_select(epoch)
@@ -365,7 +405,38 @@ class _Loop:
                 t.progress.update(self.bar, advance=1)
             if stop or self.step >= plan.total_steps:
                 break
+        if self.losses:  # steps after the last evaluation (none on the schedules above): still checked
+            self.read_losses()
         self.result.steps_run = self.step
+
+    def read_losses(self) -> tuple[float, int]:
+        """Sum and number of the training losses since the last evaluation, over every process,
+        read from the device at once and summed in order as Python floats (the same train_loss as a
+        ``.item()`` per step gave). DivergedError at the first non-finite loss, on every process
+        together. The pending losses are cleared."""
+        values = torch.stack(self.losses).tolist() if self.losses else []
+        local = 0.0
+        for value in values:  # in order, not sum(): Python >= 3.12's sum() compensates
+            local += value
+        diverged = not all(math.isfinite(v) for v in values)
+        sums = D.all_reduce_sums({"loss": local, "batches": float(len(values)), "diverged": float(diverged)},
+                                 same_keys=True)
+        if sums["diverged"]:
+            self.raise_if_diverged(self.t.dist, values)
+        self.losses, self.loss_at = [], []
+        return sums["loss"], int(sums["batches"])
+
+    def raise_if_diverged(self, dist: D.DistEnv, values: list[float] | None = None) -> None:
+        """DivergedError naming the first non-finite training loss since the last evaluation (its
+        epoch and batch); in a distributed run, another process's when this one's are finite."""
+        if values is None:
+            values = torch.stack(self.losses).tolist() if self.losses else []
+        for value, (epoch, i) in zip(values, self.loss_at):
+            if not math.isfinite(value):
+                raise DivergedError(f"loss is {value} at epoch {epoch}, batch {i}")
+        if dist.active:
+            epoch = self.loss_at[-1][0] if self.loss_at else self.result.epochs_run
+            raise DivergedError(f"loss is not finite on another process (by epoch {epoch})")
 
     def epoch(self, train_loader, epoch: int) -> bool:
         """One pass over the training loader (or until the step budget); True when early stopping
@@ -373,8 +444,9 @@ class _Loop:
         t, plan, result = self.t, self.plan, self.result
         t0, stop = time.perf_counter(), False
         self.opt.zero_grad(set_to_none=True)
+        n_batches = len(train_loader)
         for i, batch in enumerate(train_loader):
-            last_micro = (i + 1) % plan.accum == 0 or i + 1 == len(train_loader)
+            last_micro = (i + 1) % plan.accum == 0 or i + 1 == n_batches
             self.backward(to_device(batch, t.device), last_micro, epoch, i)
             if last_micro:
                 self.optimiser_step()
@@ -394,23 +466,19 @@ class _Loop:
         sync = contextlib.nullcontext() if last_micro or not t.dist.active else t.train_model.no_sync()
         with sync:
             loss, out = t.forward_loss(batch)
-            value = local = loss.item()
-            if t.dist.active:  # every process stops together when one diverges
-                value = D.all_reduce_sums({"loss": local}, same_keys=True)["loss"]
-            if not math.isfinite(value):
-                raise DivergedError(f"loss is {value} at epoch {epoch}, batch {i}")
             self.scaler.scale(loss / self.plan.accum).backward()
-        self.loss_sum, self.n_batches = self.loss_sum + local, self.n_batches + 1
+        # kept on the device; read and checked for divergence at the next evaluation (read_losses)
+        self.losses.append(loss.detach())
+        self.loss_at.append((epoch, i))
         if self.train_metrics:
             with torch.no_grad():
                 M.accumulate(self.train_stats, t.task.batch_stats(out.detach().float(), batch))
 
     def optimiser_step(self) -> None:
         t, opt = self.t, self.opt
-        clip = t.cfg.get("grad_clip")
-        if clip:
+        if self.grad_clip:
             self.scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(t.model.parameters(), float(clip))
+            torch.nn.utils.clip_grad_norm_(t.model.parameters(), self.grad_clip)
         self.scaler.step(opt)
         self.scaler.update()
         opt.zero_grad(set_to_none=True)
@@ -424,14 +492,15 @@ class _Loop:
         """One evaluation (a history row); True when early stopping says stop."""
         t, result, selection = self.t, self.result, self.selection
         split = result.protocol.selects
-        sums = D.all_reduce_sums({"loss": self.loss_sum, "batches": float(self.n_batches)}, same_keys=True)
-        row = {"epoch": epoch, "step": self.step, "train_loss": sums["loss"] / max(sums["batches"], 1),
+        loss_sum, batches = self.read_losses()
+        row = {"epoch": epoch, "step": self.step, "train_loss": loss_sum / max(batches, 1),
                "lr": self.opt.param_groups[0]["lr"]}
         if self.train_metrics:  # the task's metrics over the training batches since the last evaluation
-            # (dropout and augmentation on, as keras reports them); its loss metric is train_loss
-            stats = D.all_reduce_sums(self.train_stats)
+            # (dropout and augmentation on, as keras reports them); its loss metric is train_loss.
+            # float(): statistics summed as device tensors are read here, once per evaluation
+            stats = D.all_reduce_sums({k: float(v) for k, v in self.train_stats.items()})
             row.update({f"train_{k}": v for k, v in M.compute_all(t.task.metrics, stats).items()})
-        self.loss_sum, self.n_batches, self.train_stats = 0.0, 0, {}
+        self.train_stats = {}
         selected = t.evaluate(split)
         row.update({f"{split}_{k}": v for k, v in selected.items()})
         stop = selection.offer(selected, t.model, epoch, self.step)

@@ -1,0 +1,121 @@
+"""What the harness adds to a job (issue 21): no host read of a tensor inside the training step loop.
+
+A real ``Trainer.fit`` (composed default config, the UEA fixture, several steps per epoch, an
+evaluation every 2nd epoch) runs with every way of reading a tensor on the host wrapped
+(``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``, ``float()``, ``int()``, ``bool()``, ``__index__``):
+on CUDA each is a host-device sync. Between evaluations none may happen; at evaluations they do
+(the running loss is read there), which shows the wrapping sees them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from bench_cli import trainer as T
+from bench_cli.compose import compose
+from tasks.uea import UEAClassification
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
+        "task.backbone.d_ff=32", "trainer.batch_size=8", "trainer.progress=false", "trainer.max_epochs=4",
+        "trainer.eval_every_epochs=2"]
+
+HOST_READS = ("item", "cpu", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
+# Host tensors by design, never on the device, so reading them is no sync: torch's optimisers keep
+# their step counters on the host unless `capturable` (torch/optim/*.py _get_value), and the data
+# loader draws its seeds and shuffled indices on the host (torch/utils/data). Their own reads are not counted.
+HOST_SIDE = tuple(os.sep + os.path.join("torch", *part) + os.sep for part in (("optim",), ("utils", "data")))
+
+
+class HostReads:
+    """Wraps the host reads of torch.Tensor; counts them by phase: 'steps' (inside the loop, outside
+    evaluations) and 'evaluation'."""
+
+    def __init__(self, monkeypatch):
+        self.phase, self.seen = None, Counter()
+        for name in HOST_READS:
+            monkeypatch.setattr(torch.Tensor, name, self.counted(name, getattr(torch.Tensor, name)))
+
+    def counted(self, name, original):
+        reads = self
+
+        def read(tensor, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if reads.phase and not any(part in caller for part in HOST_SIDE):
+                reads.seen[(reads.phase, name, f"{os.path.basename(caller)}:{sys._getframe(1).f_lineno}")] += 1
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def during(self, phase, method):
+        reads = self
+
+        def wrapped(*args, **kwargs):
+            outer, reads.phase = reads.phase, phase
+            try:
+                return method(*args, **kwargs)
+            finally:
+                reads.phase = outer
+
+        return wrapped
+
+    def in_phase(self, phase) -> dict:
+        return {k[1:]: n for k, n in self.seen.items() if k[0] == phase}
+
+
+def test_no_host_read_between_evaluations(uea_fixture, monkeypatch):
+    cfg = compose([*TINY, "task.protocol=paper"])
+    task = UEAClassification(cfg.task, cfg.paths.data_root)
+    T.seed_everything(0)
+    task.setup("paper")
+    T.seed_everything(0)
+    model = task.build_model(cfg.model)
+    reads = HostReads(monkeypatch)
+    monkeypatch.setattr(T._Loop, "run", reads.during("steps", T._Loop.run))
+    monkeypatch.setattr(T._Loop, "evaluate_and_select", reads.during("evaluation", T._Loop.evaluate_and_select))
+    result = T.Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0).fit("paper")
+
+    assert result.schedule.steps_per_epoch >= 4 and result.epochs_run == 4
+    assert [row["epoch"] for row in result.history] == [1, 2, 4]
+    assert reads.in_phase("steps") == {}, "host reads inside the step loop (file:line: count)"
+    assert reads.in_phase("evaluation"), "the wrapped reads saw nothing at the evaluations"
+
+
+def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_models(uea_fixture, monkeypatch):
+    """The second job of the same model config and example batch (another seed: other weights) gets
+    the first one's FLOPs and memory from the cache under the results folder, without measuring;
+    a model whose forward reads a tensor value (ValueReads) is measured every time."""
+    from bench_cli import measure as M
+    from bench_cli.objective import Objective
+    from bench_cli.runner import build_task, measure
+
+    cfg = compose([*TINY, "results.path=res/runs.csv"])
+    task = build_task(cfg)
+    task.setup("holdout")
+    measured = []
+    real = M.measure_model
+    monkeypatch.setattr(M, "measure_model", lambda *a, **k: measured.append(1) or real(*a, **k))
+
+    def job(seed):
+        torch.manual_seed(seed)
+        model = task.build_model(cfg.model)
+        return measure(task, model, cfg, torch.device("cpu"), Objective(task))
+
+    first, second = job(0), job(1)
+    assert len(measured) == 1 and len(list((uea_fixture.parents[2] / "res" / ".measure_cache").glob("*.json"))) == 1
+    for key in ("params", "flops_forward", "flops_train_step", "peak_mem_train_bytes", "peak_mem_infer_bytes"):
+        assert first[key] == second[key], key
+    assert first["measure_time_s"] > 0 and second["measure_time_s"] >= 0
+
+    with M.ValueReads() as reads:
+        x = torch.randn(4)
+        x * 2
+    assert not reads.seen
+    with M.ValueReads() as reads:
+        float(x.sum()), x[x > 0]
+    assert reads.seen == {"_local_scalar_dense", "index"}
