@@ -54,6 +54,7 @@ ADDED_KEYS: dict[str, object] = {
     "trainer.scheduler.warmup_init_lr": 0.0,
     "measure.inference_samples": None,
     "measure.head_diversity": False,
+    "measure.cache": True,
     "trainer.optimizer.lr_reference_batch": None,
     "trainer.optimizer.no_decay_1d": False,
     "trainer.scheduler.warmup_epochs": None,

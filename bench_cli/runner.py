@@ -92,7 +92,7 @@ class MeasureCache:
     and of the measurement. Only measurements that read no tensor value are stored
     (bench_cli.measure.ValueReads): they depend on the shapes, not on the weights. One JSON file
     per key in ``.measure_cache/`` beside ``results.path``, written atomically (parallel jobs);
-    ``+measure.cache=false`` turns it off."""
+    ``measure.cache=false`` turns it off."""
 
     def __init__(self, path: Path):
         self.path = path
