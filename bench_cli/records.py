@@ -33,8 +33,8 @@ from bench_cli.core.errors import UserError
 from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
-_NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
-_NON_SEMANTIC_TRAINER = ("progress", "eval_batch_size", "num_threads")
+NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
+NON_SEMANTIC_TRAINER = ("progress", "eval_batch_size", "num_threads")
 
 
 # Keys added to the config after records were first written, with the value that reproduces the
@@ -90,9 +90,9 @@ def semantic_config(cfg: DictConfig | dict) -> dict:
         node, leaf = _holder(c, dotted)
         if node is not None and isinstance(node.get(leaf), str) and node[leaf] in renamed:
             node[leaf] = renamed[node[leaf]]
-    for k in _NON_SEMANTIC:
+    for k in NON_SEMANTIC:
         c.pop(k, None)
-    for k in _NON_SEMANTIC_TRAINER:
+    for k in NON_SEMANTIC_TRAINER:
         c.get("trainer", {}).pop(k, None)
     for dotted, neutral in ADDED_KEYS.items():
         node, leaf = _holder(c, dotted)
