@@ -50,7 +50,7 @@ IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
 
 
-from bench_cli.core.task import PROTOCOL_SPLITS as PROTOCOLS, Protocol  # noqa: E402  (the task contract's)
+from bench_cli.core.protocols import PROTOCOL_SPLITS as PROTOCOLS, Protocol  # noqa: E402  (the task contract's, torch-free)
 
 
 def protocol(name: str) -> Protocol:

@@ -497,8 +497,8 @@ class _Loop:
                "lr": self.opt.param_groups[0]["lr"]}
         if self.train_metrics:  # the task's metrics over the training batches since the last evaluation
             # (dropout and augmentation on, as keras reports them); its loss metric is train_loss.
-            # float(): statistics summed as device tensors are read here, once per evaluation
-            stats = D.all_reduce_sums({k: float(v) for k, v in self.train_stats.items()})
+            # the statistics were summed on the device (metrics.accumulate): read here, once per evaluation
+            stats = D.all_reduce_sums(M.host_values(self.train_stats))
             row.update({f"train_{k}": v for k, v in M.compute_all(t.task.metrics, stats).items()})
         self.train_stats = {}
         selected = t.evaluate(split)

@@ -36,16 +36,36 @@ QUICK = [["--help"], ["ls", "models"], ["ls"], ["ls", "tasks"], ["ls", "experime
          ["run", "modle=softmax"], ["run", "task=uae"]]
 
 
-def test_help_ls_and_misspelt_overrides_import_neither_torch_nor_hydra(workdir):
-    code = PROBE.replace("sys.argv_json", repr(json.dumps(QUICK)))
+def import_flags(commands: list[list[str]]) -> tuple[list, subprocess.CompletedProcess]:
+    """PROBE's flags for ``commands`` run in one fresh process, and the process."""
+    code = PROBE.replace("sys.argv_json", repr(json.dumps(commands)))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     line = next(x for x in r.stdout.splitlines() if x.startswith("FLAGS "))
-    flags = json.loads(line[len("FLAGS "):])
+    return json.loads(line[len("FLAGS "):]), r
+
+
+def test_help_ls_and_misspelt_overrides_import_neither_torch_nor_hydra(workdir):
+    flags, r = import_flags(QUICK)
     assert [f[0] for f in flags] == ["import bench_cli.cli", *(" ".join(a) for a in QUICK)], r.stderr
     assert [f[0] for f in flags if f[1]] == [], "imported torch"
     assert [f[0] for f in flags if f[2]] == [], "imported Hydra"
     assert "unknown config key 'modle' (did you mean 'model'?)" in r.stderr
     assert "unknown task 'uae' (did you mean 'uea'?)" in r.stderr
+
+
+def test_protocols_are_torch_free_and_the_task_contracts():
+    """The records' schema reads the protocols from bench_cli/core/protocols.py, which imports no torch."""
+    code = "import sys, bench_cli.core.protocols; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    from bench_cli.core import protocols, task
+
+    assert (task.Protocol, task.PROTOCOL_SPLITS, task.PROTOCOLS, task.PAPER_SELECTIONS) == \
+        (protocols.Protocol, protocols.PROTOCOL_SPLITS, protocols.PROTOCOLS, protocols.PAPER_SELECTIONS)
+
+
+def test_ls_runs_imports_no_torch(workdir):
+    flags, r = import_flags([["ls", "runs"]])
+    assert flags[-1] == ["ls runs", False, False], r.stderr
 
 
 def test_catalog_table_equals_the_live_registries():

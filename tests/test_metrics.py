@@ -68,3 +68,72 @@ def test_stats_of_several_metrics_share_one_dict_without_clashing():
         M.accumulate(stats, m.update(out, batch))
     assert set(stats) == {"accuracy.correct", "accuracy.n", "loss.sum", "loss.n"}
     assert M.compute_all((M.Accuracy(), M.CrossEntropy(), M.RMSE()), stats).keys() == {"accuracy", "loss"}
+
+
+# --- statistics on the device (issue 21) ----------------------------------------------------------
+def host_path(metric_value, per_batch_stats, batches) -> float:
+    """The pre-issue-21 path, transcribed: each batch's statistics read with float() and summed in
+    order as Python floats, then the metric's formula."""
+    sums = {}
+    for output, y in batches:
+        for key, value in per_batch_stats(output, y).items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return metric_value(sums)
+
+
+def random_batches(shape_of, n_batches=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [shape_of(g, int(torch.randint(3, 9, (), generator=g))) for _ in range(n_batches)]
+
+
+def device_path(metric, batches):
+    """The statistics as the trainer sums them (tensors, never read) and the metric from them."""
+    stats = {}
+    for output, y in batches:
+        M.accumulate(stats, metric.update(output, {"y": y}))
+    return stats, metric.compute(stats), M.compute_all([metric], stats)[metric.name]
+
+
+def test_device_statistics_give_exactly_the_host_values():
+    tokens = random_batches(lambda g, b: (3 * torch.randn(b, 7, 11, generator=g), torch.randint(0, 11, (b, 7), generator=g)))
+    soft = random_batches(lambda g, b: (3 * torch.randn(b, 6, generator=g), torch.randn(b, 6, generator=g).softmax(-1)))
+    values = random_batches(lambda g, b: (10 * torch.randn(b, 3, generator=g), 10 * torch.randn(b, 3, generator=g)))
+
+    def token_hits(out, y):
+        valid = y != 0
+        return {"correct": ((out.argmax(-1) == y) & valid).sum(), "n": valid.sum()}
+
+    def soft_nll(out, y):
+        return {"sum": -(y * torch.log_softmax(out, -1)).sum(), "n": y.shape[0]}
+
+    def token_nll(out, y):
+        logits, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        return {"sum": torch.nn.functional.cross_entropy(logits, y, reduction="sum", ignore_index=0), "n": (y != 0).sum()}
+
+    def errors(out, y):
+        err = (out - y).double()
+        return {"sse": (err * err).sum(), "sae": err.abs().sum(), "n": y.numel()}
+
+    def mean(key):
+        return lambda s: s[key] / max(s["n"], 1.0)
+
+    cases = [
+        (M.Accuracy(ignore_index=0), tokens, token_hits, lambda s: 100.0 * s["correct"] / max(s["n"], 1.0)),
+        (M.CrossEntropy(), soft, soft_nll, mean("sum")),
+        (M.CrossEntropy(ignore_index=0), tokens, token_nll, mean("sum")),
+        (M.RMSE(), values, errors, lambda s: math.sqrt(mean("sse")(s))),
+        (M.MAE(), values, errors, mean("sae")),
+    ]
+    for metric, batches, per_batch, formula in cases:
+        stats, computed, from_all = device_path(metric, batches)
+        expected = host_path(formula, per_batch, batches)
+        assert computed == from_all == expected, (metric, computed, expected)
+        summed = [k for k in stats if k.split(".")[1] in ("correct", "sum", "sse", "sae")]
+        assert all(isinstance(stats[k], torch.Tensor) and stats[k].dtype == torch.float64 for k in summed), stats
+
+
+def test_accumulate_takes_device_and_host_statistics():
+    stats = M.accumulate({}, {"a.x": torch.tensor(1.5, dtype=torch.float64), "a.n": 2.0})
+    M.accumulate(stats, {"a.x": 0.25, "a.n": torch.tensor(1.0, dtype=torch.float64), "b.x": 3.0})
+    assert M.host_values(stats) == {"a.x": 1.75, "a.n": 3.0, "b.x": 3.0}
+    assert isinstance(stats["a.x"], torch.Tensor) and stats["b.x"] == 3.0

@@ -9,6 +9,13 @@ A metric turns one batch into statistics that add up over batches (``update``), 
 never keeps predictions around and a distributed run can sum them across ranks; ``compute``
 turns the sums into the number. Statistic names are prefixed with the metric's name, so several
 metrics share one dict of sums.
+
+Statistics read from a batch's tensors stay on the device as 0-dim float64 tensors (issue 21: a
+``float()`` per batch is a host-device sync per training step on CUDA) and are summed there
+(``accumulate``); ``compute``/``compute_all`` read them to the host once (``host_values``).
+Counts the host already knows (``numel``) and values that live on the host (BLEU's n-gram counts
+of strings) are Python floats. Casting each batch's value to float64 before summing keeps the sums
+bitwise those of the Python floats (float64) that a ``float()`` per batch added in the same order.
 """
 from __future__ import annotations
 
@@ -17,10 +24,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# statistic name -> its sum so far: a 0-dim float64 tensor (on the device) or a Python float
+Stats = dict[str, "torch.Tensor | float"]
+
 
 @dataclass(frozen=True)
 class Metric:
-    """Base: ``name``, ``higher_is_better``; subclasses implement ``update`` and ``compute``.
+    """Base: ``name``, ``higher_is_better``; subclasses implement ``update`` and ``value`` (the
+    number from host sums; ``compute`` reads device sums first).
     ``per_batch``: ``update`` reads the model's output on a batch, so the metric can also be taken
     over training batches (``trainer.train_metrics``); False for values only a task's evaluator
     produces (BLEU of greedy decoding, returns of rollouts)."""
@@ -29,11 +40,16 @@ class Metric:
     higher_is_better: bool = True
     per_batch: bool = True
 
-    def update(self, output, batch: dict) -> dict[str, float]:
+    def update(self, output, batch: dict) -> Stats:
         raise NotImplementedError
 
-    def compute(self, stats: dict[str, float]) -> float:
+    def value(self, sums: dict[str, float]) -> float:
+        """The metric from its statistics' sums as Python floats."""
         raise NotImplementedError
+
+    def compute(self, stats: Stats) -> float:
+        """The metric from summed statistics (device tensors are read here, at once)."""
+        return self.value(host_values({k: v for k, v in stats.items() if k.startswith(self.name + ".")}))
 
     # --- direction ------------------------------------------------------------------------------
     def better(self, a: float, b: float) -> bool:
@@ -77,12 +93,12 @@ class Accuracy(Metric):
             top = output.topk(min(self.k, output.shape[-1]), dim=-1).indices
             hit = (top == y.unsqueeze(-1)).any(-1)
         if self.ignore_index is None:
-            return {self.stat("correct"): float(hit.sum()), self.stat("n"): float(y.numel())}
+            return {self.stat("correct"): hit.sum().double(), self.stat("n"): float(y.numel())}
         valid = y != self.ignore_index
-        return {self.stat("correct"): float((hit & valid).sum()), self.stat("n"): float(valid.sum())}
+        return {self.stat("correct"): (hit & valid).sum().double(), self.stat("n"): valid.sum().double()}
 
-    def compute(self, stats):
-        return 100.0 * stats[self.stat("correct")] / max(stats[self.stat("n")], 1.0)
+    def value(self, sums):
+        return 100.0 * sums[self.stat("correct")] / max(sums[self.stat("n")], 1.0)
 
 
 def top5_accuracy() -> Accuracy:
@@ -102,16 +118,16 @@ class CrossEntropy(Metric):
         y = batch[self.target]
         if y.dim() == output.dim():  # soft targets
             total = -(y * F.log_softmax(output.float(), -1)).sum()
-            n = y.shape[0]
+            n = float(y.shape[0])
         else:
             logits = output.reshape(-1, output.shape[-1]).float()
             y = y.reshape(-1)
             total = F.cross_entropy(logits, y, reduction="sum", ignore_index=self.ignore_index)
-            n = (y != self.ignore_index).sum()
-        return {self.stat("sum"): float(total), self.stat("n"): float(n)}
+            n = (y != self.ignore_index).sum().double()
+        return {self.stat("sum"): total.double(), self.stat("n"): n}
 
-    def compute(self, stats):
-        return stats[self.stat("sum")] / max(stats[self.stat("n")], 1.0)
+    def value(self, sums):
+        return sums[self.stat("sum")] / max(sums[self.stat("n")], 1.0)
 
 
 @dataclass(frozen=True)
@@ -120,8 +136,8 @@ class Perplexity(CrossEntropy):
 
     name: str = "perplexity"
 
-    def compute(self, stats):
-        return math.exp(min(super().compute(stats), 700.0))
+    def value(self, sums):
+        return math.exp(min(super().value(sums), 700.0))
 
 
 # --- regression -----------------------------------------------------------------------------------
@@ -136,10 +152,10 @@ class RMSE(Metric):
     def update(self, output, batch):
         y = batch[self.target].to(output.dtype)
         err = (output.reshape(y.shape) - y).double()
-        return {self.stat("sse"): float((err * err).sum()), self.stat("n"): float(y.numel())}
+        return {self.stat("sse"): (err * err).sum(), self.stat("n"): float(y.numel())}
 
-    def compute(self, stats):
-        return math.sqrt(stats[self.stat("sse")] / max(stats[self.stat("n")], 1.0))
+    def value(self, sums):
+        return math.sqrt(sums[self.stat("sse")] / max(sums[self.stat("n")], 1.0))
 
 
 @dataclass(frozen=True)
@@ -148,8 +164,8 @@ class MSE(RMSE):
 
     name: str = "loss"
 
-    def compute(self, stats):
-        return stats[self.stat("sse")] / max(stats[self.stat("n")], 1.0)
+    def value(self, sums):
+        return sums[self.stat("sse")] / max(sums[self.stat("n")], 1.0)
 
 
 @dataclass(frozen=True)
@@ -160,11 +176,11 @@ class MAE(Metric):
 
     def update(self, output, batch):
         y = batch[self.target].to(output.dtype)
-        return {self.stat("sae"): float((output.reshape(y.shape) - y).abs().double().sum()),
+        return {self.stat("sae"): (output.reshape(y.shape) - y).abs().double().sum(),
                 self.stat("n"): float(y.numel())}
 
-    def compute(self, stats):
-        return stats[self.stat("sae")] / max(stats[self.stat("n")], 1.0)
+    def value(self, sums):
+        return sums[self.stat("sae")] / max(sums[self.stat("n")], 1.0)
 
 
 # --- values an evaluator computes itself (BLEU, returns) ------------------------------------------
@@ -177,10 +193,10 @@ class Mean(Metric):
 
     def update(self, output, batch):
         values = torch.as_tensor(batch[self.name], dtype=torch.float64)
-        return {self.stat("sum"): float(values.sum()), self.stat("n"): float(values.numel())}
+        return {self.stat("sum"): values.sum(), self.stat("n"): float(values.numel())}
 
-    def compute(self, stats):
-        return stats[self.stat("sum")] / max(stats[self.stat("n")], 1.0)
+    def value(self, sums):
+        return sums[self.stat("sum")] / max(sums[self.stat("n")], 1.0)
 
 
 @dataclass(frozen=True)
@@ -222,23 +238,39 @@ class BLEU(Metric):
             stats[self.stat(f"total_{n + 1}")] = float(score.totals[n])
         return stats
 
-    def compute(self, stats):
+    def value(self, sums):
         from sacrebleu.metrics import BLEU as SacreBLEU
 
         orders = range(1, self.max_order + 1)
         return float(SacreBLEU.compute_bleu(
-            correct=[int(stats[self.stat(f"correct_{n}")]) for n in orders],
-            total=[int(stats[self.stat(f"total_{n}")]) for n in orders],
-            sys_len=int(stats[self.stat("sys_len")]), ref_len=int(stats[self.stat("ref_len")]),
+            correct=[int(sums[self.stat(f"correct_{n}")]) for n in orders],
+            total=[int(sums[self.stat(f"total_{n}")]) for n in orders],
+            sys_len=int(sums[self.stat("sys_len")]), ref_len=int(sums[self.stat("ref_len")]),
             smooth_method="exp", max_ngram_order=self.max_order).score)
 
 
-def compute_all(metrics, stats: dict[str, float]) -> dict[str, float]:
+def host_values(stats: Stats) -> dict[str, float]:
+    """The statistics as Python floats: the device tensors read in one transfer per device (one
+    sync, not one per statistic); float64 ``tolist`` is exact."""
+    on_device: dict[torch.device, list[str]] = {}
+    for k, v in stats.items():
+        if isinstance(v, torch.Tensor):
+            on_device.setdefault(v.device, []).append(k)
+    values = {k: float(v) for k, v in stats.items() if not isinstance(v, torch.Tensor)}
+    for keys in on_device.values():
+        values.update(zip(keys, torch.stack([stats[k].double().reshape(()) for k in keys]).tolist()))
+    return {k: values[k] for k in stats}
+
+
+def compute_all(metrics, stats: Stats) -> dict[str, float]:
     """Every metric's value from the summed statistics (metrics without statistics are left out)."""
-    return {m.name: m.compute(stats) for m in metrics if any(k.startswith(m.name + ".") for k in stats)}
+    sums = host_values(stats)
+    return {m.name: m.value(sums) for m in metrics if any(k.startswith(m.name + ".") for k in sums)}
 
 
-def accumulate(total: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+def accumulate(total: Stats, stats: Stats) -> Stats:
+    """Adds a batch's statistics to the sums: device tensors on the device (no host read), Python
+    floats on the host; a float and a tensor add up to a tensor."""
     for k, v in stats.items():
         total[k] = total.get(k, 0.0) + v
     return total
