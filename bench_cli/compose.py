@@ -306,21 +306,67 @@ def experiment_tasks(name: str) -> list[str]:
     return sorted({selected or root_default("task"), *swept})
 
 
+def _defaults_entry(entry, base: str) -> tuple[str, str | None, list[str] | None] | None:
+    """One entry of a defaults list as Hydra reads it (hydra/_internal/config_repository.py
+    ``_create_defaults_list``): (its config or group path from the config root, its ``@package``,
+    the options of a group entry -- None for a config entry). Relative paths start from ``base``;
+    ``optional``/``override`` do not change what is selected. None: ``_self_``."""
+    if entry == "_self_":
+        return None
+    if isinstance(entry, dict) and len(entry) == 1:
+        (key, value), = entry.items()
+        key = str(key).split()[-1]
+        options = [] if value is None else [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    else:
+        key, options = str(entry), None
+    path, _, package = key.partition("@")
+    return (path[1:] if path.startswith("/") else f"{base}/{path}"), package.split(":")[0] or None, options
+
+
+# The packages of a task entry that still put the option at cfg.task (experiments are `_global_`).
+TASK_PACKAGES = (None, "task", "_group_", "_global_.task")
+
+
 def _experiment_task_settings(name: str) -> tuple[str | None, list[str]]:
-    """(the task an experiment's defaults select, the tasks its sweep runs over); the file's own
-    settings win over its parents' (same-group defaults)."""
-    raw = read_yaml(option_file("experiment", name))
-    selected, swept = None, []
-    for entry in raw.get("defaults", []):
-        if isinstance(entry, str) and entry != "_self_":
-            selected, swept = _experiment_task_settings(entry)
-    for entry in raw.get("defaults", []):
-        if isinstance(entry, dict) and "override /task" in entry:
-            selected = str(entry["override /task"])
+    """(the task an experiment's defaults select, the tasks its sweep runs over), read from its YAML
+    and its parent experiments' as Hydra composes them (``_task_settings_of``)."""
+    selected, swept = _task_settings_of(f"experiment/{name}", "experiment")
+    return selected, swept or []
+
+
+def _task_settings_of(config: str, base: str) -> tuple[str | None, list[str] | None]:
+    """(selected task, swept tasks or None) of the experiment file at ``config`` (experiment/...),
+    its relative defaults starting from ``base``. A parent is a config entry under experiment/
+    (``- parent``, ``- /experiment/parent``, ``@package`` forms; its own relative entries start from
+    its folder) or an experiment group entry (``- /experiment/sub: parent``, ``sub: [a, b]``); a task
+    is a ``task`` group entry (``override /task: x``, ``optional override /task@task: x``, a list: its
+    last). The file's own task entry wins, then the last parent's (hydra/_internal/defaults_list.py
+    keeps the first override it meets: a list's own entries, then its children last first); of the
+    sweeps' ``task``, the one merged last (the file after its parents unless ``_self_`` is earlier)."""
+    file = option_file(*config.split("/", 1))
+    if not file.is_file():   # an optional parent that is absent, or a typo Hydra reports when it composes
+        return None, None
+    raw = read_yaml(file)
     params = ((raw.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    if "task" in params:
-        swept = [t.strip() for t in str(params["task"]).split(",")]
-    return selected, swept
+    own = (None, [t.strip() for t in str(params["task"]).split(",")] if "task" in params else None)
+    selected, merged, self_listed = None, [], False   # merged: (selected, swept) in merge order
+    for entry in raw.get("defaults") or []:
+        parsed = _defaults_entry(entry, base)
+        if parsed is None:
+            merged.append(own)
+            self_listed = True
+            continue
+        path, package, options = parsed
+        if options is None and path.startswith("experiment/"):
+            merged.append(_task_settings_of(path, path.rsplit("/", 1)[0]))
+        elif options is not None and (path == "experiment" or path.startswith("experiment/")):
+            merged += [_task_settings_of(f"{path}/{option}", path) for option in options]
+        elif options and path == "task" and package in TASK_PACKAGES:
+            selected = selected or options[-1]
+    if not self_listed:
+        merged.append(own)   # Hydra puts an unlisted _self_ last
+    selected = selected or next((s for s, _ in reversed(merged) if s), None)
+    return selected, next((w for _, w in reversed(merged) if w is not None), None)
 
 
 def check_experiment_tasks(experiments: list[str], tasks: list[str]) -> None:

@@ -123,3 +123,63 @@ def test_every_task_config_names_a_registered_task():
     from tasks import available_tasks
 
     assert sorted(compose([f"task={t}"]).task.name for t in TASKS) == available_tasks()
+
+
+# --- every defaults-list form that selects an experiment's task (issue 19) ------------------------
+# experiment/forms/<name>.yaml bodies (after `# @package _global_`), each selecting a task other than
+# the root default (uea) the way Hydra's defaults list allows: parents by absolute, relative and
+# `@package` config entries and by experiment group entries, task entries with optional/override/
+# `@package`/list forms, precedence between a file and its parents, sweeps before and after _self_.
+DEFAULTS_FORMS = {
+    "base": "defaults:\n  - override /task: lra_listops\n",
+    "swept": "defaults:\n  - /experiment/forms/base\nhydra:\n  sweeper:\n    params:\n      task: lra_text,lra_image\n",
+    "sub/sibling": "defaults:\n  - override /task: lm\n",
+    "sub/nested": "defaults:\n  - sibling\n",     # a config entry's relative entries start in its folder
+    "absolute_parent": "defaults:\n  - /experiment/forms/base\n",
+    "absolute_parent_here": "defaults:\n  - /experiment/forms/base@_here_\n",
+    "relative_parent_global": "defaults:\n  - forms/base@_global_\n",
+    "nested_parent": "defaults:\n  - forms/sub/nested\n",
+    "group_parent": "defaults:\n  - /experiment/forms/sub: sibling\n",
+    "relative_group_parent": "defaults:\n  - forms/sub@_here_: [sibling]\n",
+    "optional_override": "defaults:\n  - optional override /task: d4rl\n",
+    "override_at_task": "defaults:\n  - override /task@task: d4rl\n",
+    "override_at_global_task": "defaults:\n  - override /task@_global_.task: d4rl\n",
+    "override_list": "defaults:\n  - override /task: [d4rl]\n",
+    "own_override_wins": "defaults:\n  - forms/base\n  - override /task: tser\n",
+    "last_parent_wins": "defaults:\n  - forms/base\n  - forms/sub/nested\n",
+    "sweep_self_last": "defaults:\n  - forms/swept\n  - _self_\nhydra:\n  sweeper:\n    params:\n      task: lm\n",
+    "sweep_self_first": "defaults:\n  - _self_\n  - forms/swept\nhydra:\n  sweeper:\n    params:\n      task: lm\n",
+    "plain_task": "defaults:\n  - /task: lm\n",   # Hydra: "Multiple values for task" (the root has one)
+}
+PARENTS_ONLY = ("base", "swept", "sub/sibling", "sub/nested", "plain_task")   # composed only as parents (0.5 s a composition)
+
+
+@pytest.fixture
+def defaults_forms(tmp_path, monkeypatch):
+    """A --config-dir with experiment/forms/* (DEFAULTS_FORMS); the config folders restored afterwards."""
+    from bench_cli import compose as C
+
+    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
+    for name, body in DEFAULTS_FORMS.items():
+        path = tmp_path / "experiment" / "forms" / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# @package _global_\n" + body)
+    C.add_config_dir(tmp_path)
+    yield [f"forms/{name}" for name in DEFAULTS_FORMS if name not in PARENTS_ONLY]
+    C._top_level_keys.cache_clear()
+    C._group_defaults.cache_clear()
+
+
+def test_experiment_tasks_read_every_defaults_form_as_hydra_composes_it(defaults_forms):
+    from bench_cli import compose as C
+
+    with C.composer() as compose_one:
+        for name in defaults_forms:
+            cfg = compose_one([f"experiment={name}"], with_hydra=True)
+            swept = OmegaConf.select(cfg, "hydra.sweeper.params.task")
+            hydra_tasks = {cfg.task.name, *(t.strip() for t in str(swept).split(",") if swept)}
+            assert C.experiment_tasks(name) == sorted(hydra_tasks), name
+            assert hydra_tasks != {"uea"}, name   # each form selects something
+        with pytest.raises(UserError, match="Multiple values for task"):
+            compose_one(["experiment=forms/plain_task"])
+    assert C.experiment_tasks("forms/plain_task") == ["lm"]   # what it asks for: the error names it

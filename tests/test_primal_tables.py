@@ -125,19 +125,23 @@ def test_primal_plus_architecture_is_supplement_table5(family, experiment, one):
 
 
 # --- the reports map every paper row ----------------------------------------------------------------
-def record(experiment: str, dataset: str, model: str, value: str | None = None, key: str | None = None) -> dict:
-    overrides = f"experiment={experiment} task.dataset={dataset} model={model} seed=0" + (f" {key}={value}" if key else "")
+def record(experiment: str, dataset: str, model: str, values: tuple = (), keys: tuple = ()) -> dict:
+    overrides = " ".join([f"experiment={experiment} task.dataset={dataset} model={model} seed=0",
+                          *(f"{k}={v}" for k, v in zip(keys, values))])
     return {"experiment": experiment, "task": "t", "dataset": dataset, "model": model, "seed": "0", "status": "ok",
-            "protocol": "paper", "variant_key": f"{dataset}-{model}-{value}", "job_key": f"{dataset}{model}{value}",
+            "protocol": "paper", "variant_key": f"{dataset}-{model}-{values}", "job_key": f"{dataset}{model}{values}",
             "time": "2026-01-01T00:00:00", "test_accuracy": "50.0", "overrides": overrides}
 
 
-def mapped_paper_rows(experiment: str, datasets: list[str], values: list[str] | None = None) -> set[tuple]:
-    """(dataset, paper model[, value]) of every paper row the report finds for its rows and datasets."""
+def mapped_paper_rows(experiment: str, datasets: list[str], values: list | None = None) -> set[tuple]:
+    """(table, metric, paper model, rows_by value(s), paper value) of every paper row the report finds
+    for its rows and datasets; ``values``: of the rows_by key (one key) or tuples (several keys)."""
     cfg = C.compose_unchecked([f"experiment={experiment}"], with_hydra=True)
-    key = OmegaConf.select(cfg, "report.rows_by.key", default=None)
+    rows_by = OmegaConf.to_container(cfg.report.rows_by) if cfg.report.get("rows_by") else []
+    keys = tuple(by["key"] for by in (rows_by if isinstance(rows_by, list) else [rows_by]))
+    combos = [v if isinstance(v, tuple) else (v,) for v in values] if values else [()]
     models = axes(experiment)["model"]
-    rows = [record(experiment, d, m, v, key) for d in datasets for m in models for v in (values or [None])]
+    rows = [record(experiment, d, m, v, keys) for d in datasets for m in models for v in combos]
     report = RC.build(experiment, cfg, Path("records.csv"), rows, rows, show_all=True)
     found = set()
     for column in (report.layout.headline, *report.layout.own):
@@ -147,7 +151,8 @@ def mapped_paper_rows(experiment: str, datasets: list[str], values: list[str] | 
                 spec = report.rows.by_label[label]
                 p = paper_of(d, label)
                 if p is not None:
-                    found.add((p.table, column.paper_metric, report.paper_model(label), spec.value, p.mean))
+                    value = spec.values[0] if len(spec.values) == 1 else spec.values or None
+                    found.add((p.table, column.paper_metric, report.paper_model(label), value, p.mean))
     return found
 
 
@@ -169,6 +174,12 @@ def test_reports_map_every_row_of_the_main_tables():
 
 
 def test_reports_map_the_ablation_and_diversity_rows():
+    grid = axes("primal_attention/supp_table1")   # a row per (s, eta): rows_by with two keys
+    s_eta = [(s, eta) for s in grid["model.attention.low_rank"] for eta in grid["model.eta"]]
+    number = lambda v: str(float(v))  # noqa: E731  (the grid's 0.0 is the CSV's 0)
+    found = mapped_paper_rows("primal_attention/supp_table1", grid["task.dataset"], s_eta)
+    assert {(*r[:3], tuple(map(number, r[3])), r[4]) for r in found} == expected_rows(
+        "primal_attention_supp.csv", "1", {"accuracy"}, lambda r: (number(r["s"]), number(r["eta"])))
     notes = lambda r: "true" if r["notes"].split("= ")[1].startswith("yes") else "false"  # noqa: E731
     uea = sorted({r["dataset"] for r in paper_rows("primal_attention_supp.csv", "3")})
     assert mapped_paper_rows("primal_attention/supp_table3", uea, ["true", "false"]) == expected_rows(

@@ -10,6 +10,7 @@ import pytest
 
 from bench_cli import report as R
 from bench_cli.cli import main
+from bench_cli.core.errors import UserError
 from bench_cli.records import append_record
 
 EXP = "primal_dual/table1"
@@ -236,6 +237,64 @@ def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, mon
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
     assert "| aan | attention_bn (beta_learnable=true) | 2 | 80.85 ± 0.07 | 80.77 ± 0.23 [T11] |" in md
     assert "| aan | attention_bn_sh (beta_learnable=false) | 2 | 81.05 ± 0.07 | 81.20 ± 0.11 [T11] |" in md
+
+
+SUPP1 = "primal_attention/supp_table1"
+
+
+def test_rows_split_by_two_keys_match_the_papers_row_of_both(workdir, capsys):
+    """Supplement Table 1 (s x eta): 2 s x 2 eta values of records give 4 rows, each next to the
+    paper's value of its (s, eta) (reference CSV, EthanolConcentration); the grid's other 8
+    combinations have no records: one note, no rows."""
+    paper = {("20", "0.0"): "32.30", ("20", "0.1"): "31.60", ("30", "0.0"): "30.00", ("30", "0.1"): "33.10"}
+    for i, (s, eta) in enumerate(paper):
+        for seed in (0, 1):
+            append_record(workdir / "runs.csv", rec(
+                "EthanolConcentration", "primalformer", seed, 40.0 + i + seed, variant=f"{s}-{eta}",
+                experiment=SUPP1, job_key=f"{s}{eta}{seed}",
+                overrides=f"experiment={SUPP1} task.dataset=EthanolConcentration model=primalformer "
+                          f"model.attention.low_rank={s} model.eta={eta} seed={seed}"))
+    main(["report", SUPP1, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_attention" / "supp_table1.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| EthanolConcentration")]
+    assert len(rows) == 4
+    for i, ((s, eta), value) in enumerate(paper.items()):
+        assert rows[i].startswith(f"| EthanolConcentration | primalformer (low_rank={s}, eta={eta}) | 2 | "
+                                  f"{40.5 + i:.2f} ± 0.71 | {value} [T1] |"), rows[i]
+    assert "Not run (no records in runs.csv): primalformer (low_rank=20, eta=0.2), " in md
+    assert md.count("low_rank=40") == 4   # the not-run combinations are named once each
+
+
+@pytest.mark.parametrize("rows_by, message", [
+    ([{"key": "model.eta"}, {"paper_column": "eta"}], "report.rows_by[1]: no `key`"),
+    ({"key": "model.eta", "column": "eta"}, "report.rows_by: unknown key(s) column"),
+])
+def test_rows_by_errors_are_one_line(rows_by, message):
+    with pytest.raises(UserError) as e:
+        R.layout({"columns": [{"column": "test_accuracy", "table": "own"}], "rows_by": rows_by})
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_models_without_records_are_noted_once_and_the_others_keep_their_average(workdir):
+    """Two of the grid's four models ran on both datasets: their rows and average rows stay, the
+    other two are one note, not a row of gaps per dataset."""
+    for d in ("JapaneseVowels", "BasicMotions"):
+        for m, acc in (("softmax", 98.0), ("attention_bn", 99.0)):
+            for s in (0, 1):
+                append_record(workdir / "runs.csv", rec(d, m, s, acc + s))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| Average (2 sets) | softmax | 2 | 98.50 ± 0.71 |" in md
+    assert "| Average (2 sets) | attention_bn | 2 | 99.50 ± 0.71 |" in md
+    assert "attention_sh |" not in md and "Gaps" not in md
+    assert "Not run (no records in runs.csv): attention_sh, attention_bn_sh." in md
+    # a model with records on one dataset only: its gap stays a row, the average leaves that dataset out
+    append_record(workdir / "runs.csv", rec("JapaneseVowels", "attention_sh", 0, 97.0))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| BasicMotions | attention_sh | 0 | — |" in md and "| Average (1 sets) | attention_sh | 1 | 97.00 |" in md
+    assert "The average leaves out BasicMotions: no result for attention_sh." in md
+    assert "Not run (no records in runs.csv): attention_bn_sh." in md
 
 
 def test_logger_wandb_logs_the_table(workdir, monkeypatch):

@@ -136,4 +136,4 @@ def test_layout_places_the_columns():
     assert lay.headline.column == "test_accuracy" and [c.column for c in lay.own] == ["train_accuracy"]
     assert [c.name for c in lay.inline] == ["test loss", "time per epoch ×"]
     assert [c.name for c in lay.every] == ["params ×", "FLOPs ×", "mem ×", "time ×", "attn ×"]
-    assert lay.rows_by == spec.RowsBy("task.backbone.n_heads", "heads")
+    assert lay.rows_by == (spec.RowsBy("task.backbone.n_heads", "heads"),)

@@ -3,8 +3,9 @@
 For every (dataset, row): mean and sample standard deviation over seeds of the experiment's ``ok``
 records, the paper's mean and std (``results/paper/*.csv``), the difference, whether it is within
 the tolerance max(2 x paper std, floor) (floor: ``report.tolerance_floor``, 1 point by default),
-and Welch's t-test of the two means with their n. Missing runs are gaps, never zeros; the average
-row covers only the datasets where every row has results. Output: a rich table, and
+and Welch's t-test of the two means with their n. Missing runs are gaps, never zeros; a row of the
+grid without any record (a model not run) is named once in the notes instead of a gap per dataset;
+the average row covers only the datasets where every row shown has results. Output: a rich table, and
 ``<out>/<NAME>.md`` + ``.csv``; ``logger=wandb`` logs the table too.
 
 Where things are:

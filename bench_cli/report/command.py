@@ -4,6 +4,7 @@ further table). The experiment's config is composed once, for its ``report:`` se
 grid's axes; everything about the runs comes from record columns."""
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -61,13 +62,13 @@ def rerun_command(name: str | None, path: Path, out_dir: Path, opts: dict, overr
     return " ".join(shlex.quote(w) for w in words)
 
 
-def grid_axes(cfg, extra: str | None = None) -> dict[str, list[str]]:
-    """Values of the experiment's sweep axes (task.dataset, model and ``extra``), in grid order."""
+def grid_axes(cfg, *extra: str) -> dict[str, list[str]]:
+    """Values of the experiment's sweep axes (task.dataset, model and the ``extra`` keys), in grid order."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
     params = OmegaConf.to_container(params) if params is not None else {}
     out = {}
-    for k in ("task.dataset", "model", extra):
-        if k and k in params:
+    for k in ("task.dataset", "model", *extra):
+        if k in params:
             out[k] = [v.strip() for v in str(params[k]).split(",") if v.strip()]
     return out
 
@@ -110,18 +111,29 @@ class Report:
         sp = self.rows.by_label.get(label)
         return dict(self.settings.get("paper_models") or {}).get(sp.model, sp.model) if sp else label
 
+    @functools.cached_property
+    def labels(self) -> list[str]:
+        """The rows shown: every row label with a record (ok or not) of the experiment."""
+        ran = {self.rows.label_of(r) for r in self.records}
+        return [label for label in self.rows.labels if label in ran]
+
+    @property
+    def not_run(self) -> list[str]:
+        """Row labels of the grid without a single record: listed once in the notes, not as gaps."""
+        shown = set(self.labels)
+        return [label for label in self.rows.labels if label not in shown]
+
     def paper_lookup(self, column: spec.Column):
         """(paper_of(dataset, label), printed averages) of a column: the paper's row of the dataset's
-        and model's paper names, matching the column's filter and the row's rows_by value."""
+        and model's paper names, matching the column's filter and the row's value of every rows_by key."""
         table, averages = load_paper(self.settings, column.paper_metric, column.paper_filter)
-        datasets, by = dict(self.settings.get("paper_datasets") or {}), self.layout.rows_by
+        datasets = dict(self.settings.get("paper_datasets") or {})
 
         def paper_of(d: str, label: str):
             sp = self.rows.by_label.get(label)
-            value = sp.value if sp else None
-            notes = by.paper_notes.get(str(value).lower()) if by and value is not None else None
-            where = {**column.paper_filter, **({by.paper_column: value} if by and by.paper_column and value is not None
-                                               else {})}
+            pairs = list(zip(self.layout.rows_by, sp.values)) if sp else []
+            notes = [by.paper_notes.get(value.lower()) for by, value in pairs]
+            where = {**column.paper_filter, **{by.paper_column: value for by, value in pairs if by.paper_column}}
             return table.get((str(datasets.get(d, d)).lower(), self.paper_model(label)), notes, where)
         return paper_of, averages
 
@@ -138,9 +150,10 @@ class Report:
             return base_cells.get((d, base_label)), base_label
 
         extras = [(c, self.paper_lookup(c)[0] if c.paper_metric else None) for c in beside]
-        rows = stats.build_rows(cells, self.datasets, self.rows.labels, paper_of, baseline_of,
+        labels = self.labels
+        rows = stats.build_rows(cells, self.datasets, labels, paper_of, baseline_of,
                                 self.settings.get("paper_n") or 5, self.paper_model, self.floor, extras)
-        return Table(column, cells, rows, stats.average_row(cells, self.datasets, self.rows.labels, paper_of, self.floor),
+        return Table(column, cells, rows, stats.average_row(cells, self.datasets, labels, paper_of, self.floor),
                      tuple(beside))
 
     @property
@@ -175,9 +188,9 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
     layout = spec.layout(settings)
     all_records, _ = select.one_row_per_job(all_records)
     rows, duplicates = select.one_row_per_job(rows)
-    key = layout.rows_by.key if layout.rows_by else None
-    axes = grid_axes(cfg, key)
-    report_rows = select.Rows(rows, axes.get("model") or [], key, axes.get(key) or [] if key else [])
+    keys = tuple(by.key for by in layout.rows_by)
+    axes = grid_axes(cfg, *keys)
+    report_rows = select.Rows(rows, axes.get("model") or [], keys, axes)
     with_records = {r["dataset"] for r in rows}
     grid_ds = axes.get("task.dataset") or []
     datasets = [d for d in grid_ds if show_all or d in with_records] + sorted(with_records - set(grid_ds))
@@ -263,8 +276,7 @@ def header_lines(report: Report) -> list[str]:
         records_line(report.path, used),
         *([f"wall clock: {span}"] if (span := wall_clock(used)) else []),
     ]
-    key = report.layout.rows_by.key if report.layout.rows_by else None
-    axes_keys = ("task.dataset", "model", "seed", "experiment", *((key,) if key else ()))
+    axes_keys = ("task.dataset", "model", "seed", "experiment", *(by.key for by in report.layout.rows_by))
     return header + budget_lines(report, axes_keys) + [sweep_line(report, axes_keys)]
 
 
@@ -299,21 +311,35 @@ def inline_note(report: Report, column: spec.Column) -> str:
             f"`{column.paper_metric}`" + (f" ({filt})" if filt else "") + ".")
 
 
+def average_notes(report: Report) -> list[str]:
+    """Which datasets the average rows leave out, and the rows that lack them (the average covers
+    the datasets where every row shown has results)."""
+    average, cells = report.tables[0].average, report.tables[0].cells
+    if average is None:
+        return ["No dataset has results for every model: no average row."]
+    lacking = {d: [label for label in report.labels if not (cells.get((d, label)) and cells[(d, label)].n)]
+               for d in report.datasets if d not in average["datasets"]}
+    return [f"The average leaves out {d}: no result for "
+            + ("any row" if labels == report.labels else ", ".join(labels)) + "." for d, labels in lacking.items()]
+
+
 def notes(report: Report) -> list[str]:
     headline, out = report.tables[0], select.duplicates_note(report.duplicates)
     ignored = sum(c.ignored for c in headline.cells.values())
     if ignored:
         out.append(f"{ignored} older records of other configurations of the same cells were ignored (newest variant shown).")
     printed = report.printed_average
-    shown = ", ".join(f"{sp.label} {mean_pm(printed[report.paper_model(sp.label)].mean, printed[report.paper_model(sp.label)].std)}"
-                      for sp in report.rows.specs if report.paper_model(sp.label) in printed)
+    averages = [(label, printed[report.paper_model(label)]) for label in report.labels
+                if report.paper_model(label) in printed]
+    shown = ", ".join(f"{label} {mean_pm(p.mean, p.std)}" for label, p in averages)
     if shown:
         out.append(f"Paper's printed average over all its datasets (Table {report.settings['paper_tables'][0]}): {shown}.")
-    if headline.average is None:
-        out.append("No dataset has results for every model: no average row.")
+    out += average_notes(report)
     missing = [f"{r['dataset']}/{r['model']}" for r in headline.rows if r["n"] == 0]
     if missing:
         out.append(f"Gaps (no ok run): {', '.join(missing)}.")
+    if report.not_run:
+        out.append(f"Not run (no records in {report.path.name}): {', '.join(report.not_run)}.")
     no_paper = sorted({r["dataset"] for r in headline.rows if r["paper_mean"] is None})
     if no_paper:
         out.append(f"No paper number for: {', '.join(no_paper)} (not in the paper's table).")
@@ -340,7 +366,7 @@ def cmd_report(args: list[str]) -> None:
     report = build(name, cfg, path, all_records, rows, opts["all"])
     report.command = rerun_command(name, path, out_dir, opts, overrides)
     header, title = header_lines(report), str(report.settings.get("title") or name)
-    tables = [(t, render.display_rows(t.rows, t.average, report.rows.labels, t.columns),
+    tables = [(t, render.display_rows(t.rows, t.average, report.labels, t.columns),
                render.headers(report.floor, t.columns)) for t in report.tables]
     (headline, display, cols), sections = tables[0], tables[1:]
     screen = render.sized(console, opts["width"])
@@ -363,7 +389,7 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
                                      "restores it)"])
     out.with_suffix(".md").write_text(render.markdown(title, header, display, notes(report), cols,
                                                       [(t.column.subtitle, shown, c) for t, shown, c in sections]))
-    labels, written = report.rows.labels, [out.with_suffix(".md")]
+    labels, written = report.labels, [out.with_suffix(".md")]
     for i, table in enumerate(report.tables):
         written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")
         render.write_csv(written[-1], table.rows, table.average, labels, table.columns)

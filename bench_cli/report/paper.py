@@ -48,14 +48,16 @@ class PaperTable:
     def __init__(self, rows: list[dict], tables: list[str]):
         self.rows, self.tables = rows, tables
 
-    def get(self, key, notes: str | None = None, where: dict | None = None) -> PaperValue | None:
-        """The value of (dataset, model); ``notes`` a substring of the row's notes, ``where``
-        {CSV column: value} the row must have (e.g. {"heads": 4}; numbers compare as numbers)."""
+    def get(self, key, notes: str | list | None = None, where: dict | None = None) -> PaperValue | None:
+        """The value of (dataset, model); ``notes`` a substring (or a list of substrings, None
+        entries skipped) of the row's notes, ``where`` {CSV column: value} the row must have (e.g.
+        {"heads": 4}; numbers compare as numbers)."""
         dataset, model = key
+        wanted = [n for n in ([notes] if isinstance(notes, str) else notes or []) if n]
         for t in self.tables:
             for r in self.rows:
                 if (r["table"] == t and r["dataset"].lower() == dataset and r["model"] == model
-                        and (not notes or notes in r.get("notes", "")) and matches(r, where)):
+                        and all(n in r.get("notes", "") for n in wanted) and matches(r, where)):
                     return PaperValue(float(r["value"]), number(r.get("std")), t, r.get("notes", ""))
         return None
 

@@ -7,6 +7,7 @@ failed. Everything here reads record columns; nothing composes a config.
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 
@@ -118,46 +119,53 @@ def common_overrides(rows: list[dict], axes=("task.dataset", "model", "seed", "e
 
 @dataclass(frozen=True)
 class RowSpec:
-    """What the 'model' column of a report row is: a model, or a model at one value of rows_by."""
+    """What the 'model' column of a report row is: a model, or a model at one value of each rows_by key."""
     label: str
     model: str
-    value: str | None = None
+    values: tuple[str, ...] = ()
 
 
-def row_specs(models: list[str], key: str | None, values: list[str]) -> list[RowSpec]:
-    if not key:
+def row_specs(models: list[str], keys: tuple[str, ...], values: list[tuple[str, ...]]) -> list[RowSpec]:
+    """One row per model and combination of the keys' ``values``: ``standard (n_heads=4)``,
+    ``primalformer (low_rank=20, eta=0.1)``."""
+    if not keys:
         return [RowSpec(m, m) for m in models]
-    short = key.rsplit(".", 1)[-1]
-    return [RowSpec(f"{m} ({short}={v})", m, v) for m in models for v in values]
+    shorts = [k.rsplit(".", 1)[-1] for k in keys]
+    return [RowSpec(f"{m} ({', '.join(f'{k}={v}' for k, v in zip(shorts, vs))})", m, tuple(vs))
+            for m in models for vs in values]
 
 
 class Rows:
     """The report's rows: models in grid order (then the others with records), times the values of
-    the ``rows_by`` key; labels like ``standard (n_heads=4)``."""
+    the ``rows_by`` keys (each key's grid values, then the others its records have; every
+    combination, the first key outermost); labels like ``standard (n_heads=4)``."""
 
-    def __init__(self, records: list[dict], grid_models: list[str], key: str | None = None,
-                 grid_values: list[str] = ()):
-        self.key = key
+    def __init__(self, records: list[dict], grid_models: list[str], keys: tuple[str, ...] = (),
+                 grid_values: dict[str, list[str]] | None = None):
+        self.keys = tuple(keys)
         models = list(grid_models) + sorted({r["model"] for r in records} - set(grid_models))
-        values = list(grid_values)
-        if key:
-            values += sorted({str(override_value(r.get("overrides", ""), key)) for r in records} - set(values))
-        self.specs = row_specs(models, key, values)
+        per_key = []
+        for key in self.keys:
+            given = list((grid_values or {}).get(key) or [])
+            per_key.append(given + sorted({str(override_value(r.get("overrides", ""), key)) for r in records}
+                                          - set(given)))
+        self.specs = row_specs(models, self.keys, list(itertools.product(*per_key)))
         self.by_label = {sp.label: sp for sp in self.specs}
 
     @property
     def labels(self) -> list[str]:
         return [sp.label for sp in self.specs]
 
+    def values_of(self, record: dict) -> tuple[str, ...]:
+        return tuple(str(override_value(record.get("overrides", ""), key)) for key in self.keys)
+
     def label_of(self, record: dict) -> str:
-        if not self.key:
-            return record.get("model", "")
-        return row_specs([record.get("model", "")], self.key, [str(override_value(record.get("overrides", ""), self.key))])[0].label
+        return row_specs([record.get("model", "")], self.keys, [self.values_of(record)])[0].label
 
     def with_model(self, label: str, model: str) -> str:
-        """The label of ``model`` at the same rows_by value as ``label`` (the baseline's row)."""
+        """The label of ``model`` at the same rows_by values as ``label`` (the baseline's row)."""
         sp = self.by_label.get(label)
-        return row_specs([model], self.key, [sp.value])[0].label if self.key and sp else model
+        return row_specs([model], self.keys, [sp.values])[0].label if sp else model
 
 
 def planned_epochs(used: list[dict], datasets: list[str]) -> str:

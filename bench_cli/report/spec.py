@@ -20,7 +20,12 @@ A column is a record column shown beside the paper's numbers::
 Every report shows the ``EFFICIENCY`` columns (ratios to the baseline of parameters, FLOPs, peak
 memory, epoch time) in every table. ``report.rows_by`` splits the rows: one row per model and
 value of an override swept besides the model (``key``); the paper's row of that value is the one
-whose ``paper_column`` holds it, or whose notes contain ``paper_notes[value]``.
+whose ``paper_column`` holds it, or whose notes contain ``paper_notes[value]``. A list of such
+entries splits by every key (one row per model and combination of values, e.g. s x eta of the
+Primal-Attention supplement's Table 1), matched to the paper's row that has all of them::
+
+    rows_by: {key: task.backbone.n_heads, paper_column: heads}
+    rows_by: [{key: model.attention.low_rank, paper_column: s}, {key: model.eta, paper_column: eta}]
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from bench_cli.core.errors import UserError
 
 TABLES = ("own", "inline", "every")
 COLUMN_KEYS = ("column", "paper_metric", "paper_filter", "ratio", "table", "label", "digits")
+ROWS_BY_KEYS = ("key", "paper_column", "paper_notes")
 SETTINGS = ("title", "paper_csv", "paper_tables", "paper_n", "paper_models", "paper_datasets", "baseline",
             "baseline_experiment", "tolerance_floor", "higher_is_better", "notes", "rows_by", "columns")
 REPLACED = ("metric", "paper_metric", "paper_split", "paper_filter", "paper_notes", "also", "compare", "variants")
@@ -79,7 +85,7 @@ EFFICIENCY = (
 
 @dataclass(frozen=True)
 class RowsBy:
-    """``report.rows_by``: rows per value of ``key``, matched to the paper's rows by a column or notes."""
+    """One ``report.rows_by`` entry: rows per value of ``key``, matched to the paper's rows by a column or notes."""
     key: str
     paper_column: str | None = None
     paper_notes: dict = field(default_factory=dict)
@@ -92,7 +98,7 @@ class Layout:
     own: tuple[Column, ...]
     inline: tuple[Column, ...]
     every: tuple[Column, ...] = EFFICIENCY
-    rows_by: RowsBy | None = None
+    rows_by: tuple[RowsBy, ...] = ()   # the keys that split the rows, outermost first
 
     @property
     def tables(self) -> tuple[Column, ...]:
@@ -128,9 +134,18 @@ def layout(settings: dict) -> Layout:
     own = [c for c in columns if c.table == "own"]
     if not own:
         raise UserError("report.columns has no column with table: own (the first one is the report's headline)")
-    rows_by = settings.get("rows_by")
-    if rows_by:
-        rows_by = RowsBy(str(rows_by["key"]), rows_by.get("paper_column"),
-                         {str(k).lower(): str(v) for k, v in (rows_by.get("paper_notes") or {}).items()})
+    rows_by = settings.get("rows_by") or []
+    entries = [rows_by_entry(e, f"report.rows_by[{i}]") for i, e in enumerate(rows_by)] if isinstance(
+        rows_by, list) else [rows_by_entry(rows_by, "report.rows_by")]
     return Layout(own[0], tuple(own[1:]), tuple(c for c in columns if c.table == "inline"),
-                  EFFICIENCY + tuple(c for c in columns if c.table == "every"), rows_by or None)
+                  EFFICIENCY + tuple(c for c in columns if c.table == "every"), tuple(entries))
+
+
+def rows_by_entry(entry, where: str) -> RowsBy:
+    """A RowsBy from one ``report.rows_by`` mapping; a missing ``key`` or an unknown one is a one-line error."""
+    unknown = sorted(set(entry) - set(ROWS_BY_KEYS)) if isinstance(entry, dict) else []
+    if not isinstance(entry, dict) or unknown or "key" not in entry:
+        raise UserError(f"{where}: " + (f"unknown key(s) {', '.join(unknown)}" if unknown else "no `key`")
+                        + f"; an entry has {', '.join(ROWS_BY_KEYS)} (a list of entries splits by each)")
+    return RowsBy(str(entry["key"]), entry.get("paper_column"),
+                  {str(k).lower(): str(v) for k, v in (entry.get("paper_notes") or {}).items()})
