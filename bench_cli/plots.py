@@ -6,9 +6,13 @@
   paper's numbers, when the profile has them, are drawn as stars.
 * :func:`pba_figures`: papers/002 Figures 2-4 from the counted FLOPs of one attention layer,
   each next to the paper's Eqn. (24).
+* :func:`zoo_figure`: the attention zoo's per-task plot (bench_cli/report/zoo.py), in the form of
+  the LRA paper's Figure 3 (Tay et al. 2021): score against speed, one labelled point per model,
+  its area by memory.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -191,3 +195,39 @@ def _save(fig, path, plt) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# --------------------------------------------------------------------------- the attention zoo
+@dataclass
+class ZooPoint:
+    label: str
+    metric: float
+    train_time_s: float | None
+    peak_mem_bytes: float | None
+
+
+def zoo_figure(points: list[ZooPoint], path: str | Path, title: str, metric: str) -> Path:
+    """The metric against the training time (log axis), one labelled point per attention, its area
+    proportional to the peak training memory (the LRA paper's Figure 3 form)."""
+    plt = _pyplot()
+    points = [p for p in points if p.train_time_s]
+    mems = [p.peak_mem_bytes for p in points if p.peak_mem_bytes]
+    largest = max(mems, default=1.0)
+    fig, ax = plt.subplots(figsize=(8, 6))
+    colors = plt.get_cmap("tab20")
+    for i, p in enumerate(points):
+        area = 40 + 900 * (p.peak_mem_bytes or 0) / largest
+        ax.scatter([p.train_time_s], [p.metric], s=area, alpha=0.55, color=colors(i % 20), edgecolors="black",
+                   linewidths=0.5)
+        ax.annotate(p.label, (p.train_time_s, p.metric), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):  # 2, 3, 4 s, not 2 x 10^0
+        axis(ScalarFormatter())
+    ax.set_xlabel("training time per run (s, mean over seeds; log scale)")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{title}\npoint area: peak training memory (largest {largest / 2**20:.1f} MiB)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path, plt)

@@ -245,6 +245,29 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
     return missing
 
 
+def skip_incapable(jobs: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
+    """(jobs kept, (job, reason) left out): with ``sweep.skip_incapable`` in its config (a grid that
+    crosses tasks with every model: experiment zoo/offline), a job whose (task, model) pair the
+    registry's capabilities refuse (runner.check_model_fits_task) is left out with the refusal as
+    its reason, instead of refusing the whole grid; other jobs are kept as they are."""
+    from bench_cli.runner import build_task, check_model_fits_task
+
+    kept, skipped, reasons = [], [], {}
+    for job in jobs:
+        pair = (job.cfg.task.name, job.cfg.task.get("dataset"), job.cfg.model.name)
+        if OmegaConf.select(job.cfg, "sweep.skip_incapable", default=False) and pair not in reasons:
+            try:
+                check_model_fits_task(build_task(job.cfg), job.cfg)
+                reasons[pair] = None
+            except UserError as e:
+                reasons[pair] = str(e)
+        if reasons.get(pair):
+            skipped.append((job, reasons[pair]))
+        else:
+            kept.append(job)
+    return kept, skipped
+
+
 def done_keys(path) -> dict[str, dict]:
     """job_key -> latest ok record."""
     return {r["job_key"]: r for r in records.read_records(path) if r.get("status") == "ok" and r.get("job_key")}
@@ -435,6 +458,8 @@ def parse_sweep_args(args: list[str]):
 
 
 def cmd_sweep(args: list[str]) -> None:
+    from rich.markup import escape
+
     from bench_cli.ui import console
 
     if any(a in ("-h", "--help") for a in args):
@@ -446,6 +471,10 @@ def cmd_sweep(args: list[str]) -> None:
     p, flags = parsed
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
     sweep = plan_sweep(p.overrides, flags)
+    sweep.jobs, skipped = skip_incapable(sweep.jobs)
+    for reason in dict.fromkeys(reason for _, reason in skipped):
+        console.print(f"[yellow]skipped[/] ({sum(r == reason for _, r in skipped)} jobs): {escape(reason)}",
+                      highlight=False, soft_wrap=True)
     jobs = sweep.jobs
     if not jobs:
         raise UserError("the sweep has no jobs")

@@ -172,7 +172,7 @@ def _load(names: list[str], overrides: list[str], opts: dict):
     C.check_group_choices(overrides)
     cfg = C.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
     settings = cfg.get("report")
-    if settings is None or not settings.get("paper_csv"):
+    if settings is None or not (settings.get("paper_csv") or settings.get("kind") == "zoo"):
         raise UserError(f"experiment {name} has no report settings (report.paper_csv)")
     path = Path(opts["records"] or cfg.results.path)
     all_records = records.read_records(path)
@@ -361,6 +361,10 @@ def cmd_report(args: list[str]) -> None:
 
         return report_records(overrides, opts)
     name, cfg, path, all_records, rows = _load(names, overrides, opts)
+    if cfg.report.get("kind") == "zoo":  # no paper: the leaderboard of every attention (bench_cli/report/zoo.py)
+        from bench_cli.report.zoo import write_zoo_report
+
+        return write_zoo_report(name, cfg, path, rows, opts, overrides)
     # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/.
     out_dir = Path(opts["out"] or path.parent / "reproduced")
     report = build(name, cfg, path, all_records, rows, opts["all"])

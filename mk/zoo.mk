@@ -1,0 +1,39 @@
+# The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/report/zoo.py): every model preset
+# (`attnbench ls models`: the three papers' attentions and the baselines) on every offline task
+# (UEA JapaneseVowels and BasicMotions, TSER Covid3Month, generated short ListOps, ViT mnist5k),
+# 3 seeds at REDUCED budgets (conf/experiment/zoo/_case/*.yaml), JOBS=2 jobs of one thread; then
+# `attnbench profile` of every model against softmax at the LRA lengths 1K, 2K and 4K (the
+# primal_lra_efficiency preset's LRA ListOps encoder, batch 1, one timed step after one warm-up);
+# then the report results/reproduced/zoo/zoo.md with one plot per task (<task>_<dataset>.png).
+# Rerunning finishes only the missing or failed jobs and rewrites the report.
+# Cost, timed per case with trainer.num_threads=1 beside a sweep (load average ~5 on 2 cores, so
+# every figure below is the measured wall time / 2.5): one seed of one softmax-like model costs about
+# 2.5 s on JapaneseVowels, 3 s on BasicMotions, 6 s on Covid3Month, 11 s on ListOps and 10 s on
+# mnist5k (Reformer ~4x); 30 models x 3 seeds is ~3,300 core-seconds, ~30 min for JOBS=2. Planning
+# the 450 jobs takes ~2.5 min, the profile ~11 min of one core (4 models x 3 lengths took 86 s of CPU),
+# the report ~1 min: ~45-50 min on 2 idle cores, within the 90 minutes the zoo is meant to take.
+.PHONY: zoo-data reproduce-zoo zoo-profile zoo-report
+
+ZOO_DIR ?= results/reproduced/zoo
+# The zoo's ListOps: short sequences (the offline generator, official operators and depth)
+ZOO_LISTOPS ?= --num-train=2000 --num-val=500 --num-test=500 --min-length=100 --max-length=250
+ZOO_PROFILE = profile=primal_lra_efficiency profile.name=zoo profile.tasks=null task=lra_listops \
+	profile.models=$(shell $(BIN)/python -m bench_cli.report.zoo models) 'profile.seq_lens=[1024,2048,4096]' \
+	profile.batch_size=1 profile.timing.repeats=1 profile.timing.eval_batches_per_1k_steps=0 \
+	profile.paper=null profile.report=null profile.output=$(ZOO_DIR)/profile.csv trainer.progress=false
+
+zoo-data: install ## The zoo's short generated ListOps (2,000/500/500 samples of 100-250 tokens under <data root>/zoo_listops; ~30 s)
+	$(BIN)/attnbench data lra_listops --generate $(ZOO_LISTOPS) experiment=zoo/offline experiment/zoo/_case=listops
+
+zoo-profile: install ## Profile every zoo model against softmax at the LRA lengths 1K-4K: results/reproduced/zoo/profile.csv
+	$(BIN)/attnbench profile $(ZOO_PROFILE)
+
+zoo-report: install ## Rewrite the zoo's report from its records and profile: results/reproduced/zoo/zoo.md + one plot per task
+	$(BIN)/attnbench report zoo/offline --records $(ZOO_DIR)/zoo.records.csv --out $(ZOO_DIR)
+
+reproduce-zoo: zoo-data ## The attention zoo: every attention x every offline task x 3 seeds (REDUCED budgets), the LRA-length profile, the report in results/reproduced/zoo/ (~90 min on 2 cores); JOBS=2
+	@status=0; export ATTNBENCH_MADE_BY="make $@"; \
+	$(BIN)/attnbench sweep experiment=zoo/offline results.path=$(ZOO_DIR)/zoo.records.csv $(LAUNCHER) $(ARGS) \
+	  || status=$$?; \
+	$(BIN)/attnbench profile $(ZOO_PROFILE) || status=$$?; \
+	$(BIN)/attnbench report zoo/offline --records $(ZOO_DIR)/zoo.records.csv --out $(ZOO_DIR) || exit $$?; exit $$status
