@@ -85,7 +85,11 @@ def _holder(tree: dict, dotted: str) -> tuple[dict | None, str]:
 
 
 def semantic_config(cfg: DictConfig | dict) -> dict:
-    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else json.loads(json.dumps(cfg))
+    """The parts of a config that change a result. ``cfg``: a DictConfig, or the plain data
+    ``OmegaConf.to_container(cfg, resolve=True)`` gave (copied, not changed: the same keys)."""
+    import copy
+
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
     for dotted, renamed in RENAMED_VALUES.items():
         node, leaf = _holder(c, dotted)
         if node is not None and isinstance(node.get(leaf), str) and node[leaf] in renamed:
@@ -105,24 +109,35 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def run_keys(cfg) -> tuple[str, str, str]:
+    """(config hash, job key, variant key) of a config from one ``semantic_config`` (resolving a
+    config is most of the cost: a run resolves it once, issue 21).
+
+    - config hash: the resolved config that determines the result (seed included);
+    - job key: a sweep job's key for resume, the semantic config (with seed) minus measurement switches;
+    - variant key: the job key without the seed (the runs a report aggregates over seeds share it)."""
+    c = semantic_config(cfg)
+    config = _digest(c)
+    job = _digest(_without_measurement(c))
+    c.pop("seed", None)
+    return config, job, _digest(c)
+
+
+def _without_measurement(semantic: dict) -> dict:
+    semantic.pop("measure", None)
+    return semantic
+
+
 def config_hash(cfg) -> str:
-    """Hash of the resolved config that determines the result (seed included)."""
     return _digest(semantic_config(cfg))
 
 
 def job_key(cfg) -> str:
-    """Key of a sweep job for resume: the semantic config (with seed) minus measurement switches."""
-    c = semantic_config(cfg)
-    c.pop("measure", None)
-    return _digest(c)
+    return _digest(_without_measurement(semantic_config(cfg)))
 
 
 def variant_key(cfg) -> str:
-    """``job_key`` without the seed: the runs a report aggregates over seeds share it."""
-    c = semantic_config(cfg)
-    c.pop("measure", None)
-    c.pop("seed", None)
-    return _digest(c)
+    return run_keys(cfg)[2]
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

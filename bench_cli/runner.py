@@ -203,19 +203,21 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     config_path = run_dir / "config.yaml"
     # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
     env = D.setup(str(cfg.trainer.get("strategy", "none")), str(cfg.trainer.device))
+    # resolved once (most of the config's cost): config.yaml, the record's keys and the logger read it
+    resolved = OmegaConf.to_container(cfg, resolve=True)
     if env.is_main:
-        OmegaConf.save(cfg, config_path, resolve=True)
+        save_resolved(resolved, config_path)
     row = schema.identity(cfg, run_id=run_id, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           config_path=config_path, output_dir=run_dir,
                           overrides=" ".join(overrides) if overrides is not None else records.command_line(),
-                          keys=(records.config_hash(cfg), records.job_key(cfg), records.variant_key(cfg)),
-                          command=records.invocation(), provenance=records.provenance())
+                          keys=records.run_keys(resolved), command=records.invocation(),
+                          provenance=records.provenance())
     if env.is_main:
         records.write_run_marker(run_dir, row)
     loggers: list = []
     error = None
     try:
-        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers)
+        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers, resolved)
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
         error = e
     finally:
@@ -226,8 +228,20 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     return row
 
 
-def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, line_prefix: str, loggers: list) -> None:
-    """Set up the task, build the model, train it, measure it: the row's result columns."""
+def save_resolved(resolved: dict, path: Path) -> None:
+    """``OmegaConf.save(cfg, path, resolve=True)`` of the config ``resolved`` was resolved from: the
+    same text (omegaconf.py ``to_yaml``: its YAML dumper and options), without resolving it again."""
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
+    path.write_text(yaml.dump(resolved, default_flow_style=False, allow_unicode=True, sort_keys=False,
+                              Dumper=get_omega_conf_dumper()), encoding="utf-8")
+
+
+def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, line_prefix: str, loggers: list,
+                      resolved: dict) -> None:
+    """Set up the task, build the model, train it, measure it: the row's result columns.
+    ``resolved``: the config resolved (the logger's copy)."""
     device = D.device_for(env, select_device(str(cfg.trainer.device)))
     row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
     if cfg.trainer.get("num_threads"):
@@ -241,7 +255,7 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
         torch.manual_seed(int(cfg.seed) + env.rank)
     logger = None
     if env.is_main:
-        tracker = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_dir,
+        tracker = make_logger(cfg.logger, resolved, run_dir,
                               name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
         logger = Loggers(tracker, LineLogger(task.selection_metric(), schema.protocol(row["protocol"]).selects,
                                              prefix=line_prefix))

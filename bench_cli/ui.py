@@ -20,7 +20,8 @@ def progress_bar(enabled: bool = True):
         return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-                  console=console, transient=False) as p:
+                  console=console, transient=False,
+                  auto_refresh=console.is_terminal) as p:  # off a terminal rich draws only at the end: no 10 Hz thread
         yield _Progress(p)
 
 

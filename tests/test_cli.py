@@ -238,6 +238,37 @@ def test_quoted_values_with_spaces_and_accents_work(uea_fixture, capsys, workdir
     assert "unknown UEA dataset 'Bäsic™Motions'" in err  # the value arrived whole
 
 
+def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdir, monkeypatch):
+    """`attnbench run` composes its config once: the defaults its value overrides replace are read
+    in that composition, not in a second one of the group choices alone (issue 21), and a value of
+    the wrong type is still refused. The run resolves the whole config once (config.yaml, keys, logger)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
+
+    from bench_cli import compose as C
+
+    C._group_defaults.cache_clear()  # another test's composition of the same group choices would hide one
+    compositions, resolutions = [], []
+    load, to_container = ConfigLoaderImpl._load_configuration_impl, OmegaConf.to_container
+
+    def composed(self, *args, **kwargs):
+        compositions.append(args)
+        return load(self, *args, **kwargs)
+
+    def converted(cfg, *args, **kwargs):
+        if kwargs.get("resolve") and OmegaConf.is_config(cfg) and cfg._get_parent() is None:
+            resolutions.append(cfg)
+        return to_container(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "_load_configuration_impl", composed)
+    monkeypatch.setattr(OmegaConf, "to_container", staticmethod(converted))
+    run_cli(*TINY, "seed=2", "results.path=res.csv")
+    (row,) = read_records(workdir / "res.csv")
+    assert row["status"] == "ok" and (len(compositions), len(resolutions)) == (1, 1)
+    assert "expected an integer, like the default 32" in fail_line(capsys, "run", *TINY, "trainer.batch_size=1.5")
+    assert len(compositions) == 2
+
+
 # --- user config folders (issue 22 item 14) ---------------------------------------------------------
 @pytest.fixture
 def user_conf(tmp_path, monkeypatch):

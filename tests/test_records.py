@@ -43,6 +43,31 @@ def test_job_keys_survive_added_config_keys():
     assert "trainer.num_workers" in ADDED_KEYS
 
 
+def test_a_run_resolves_its_config_once_with_the_same_keys_and_config_file(tmp_path):
+    """A run resolves its config once (issue 21): the keys of the resolved data are those of the
+    config, and its config.yaml has the text ``OmegaConf.save(cfg, resolve=True)`` writes (an
+    experiment whose per-dataset tables are interpolations, and the default run's job key)."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from bench_cli.compose import compose
+    from bench_cli.records import config_hash, job_key, run_keys, variant_key
+    from bench_cli.runner import save_resolved
+
+    for overrides in ([], ["experiment=primal_dual/table1", "task.dataset=JapaneseVowels", "model=attention_bn",
+                           "seed=3"]):
+        cfg = compose(overrides)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        kept = copy.deepcopy(resolved)
+        assert run_keys(resolved) == (config_hash(cfg), job_key(cfg), variant_key(cfg))
+        assert len(set(run_keys(resolved))) == 3 and resolved == kept  # three keys; the data left as it was
+        save_resolved(resolved, tmp_path / "config.yaml")
+        OmegaConf.save(cfg, tmp_path / "reference.yaml", resolve=True)
+        assert (tmp_path / "config.yaml").read_text() == (tmp_path / "reference.yaml").read_text()
+    assert run_keys(OmegaConf.to_container(compose([]), resolve=True))[1] == "ffc7a36c4e882a6a"
+
+
 def test_one_writer_for_records_and_profile_rows(tmp_path):
     """write_rows: the given columns first, unknown keys become new columns (older rows blank),
     append keeps the rows, append=False replaces them; append_record is the records' use of it."""
