@@ -2,7 +2,8 @@
 before anything is trained: settings in range, the task's data present (nothing read), the model's
 attentions able to fill the task's roles, and the model buildable. Each problem is one line
 (UserError, exit status 2). The protocol is checked against the ones the task declares
-(``Task.protocols``), and the data by the task's fetcher (``Task.check_data``).
+(``Task.protocols``), ``task.paper_selection`` against best | last, and the data by the task's fetcher
+(``Task.check_data``).
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def check_settings(cfg: DictConfig) -> None:
 
     t = cfg.trainer
     protocol = str(cfg.task.get("protocol", "holdout"))
-    task_class(str(cfg.task.name)).check_protocol(protocol)
+    task_type = task_class(str(cfg.task.name))
+    task_type.check_protocol(protocol)
+    task_type.paper_selection(cfg.task)
     _number(cfg, "trainer.max_epochs", minimum=1, integer=True, optional=bool(t.get("max_steps")))
     _number(cfg, "trainer.max_steps", minimum=1, integer=True, optional=True)
     _number(cfg, "trainer.step_budget", minimum=1, integer=True, optional=True)

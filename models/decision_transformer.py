@@ -6,8 +6,19 @@ Tokens (R_t, s_t, a_t) per timestep, each a linear embedding plus a learned time
 (no position embeddings: the GPT-2 stack's wpe is removed), LayerNorm, embedding dropout, a
 GPT-2 stack (pre-LayerNorm blocks, ReLU MLP 4 d wide, residual and attention dropout, final
 LayerNorm) run causally over the 3K tokens; the action a_t is predicted from the token of s_t
-through Linear + tanh. GPT-2's initialisation N(0, 0.02) (zero biases) applies to the stack's
-linear layers; the DT's own embeddings and heads keep PyTorch's defaults, as in the reference.
+through Linear + tanh.
+
+Initialisation, as the authors' code does it (the only one: the D4RL configs have no other).
+trajectory_gpt2.py's ``GPT2Model.__init__`` builds every block -- the Primal block's
+``Primal_attention`` (and Flowformer_RL's ``Flowformer_attention``) included -- before its
+``init_weights()``, so GPT2PreTrainedModel._init_weights reaches all of them: N(0, 0.02) Linear /
+Conv1D weights, zero biases, LayerNorm ones / zeros (``gpt2_init_`` on ``decoder``). Parameters that
+are no module's weight keep their own init (Primal's W_e, W_r orthogonal, Lambda uniform(0, 1)).
+decision_transformer.py builds embed_timestep, embed_return/state/action, embed_ln and
+predict_action after the GPT2Model, so they keep PyTorch's defaults (Embedding N(0, 1), Linear
+uniform(+-1/sqrt(fan_in)) weights and biases). Unlike the ViT backbone, this one ignores an
+attention's ``block_init`` (Primal init=code): the CV code's Primal block missed timm's init, the RL
+one did not. tests/test_d4rl.py checks every parameter against a transcription of these rules.
 """
 from __future__ import annotations
 

@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from bench_cli import schema
 from bench_cli import sweep as S
 from bench_cli.compose import compose
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import UserError
+from bench_cli.report.spec import paper_runs as paper_runs_of
 from bench_cli.trainer import Selection, Trainer, seed_everything
 from tasks import task_class
 from tasks.text.classification import TextClassification
@@ -82,6 +84,17 @@ def test_holdout_always_keeps_the_best_validation_and_a_bad_rule_is_one_line(wor
         bad.setup("paper")
     # a task config without the key: the paper protocol keeps the best (the UEA / LRA codes)
     assert task_class("uea")(compose([]).task, workdir).resolve_protocol("paper").selection == "best test"
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("config", [["task=textcls"],  # holdout: a typo is refused before it matters
+                                    ["experiment=primal_attention/d4rl", "task.dataset=hopper-medium-v2",
+                                     "model=primal_plus", "seed=0"]])  # paper
+def test_an_unknown_paper_selection_is_one_line_from_validate_as_from_run(command, config, capsys, workdir):
+    from test_cli import fail_line
+
+    err = fail_line(capsys, command, *config, "task.paper_selection=lats")
+    assert "unknown task.paper_selection 'lats'" in err and err.endswith("valid: best, last"), err
 
 
 # experiment -> (protocol, selection) of the code behind its numbers:
@@ -149,9 +162,10 @@ def test_every_pay_better_attention_table_runs_the_papers_count(table):
     cfg = compose([f"experiment={experiment}"])
     runs = runs_per_dataset(experiment, str(cfg.task.dataset))
     assert runs and all(n == PAPER_RUNS[d] for d, n in runs.items()), runs
-    assert cfg.report.paper_n == max(runs.values())
+    paper_runs = paper_runs_of(OmegaConf.to_container(cfg.report, resolve=True).get("paper_n"))
+    assert all(paper_runs.of(d) == n for d, n in runs.items()), (paper_runs, runs)  # Welch's n per dataset
     if table in ("table1", "table4_vision"):  # the ImageNet rows: one run, a sweep of its own (a grid is a product)
-        assert "imagenet" not in runs
+        assert "imagenet" not in runs and paper_runs.of("imagenet") == PAPER_RUNS["imagenet"] == 1
 
 
 @pytest.mark.parametrize("target, experiment", [("reproduce-pba-table1", "table1"),

@@ -172,6 +172,69 @@ def test_every_causal_variant_is_causal_in_the_decision_transformer(model, tmp_p
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
+# PrimalAttention_RL's init rules, transcribed (decision_transformer.py, trajectory_gpt2.py,
+# primal_attention.py; transformers 4.5.1, torch 1.8.1). GPT2Model.__init__ builds its blocks (the
+# Primal block's Primal_attention included) and then calls init_weights(), i.e. _init_weights on each
+# module: Linear / Conv1D / Embedding weight normal(0, initializer_range 0.02), Linear / Conv1D bias 0,
+# LayerNorm weight 1 and bias 0. Primal_attention's own Parameters are no such module's: We, Wr keep
+# nn.init.orthogonal_ of the whole (heads, d_keys, s) tensor, Lambda uniform_(0, 1). The DT builds
+# embed_* / embed_ln / predict_* after the GPT2Model: torch defaults (Embedding normal(0, 1); Linear
+# kaiming_uniform(a=sqrt 5) weight and bias both uniform(+-1/sqrt(fan_in)); LayerNorm 1 / 0).
+GPT2_INITIALIZER_RANGE = 0.02
+PRIMAL_OWN_PARAMETERS = {"we": "orthogonal_whole", "wr": "orthogonal_whole", "lam": "uniform_0_1"}  # ours: theirs We, Wr, Lambda
+
+
+def reference_init_rule(owner: torch.nn.Module, attribute: str, inside_gpt2: bool) -> tuple:
+    """What the reference code draws for the parameter ``attribute`` of module ``owner``."""
+    if attribute in PRIMAL_OWN_PARAMETERS:
+        return (PRIMAL_OWN_PARAMETERS[attribute],)
+    if isinstance(owner, torch.nn.LayerNorm):
+        return ("constant", 1.0 if attribute == "weight" else 0.0)
+    if inside_gpt2:
+        return ("normal", GPT2_INITIALIZER_RANGE) if attribute == "weight" else ("constant", 0.0)
+    if isinstance(owner, torch.nn.Embedding):
+        return ("normal", 1.0)
+    if isinstance(owner, torch.nn.Linear):
+        return ("uniform", 1 / owner.in_features ** 0.5)
+    raise AssertionError(f"no reference rule for {type(owner).__name__}.{attribute}")
+
+
+def assert_drawn_by(p: torch.Tensor, rule: tuple, name: str) -> None:
+    kind, n = rule[0], p.numel()
+    if kind == "constant":
+        assert torch.equal(p, torch.full_like(p, rule[1])), name
+    elif kind == "normal":  # sample std within 6%; tails beyond a uniform's of that std
+        assert abs(p.std().item() / rule[1] - 1) < 0.06 and abs(p.mean().item()) < 5 * rule[1] / n ** 0.5, name
+        assert p.abs().max().item() > 2.5 * rule[1], name
+    elif kind == "uniform":
+        assert p.abs().max().item() <= rule[1], name
+        if n >= 200:
+            assert abs(p.std().item() / (rule[1] / 3 ** 0.5) - 1) < 0.15, name
+    elif kind == "uniform_0_1":
+        assert p.min().item() >= 0 and p.max().item() < 1 and abs(p.std().item() * 12 ** 0.5 - 1) < 0.15, name
+    elif kind == "orthogonal_whole":  # orthogonal_ flattens (heads, rows, s) to (heads, rows * s)
+        flat = p.detach().reshape(p.shape[0], -1)
+        assert torch.allclose(flat @ flat.T, torch.eye(p.shape[0]), atol=1e-5), name
+
+
+@pytest.mark.parametrize("model", ["softmax", "flowformer", "primal_plus"])
+def test_decision_transformer_init_is_the_reference_codes(model):
+    """Every parameter of primal_attention/d4rl's DT (the reproduction shapes) is drawn as
+    PrimalAttention_RL / Flowformer_RL draw it: the attention layers with the GPT-2 stack's init."""
+    cfg = compose(["experiment=primal_attention/d4rl", f"model={model}"])
+    task = task_class("d4rl")(cfg.task, "/nonexistent")
+    task.setup_synthetic(3 * int(cfg.task.context_len))
+    torch.manual_seed(0)
+    net = task.build_model(cfg.model)
+    names = [n for n, _ in net.named_parameters()]
+    if model == "primal_plus":
+        assert {"decoder.layers.2.attention.we", "decoder.layers.2.attention.concat_proj.weight"} <= set(names)
+    for name, p in net.named_parameters():
+        owner_name, attribute = name.rsplit(".", 1)
+        rule = reference_init_rule(net.get_submodule(owner_name), attribute, inside_gpt2=name.startswith("decoder."))
+        assert_drawn_by(p, rule, name)
+
+
 def test_fetcher_downloads_to_d4rl_file_name_with_checksum(workdir, monkeypatch, tmp_path):
     import tasks.d4rl as D
 

@@ -120,6 +120,41 @@ def test_welch_and_tolerance():
     assert row["within_spread"] is False and row["welch_p"] < 0.05
 
 
+def test_paper_n_per_dataset_tests_each_row_with_its_count_and_none_for_one_run():
+    """report.paper_n as a mapping: Welch's n per dataset (``default`` for the others); a dataset
+    the paper ran once has no spread to test against: no test, never a division by zero."""
+    from bench_cli.report.spec import paper_runs
+
+    runs = paper_runs({"default": 5, "imagenet": 1})
+    assert (runs.of("mnist"), runs.of("imagenet"), str(runs)) == (5, 1, "5 (imagenet 1)")
+    assert paper_runs(3) == paper_runs({"default": 3}) and paper_runs(None).of("any") == 5  # the scalar form
+    rows = as_csv_rows([rec(d, "standard", s, a) for d in ("mnist", "imagenet") for s, a in enumerate([98.0, 98.2, 98.4])])
+    cells = R.aggregate(rows, "test_accuracy")
+    paper = {d: R.PaperValue(99.46, 0.27, "1") for d in ("mnist", "imagenet")}
+    out = R.build_rows(cells, ["mnist", "imagenet"], ["standard"], lambda d, m: paper[d],
+                       lambda d, m: (cells.get((d, "standard")), "standard"), runs.of)
+    by = {r["dataset"]: r for r in out}
+    assert (by["mnist"]["welch_t"], by["mnist"]["welch_p"]) == pytest.approx(welch_by_hand(98.2, 0.2, 3, 99.46, 0.27, 5))
+    assert by["imagenet"]["welch_p"] is None and by["imagenet"]["within_spread"] is None and by["imagenet"]["paper_n"] == 1
+    assert by["imagenet"]["within_tolerance"] is False  # the tolerance still compares
+    for bad in (0, "five", {"imagenet": 0}, {"default": 2.5}):
+        with pytest.raises(UserError, match="report.paper_n.*not a positive integer"):
+            paper_runs(bad)
+
+
+def test_table1_report_says_imagenet_is_one_run_without_a_test(workdir):
+    exp = "pay_better_attention/table1"
+    for d, seeds in (("mnist", range(5)), ("imagenet", [0])):
+        for s in seeds:
+            append_record(workdir / "runs.csv", rec(d, "standard", s, 90.0 + s, experiment=exp, task="vit", overrides=(
+                f"experiment={exp} task.dataset={d} model=standard seed={s}")))
+    main(["report", exp, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "pay_better_attention" / "table1.md").read_text()
+    assert "; paper n assumed 5 (imagenet 1)" in md
+    assert ("No Welch test for imagenet: the paper's number there is one run (report.paper_n), which has no spread "
+            "to test against.") in md
+
+
 def test_gaps_stay_gaps_and_efficiency_is_a_ratio_to_softmax():
     rows = as_csv_rows([rec("JapaneseVowels", "softmax", 0, 99.0),
                         rec("JapaneseVowels", "attention_sh", 0, 98.0, flops_forward=1500, peak_mem_train_bytes=3000),

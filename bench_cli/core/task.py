@@ -149,18 +149,23 @@ class Task:
         if protocol not in cls.protocols:
             raise unknown_choice("task.protocol", protocol, cls.protocols)
 
+    @staticmethod
+    def paper_selection(task_cfg) -> str:
+        """``task.paper_selection`` (``best`` when the config has none); an unknown one is one line
+        naming the choices, whatever the protocol (``validate`` and ``run`` both ask here)."""
+        keeps = str((task_cfg or {}).get("paper_selection") or "best")
+        if keeps not in PAPER_SELECTIONS:
+            raise unknown_choice("task.paper_selection", keeps, PAPER_SELECTIONS)
+        return keeps
+
     def resolve_protocol(self, name: str) -> Protocol:
         """The protocol ``name`` as this task's config runs it: holdout keeps the best validation
         evaluation; ``paper`` keeps the TEST evaluation the reference code reported, by
-        ``task.paper_selection`` (``best`` when the config has none)."""
+        ``task.paper_selection``."""
         self.check_protocol(name)
+        keeps = self.paper_selection(self.cfg)
         protocol = PROTOCOL_SPLITS[name]
-        if protocol.holds_out:
-            return protocol
-        keeps = str((self.cfg or {}).get("paper_selection") or "best")
-        if keeps not in PAPER_SELECTIONS:
-            raise unknown_choice("task.paper_selection", keeps, PAPER_SELECTIONS)
-        return replace(protocol, keeps=keeps)
+        return protocol if protocol.holds_out else replace(protocol, keeps=keeps)
 
     def setup(self, protocol: str) -> None:
         """Check the protocol and the data (one line each), then fill ``splits`` (``make_splits``).

@@ -152,7 +152,7 @@ class Report:
         extras = [(c, self.paper_lookup(c)[0] if c.paper_metric else None) for c in beside]
         labels = self.labels
         rows = stats.build_rows(cells, self.datasets, labels, paper_of, baseline_of,
-                                self.settings.get("paper_n") or 5, self.paper_model, self.floor, extras)
+                                self.layout.paper_runs.of, self.paper_model, self.floor, extras)
         return Table(column, cells, rows, stats.average_row(cells, self.datasets, labels, paper_of, self.floor),
                      tuple(beside))
 
@@ -266,7 +266,7 @@ def header_lines(report: Report) -> list[str]:
         f"protocol: {', '.join(protocols) or '—'}" + ("  (the test set selects the epoch, as the paper's code did: optimistic)"
                                                        if "paper" in protocols else ""),
         f"seeds: {len(seeds)} ({', '.join(map(str, seeds))}); runs per cell: {'/'.join(map(str, per_cell))}"
-        + f"; paper n assumed {s.get('paper_n') or 5}",
+        + f"; paper n assumed {report.layout.paper_runs}",
         f"epochs: {epochs_line(report) or '—'}; metric: {headline.column.column}{direction_note(used, s)}; "
         f"paper: results/paper/{s['paper_csv']} table(s) {', '.join(str(t) for t in s.get('paper_tables') or [])}",
         *([f"paper names: {', '.join(f'{k} = {v}' for k, v in paper_models.items())}"] if paper_models else []),
@@ -343,6 +343,10 @@ def notes(report: Report) -> list[str]:
     no_paper = sorted({r["dataset"] for r in headline.rows if r["paper_mean"] is None})
     if no_paper:
         out.append(f"No paper number for: {', '.join(no_paper)} (not in the paper's table).")
+    single = sorted({r["dataset"] for r in headline.rows if r["paper_n"] == 1 and r["paper_mean"] is not None})
+    if single:
+        out.append(f"No Welch test for {', '.join(single)}: the paper's number there is one run (report.paper_n), "
+                   "which has no spread to test against.")
     extra = report.settings.get("notes") or []
     out += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra)]
     return out + [inline_note(report, c) for c in report.layout.inline]

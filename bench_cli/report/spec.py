@@ -91,6 +91,38 @@ class RowsBy:
     paper_notes: dict = field(default_factory=dict)
 
 
+PAPER_N_DEFAULT = 5  # the papers' usual runs per mean, where report.paper_n says nothing
+
+
+@dataclass(frozen=True)
+class PaperRuns:
+    """``report.paper_n``: the paper's runs per mean (Welch's n), one number or per dataset (our
+    dataset names, ``default`` for the others), e.g. ``paper_n: {default: 5, imagenet: 1}``. A
+    dataset of one run has no published spread: its rows get no test (stats.build_rows)."""
+    default: int = PAPER_N_DEFAULT
+    per_dataset: dict = field(default_factory=dict)
+
+    def of(self, dataset: str) -> int:
+        return self.per_dataset.get(dataset, self.default)
+
+    def __str__(self) -> str:
+        others = ", ".join(f"{d} {n}" for d, n in self.per_dataset.items() if n != self.default)
+        return f"{self.default}" + (f" ({others})" if others else "")
+
+
+def paper_runs(setting) -> PaperRuns:
+    """The PaperRuns of a ``report.paper_n`` value (none: 5); a count that is not a positive
+    integer is one line."""
+    given = dict(setting) if isinstance(setting, dict) else {"default": PAPER_N_DEFAULT if setting is None else setting}
+    for key, n in given.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            where = "report.paper_n" + (f".{key}" if isinstance(setting, dict) else "")
+            raise UserError(f"{where}: {n!r} is not a positive integer (the paper's runs per mean: a number, "
+                            "or a mapping {dataset: n} with `default` for the other datasets)")
+    counts = {str(k): int(v) for k, v in given.items()}
+    return PaperRuns(counts.pop("default", PAPER_N_DEFAULT), counts)
+
+
 @dataclass(frozen=True)
 class Layout:
     """What a report shows: the headline column, further tables, inline and every-table columns."""
@@ -99,6 +131,7 @@ class Layout:
     inline: tuple[Column, ...]
     every: tuple[Column, ...] = EFFICIENCY
     rows_by: tuple[RowsBy, ...] = ()   # the keys that split the rows, outermost first
+    paper_runs: PaperRuns = PaperRuns()  # report.paper_n
 
     @property
     def tables(self) -> tuple[Column, ...]:
@@ -138,7 +171,8 @@ def layout(settings: dict) -> Layout:
     entries = [rows_by_entry(e, f"report.rows_by[{i}]") for i, e in enumerate(rows_by)] if isinstance(
         rows_by, list) else [rows_by_entry(rows_by, "report.rows_by")]
     return Layout(own[0], tuple(own[1:]), tuple(c for c in columns if c.table == "inline"),
-                  EFFICIENCY + tuple(c for c in columns if c.table == "every"), tuple(entries))
+                  EFFICIENCY + tuple(c for c in columns if c.table == "every"), tuple(entries),
+                  paper_runs(settings.get("paper_n")))
 
 
 def rows_by_entry(entry, where: str) -> RowsBy:

@@ -77,11 +77,12 @@ def column_values(column, cell, base_cell, paper=None, base_paper=None) -> dict:
     return out
 
 
-def _comparison(mean, std, n, pv, paper_n, floor) -> dict:
+def _comparison(mean, std, n, pv, paper_n: int, floor) -> dict:
     if mean is None or pv is None:
         return {}
     tol = tolerance(pv.std, floor)
-    t, p = welch(mean, std, n, pv.mean, pv.std, int(paper_n))
+    # a published single run (paper_n 1) has no spread: welch gives no test (None), never a division by zero
+    t, p = welch(mean, std, n, pv.mean, pv.std, paper_n)
     return dict(diff=mean - pv.mean, tolerance=tol, within_tolerance=abs(mean - pv.mean) <= tol,
                 welch_t=t, welch_p=p, within_spread=None if p is None else p >= ALPHA)
 
@@ -90,10 +91,12 @@ def build_rows(cells, datasets, labels, paper_of, baseline_of, paper_n, paper_mo
                floor: float = 1.0, columns=None) -> list[dict]:
     """One row per (dataset, label): ours, the paper's, the comparison, and the spec ``columns``
     ((Column, paper_of or None) pairs; default the efficiency ratios). ``baseline_of(dataset,
-    label)`` is (the baseline's Cell, its row label) for the ratios."""
+    label)`` is (the baseline's Cell, its row label) for the ratios. ``paper_n``: the paper's runs
+    per mean, a number or a function of the dataset (spec.PaperRuns.of); where it is 1, no test."""
     columns = [(c, None) for c in EFFICIENCY] if columns is None else columns
     rows = []
     for d in datasets:
+        runs = int(paper_n(d) if callable(paper_n) else paper_n)
         for m in labels:
             cell = cells.get((d, m))
             pv = paper_of(d, m)
@@ -104,8 +107,8 @@ def build_rows(cells, datasets, labels, paper_of, baseline_of, paper_n, paper_mo
                    "epochs": "/".join(str(e) for e in sorted(cell.epochs)) if cell else "",
                    "mean": mean, "std": std,
                    "paper_mean": pv.mean if pv else None, "paper_std": pv.std if pv else None,
-                   "paper_table": pv.table if pv else ""}
-            row.update(_comparison(mean, std, n, pv, paper_n, floor))
+                   "paper_table": pv.table if pv else "", "paper_n": runs}
+            row.update(_comparison(mean, std, n, pv, runs, floor))
             base_cell, base_label = baseline_of(d, m)
             for column, column_paper in columns:
                 row.update(column_values(column, cell, base_cell, column_paper and column_paper(d, m),
