@@ -6,9 +6,11 @@ after recording, so the CLI prints one line and exits 2.
 """
 from __future__ import annotations
 
+import gc
 import json
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -238,6 +240,19 @@ def save_resolved(resolved: dict, path: Path) -> None:
                               Dumper=get_omega_conf_dumper()), encoding="utf-8")
 
 
+@contextmanager
+def setup_frozen():
+    """While training, the setup's objects (configs, modules, datasets: far more than a bare loop
+    holds) are out of the cyclic collector's sight, so its collections during training do not walk
+    them again (gc.freeze); unfrozen after, so a sweep worker's next job can collect them."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, line_prefix: str, loggers: list,
                       resolved: dict) -> None:
     """Set up the task, build the model, train it, measure it: the row's result columns.
@@ -263,7 +278,8 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
     objective = Objective.of(task, cfg.model)
     trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), objective=objective, logger=logger,
                       progress=progress if env.is_main else None, dist=env)
-    result = trainer.fit(row["protocol"])
+    with setup_frozen():
+        result = trainer.fit(row["protocol"])
     row.update(result.metrics)
     if env.is_main:
         row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
