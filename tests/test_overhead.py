@@ -151,3 +151,18 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
     with M.ValueReads() as reads:
         float(x.sum()), x[x > 0]
     assert reads.seen == {"_local_scalar_dense", "index"}
+
+
+def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure():
+    """The setup's objects are out of the collector's sight while training only: a sweep worker's
+    next job must be able to collect them, also after a job that failed."""
+    import gc
+
+    from bench_cli.runner import setup_frozen
+
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with setup_frozen():
+            assert gc.get_freeze_count() > 0
+            raise RuntimeError("a job that fails while training")
+    assert gc.get_freeze_count() == 0
