@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import DataNotFoundError, UserError
 from tasks import register_task
-from bench_cli.core.task import Task
+from bench_cli.core.task import Task, loss_precision
 from tasks.data import cached, collate_padded, download, file_signature, fresh_folder, unpack
 from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.lm.wikitext import (EOS, FACTS, IGNORE, PAD, SPLIT_FILES, TokenBlocks, build_dictionary,  # noqa: F401
@@ -172,7 +172,7 @@ class LanguageModelling(Task):
         return {"x": batch["x"]}
 
     def loss(self, output, batch):
-        return F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), batch["y"].reshape(-1),
+        return F.cross_entropy(loss_precision(output.reshape(-1, output.shape[-1])), batch["y"].reshape(-1),
                                ignore_index=IGNORE)
 
     @torch.no_grad()

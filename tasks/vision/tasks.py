@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import DataNotFoundError, UserError
 from tasks import register_task
-from bench_cli.core.task import Task, TensorDictDataset
+from bench_cli.core.task import Task, TensorDictDataset, loss_precision
 from tasks.data import stratified_split, validation_split
 from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.vision import datasets as V
@@ -221,8 +221,8 @@ class VisionTask(Task):
             losses = import_timm("loss")
             criterion = (losses.SoftTargetCrossEntropy() if y.dim() == output.dim()
                          else losses.LabelSmoothingCrossEntropy(smoothing))
-            return criterion(output.float(), y)
-        return F.cross_entropy(output.float(), y)
+            return criterion(loss_precision(output), y)
+        return F.cross_entropy(loss_precision(output), y)
 
     def label_smoothing(self) -> float:
         return 0.0
