@@ -188,7 +188,7 @@ def expand_grid(overrides: list[str], flags: dict | None = None) -> list[list[st
 def plan_sweep(overrides: list[str], flags: dict | None = None) -> Sweep:
     """The multirun config and its distinct jobs (a grid can name the same config twice, e.g.
     seed=0,0), each composed once. ``flags``: Hydra's --config-dir / --config-name / --config-path."""
-    with _multirun(overrides, flags) as (app, master):
+    with _multirun(overrides, flags) as (app, master), C.shared_config_files():
         jobs = [compose_job(app, master, ovs) for ovs in job_overrides(app, master)]
     seen, unique = set(), []
     for job in jobs:

@@ -149,6 +149,34 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
     assert (sweep_dir / "7" / ".hydra" / "overrides.yaml").read_text().count("seed=1") == 1
 
 
+def test_planning_parses_each_config_file_once_and_composes_the_same_configs(monkeypatch):
+    """plan_sweep shares parsed config files between its compositions (compose.shared_config_files):
+    the same configs and job keys as composing each job from scratch, far fewer parses, and Hydra's
+    repository is itself again afterwards."""
+    from contextlib import nullcontext
+
+    from hydra._internal.config_repository import ConfigRepository
+
+    parsed = []
+    loader = ConfigRepository.load_config
+
+    def counting(self, config_path):
+        parsed.append(config_path)
+        return loader(self, config_path)
+
+    monkeypatch.setattr(ConfigRepository, "load_config", counting)
+    args = ["experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions", "seed=0,1"]
+    shared = S.plan_sweep(args)
+    shared_parses, parsed[:] = len(parsed), []
+    assert ConfigRepository.load_config is counting
+    monkeypatch.setattr(S.C, "shared_config_files", nullcontext)
+    alone = S.plan_sweep(args)
+    assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
+    assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
+    assert [as_dict(j.cfg) for j in shared.jobs] == [as_dict(j.cfg) for j in alone.jobs]
+    assert shared_parses * 5 < len(parsed)
+
+
 def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, workdir, fake_runs, capsys):
     sweep = S.plan_sweep([*tiny(workdir), "seed=0,1"])
     sweep.jobs[1].key = "0" * 16  # as if the launcher's process composed another config
