@@ -219,7 +219,6 @@ def zoo_figure(points: list[ZooPoint], path: str | Path, title: str, metric: str
         area = 40 + 900 * (p.peak_mem_bytes or 0) / largest
         ax.scatter([p.train_time_s], [p.metric], s=area, alpha=0.55, color=colors(i % 20), edgecolors="black",
                    linewidths=0.5)
-        ax.annotate(p.label, (p.train_time_s, p.metric), fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.set_xscale("log")
     from matplotlib.ticker import ScalarFormatter
 
@@ -230,4 +229,31 @@ def zoo_figure(points: list[ZooPoint], path: str | Path, title: str, metric: str
     ax.grid(alpha=0.3)
     ax.set_title(f"{title}\npoint area: peak training memory (largest {largest / 2**20:.1f} MiB)", fontsize=10)
     fig.tight_layout()
+    _label_points(fig, ax, [(p.label, p.train_time_s, p.metric) for p in points])
     return _save(fig, path, plt)
+
+
+def _label_points(fig, ax, points: list[tuple[str, float, float]]) -> None:
+    """Label each point where its text overlaps no label placed before it and stays inside the axes:
+    beside the point if free, else the nearest free slot above or below (either side), joined to its
+    point by a thin line. The
+    zoo's attentions cluster (thirty points, many within a few percent and seconds), and labels
+    drawn on top of each other are unreadable."""
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    slots = [(side * 6, step * 8) for k in range(12) for step in dict.fromkeys((-k, k)) for side in (1, -1)]
+    for label, x, y in sorted(points, key=lambda p: -p[2]):
+        for dx, dy in slots:
+            text = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
+                               va="center", ha="left" if dx > 0 else "right")
+            box = text.get_window_extent(renderer).expanded(1.05, 1.15)
+            inside = ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1)
+            if inside and not any(box.overlaps(other) for other in placed) or (dx, dy) == slots[-1]:
+                break
+            text.remove()
+        if dy:
+            text.remove()
+            text = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7,
+                               va="center", ha="left" if dx > 0 else "right",
+                               arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.45", "shrinkA": 0, "shrinkB": 2})
+        placed.append(box)

@@ -426,3 +426,17 @@ def test_a_job_key_recorded_twice_counts_once_and_the_report_says_so(workdir, ca
     assert "| JapaneseVowels | softmax | 2 | 94.75 ± 6.72 |" in md  # seeds 0 and 1: 99.5 and the latest 90.0
     assert "1 duplicate ok row of an already recorded job_key dropped" in md
     assert "4 runs" in md
+
+
+def test_wall_clock_charges_the_time_with_runs_in_progress_not_a_pause_between_sittings():
+    from bench_cli.report.command import wall_clock
+
+    rows = [{"time": "2026-01-01T10:00:00+00:00", "wall_time_s": 600},   # two workers, overlapping
+            {"time": "2026-01-01T10:05:00+00:00", "wall_time_s": 600},
+            {"time": "2026-01-01T10:15:30+00:00", "wall_time_s": 30},    # a short gap: the same sitting
+            {"time": "2026-01-01T13:00:00+00:00", "wall_time_s": 300},   # resumed three hours later
+            {"time": "not a time", "wall_time_s": 5}]
+    assert wall_clock(rows) == ("20.5 min with runs in progress (185.0 min from the first run's start to the "
+                                "last run's end, in 2 sittings; 25.5 min of runs)")
+    assert wall_clock(rows[:2]) == "15.0 min with runs in progress (15.0 min from the first run's start to the last run's end; 20.0 min of runs)"
+    assert wall_clock([{"time": None}]) is None

@@ -86,3 +86,19 @@ def test_a_tiny_zoo_sweep_gives_records_the_report_and_a_plot(workdir, monkeypat
     assert "budget uea/BasicMotions: 1 layer, d_model 32" in md
     prose = [line for line in md.splitlines() if not line.startswith(("|", "!["))]
     assert all(len(line) <= 80 or " " not in line.strip() for line in prose)  # a long path keeps its own line
+
+
+def test_presets_that_are_the_same_model_are_named_and_a_tied_metric_alone_is_not_enough():
+    from bench_cli.report.select import Cell
+
+    def entry(model, losses, accuracies=(50.0, 60.0)):
+        rows = [{"seed": s, "test_score": a, "test_loss": loss} for s, (a, loss) in enumerate(zip(accuracies, losses))]
+        return zoo.Entry(model, Cell("d", model, values=dict(enumerate(accuracies)), rows=rows), {}, {})
+
+    same = (0.51, 0.42)
+    case = zoo.Case("c", "uea", "JapaneseVowels", "")
+    section = zoo.Section(case, "accuracy (%)", [entry("softmax", same), entry("standard", same),
+                                                 entry("linear", (0.51, 0.43))], None)  # the metric ties, the loss does not
+    assert zoo.identical_notes([section]) == [
+        "The same results on every seed (metric and test loss), so the same model here: softmax = standard "
+        "on uea/JapaneseVowels."]

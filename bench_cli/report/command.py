@@ -206,8 +206,9 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
 
 # --- the header and the notes ---------------------------------------------------------------------
 def wall_clock(rows: list[dict]) -> str | None:
-    """The time from the first run's start to the last run's end, with the summed run times: what
-    the sweep cost on the machine that ran it (runs of several sittings make the span longer)."""
+    """What the sweep cost on the machine that ran it: the time during which at least one run was in
+    progress (the union of the runs' intervals, so a sweep resumed hours later is not charged for the
+    pause), the sittings it took, and the summed run times (which count parallel runs twice)."""
     from datetime import datetime, timedelta
 
     spans = []
@@ -219,9 +220,25 @@ def wall_clock(rows: list[dict]) -> str | None:
             continue
     if not spans:
         return None
-    total = sum((end - start).total_seconds() for start, end in spans)
+    merged: list[list] = []                  # the intervals with at least one run in progress
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    busy = sum((e - s).total_seconds() for s, e in merged)
+    sittings = 1 + sum((b[0] - a[1]).total_seconds() > SITTING_GAP_S for a, b in zip(merged, merged[1:]))
+    total = sum((e - s).total_seconds() for s, e in spans)
     span = (max(e for _, e in spans) - min(s for s, _ in spans)).total_seconds()
-    return f"{span / 60:.1f} min from the first run's start to the last run's end ({total / 60:.1f} min of runs)"
+    where = f"{span / 60:.1f} min from the first run's start to the last run's end"
+    if sittings > 1:
+        where += f", in {sittings} sittings"
+    return f"{busy / 60:.1f} min with runs in progress ({where}; {total / 60:.1f} min of runs)"
+
+
+# A pause longer than this between runs (nothing in progress) starts a new sitting: a rerun that
+# resumed the sweep. Shorter gaps are the sweep's own planning and start-up.
+SITTING_GAP_S = 600
 
 
 def direction_note(rows: list[dict], settings) -> str:

@@ -248,6 +248,25 @@ class Section:
     plot: Path | None
 
 
+def identical_notes(sections: list[Section]) -> list[str]:
+    """Presets whose runs agree on every seed in metric and test loss: the same model at the zoo's
+    settings (e.g. Primal.+ and PrimalFormer in a 1-layer encoder), named so a reader does not take
+    the tie for a finding."""
+    found: dict[tuple[str, ...], list[str]] = {}
+    for s in sections:
+        by_result: dict[tuple, list[str]] = {}
+        for e in s.entries:
+            if e.cell.n >= 2:
+                key = tuple(sorted((str(r.get("seed")), str(r.get("test_score")), str(r.get("test_loss")))
+                                   for r in e.cell.rows))
+                by_result.setdefault(key, []).append(e.model)
+        for models in by_result.values():
+            if len(models) > 1:
+                found.setdefault(tuple(sorted(models)), []).append(s.case.label)
+    return [f"The same results on every seed (metric and test loss), so the same model here: {' = '.join(models)} "
+            f"on {', '.join(cases)}." for models, cases in found.items()]
+
+
 def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, overrides: list[str]) -> None:
     """Build, print and write ``<out>/zoo.md`` and one ``<out>/<task>_<dataset>.png`` per case."""
     from bench_cli import plots
@@ -271,7 +290,7 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
     profile = profile_table(plan.models, profile_ratios(profile_path), baseline)
     title = str(cfg.report.get("title") or name)
     header = header_lines(plan, cfg, rows, path, profile_path)
-    notes = skipped_notes(plan, rows) + select.duplicates_note(duplicates)
+    notes = skipped_notes(plan, rows) + identical_notes(sections) + select.duplicates_note(duplicates)
     screen = render.sized(console, opts.get("width"))
     render.print_lines(screen, [title, *header])
     for s in sections:
