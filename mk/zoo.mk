@@ -6,12 +6,10 @@
 # primal_lra_efficiency preset's LRA ListOps encoder, batch 1, one timed step after one warm-up);
 # then the report results/reproduced/zoo/zoo.md with one plot per task (<task>_<dataset>.png).
 # Rerunning finishes only the missing or failed jobs and rewrites the report.
-# Cost, timed per case with trainer.num_threads=1 beside a sweep (load average ~5 on 2 cores, so
-# every figure below is the measured wall time / 2.5): one seed of one softmax-like model costs about
-# 2.5 s on JapaneseVowels, 3 s on BasicMotions, 6 s on Covid3Month, 11 s on ListOps and 10 s on
-# mnist5k (Reformer ~4x); 30 models x 3 seeds is ~3,300 core-seconds, ~30 min for JOBS=2. Planning
-# the 450 jobs takes ~2.5 min, the profile ~11 min of one core (4 models x 3 lengths took 86 s of CPU),
-# the report ~1 min: ~45-50 min on 2 idle cores, within the 90 minutes the zoo is meant to take.
+# Cost, measured (results/reproduced/zoo/zoo.md): on a 2-core host about 2.5x slower per job than the
+# one behind the other committed reports, 58 min in all: planning the 450 jobs 2 min 43 s, the jobs
+# 48.7 min with JOBS=2 (their training times sum to 75 min: mnist5k 30, ListOps 21, Covid3Month 12,
+# UEA 12), the profile 6 min 10 s, the report 10 s. The 90 minutes the zoo may take leave room.
 .PHONY: zoo-data reproduce-zoo zoo-profile zoo-report
 
 ZOO_DIR ?= results/reproduced/zoo
@@ -31,7 +29,7 @@ zoo-profile: install ## Profile every zoo model against softmax at the LRA lengt
 zoo-report: install ## Rewrite the zoo's report from its records and profile: results/reproduced/zoo/zoo.md + one plot per task
 	$(BIN)/attnbench report zoo/offline --records $(ZOO_DIR)/zoo.records.csv --out $(ZOO_DIR)
 
-reproduce-zoo: zoo-data ## The attention zoo: every attention x every offline task x 3 seeds (REDUCED budgets), the LRA-length profile, the report in results/reproduced/zoo/ (~90 min on 2 cores); JOBS=2
+reproduce-zoo: zoo-data ## The attention zoo: every attention x every offline task x 3 seeds (REDUCED budgets), the LRA-length profile, the report in results/reproduced/zoo/ (58 min on a slow 2-core host); JOBS=2
 	@status=0; export ATTNBENCH_MADE_BY="make $@"; \
 	$(BIN)/attnbench sweep experiment=zoo/offline results.path=$(ZOO_DIR)/zoo.records.csv $(LAUNCHER) $(ARGS) \
 	  || status=$$?; \
