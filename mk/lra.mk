@@ -64,7 +64,7 @@ reproduce-primal-supp-dd-lra: install ## Primal-Attention supplement Table 4 (Pr
 reproduce-table4: install ## Primal-dual Table 4 (head diversity of LRA Retrieval models: L2 distances between heads; GPU): sweep + report
 	$(call sweep_and_report,primal_dual/table4,,,)
 
-reproduce-table4-listops-cpu: zoo-data ## Primal-dual Table 4's head-diversity measure on trained short generated ListOps models (the zoo's data), REDUCED CPU budget (400 steps at lr 1e-3, 4 models x 3 seeds; ~20 min on 2 cores)
+reproduce-table4-listops-cpu: zoo-data ## Primal-dual Table 4's head-diversity measure on trained short generated ListOps models (the zoo's data), REDUCED CPU budget (400 steps at lr 1e-3, 4 models x 3 seeds; 12.4 min on a slow 2-core host)
 	$(call sweep_and_report,primal_dual/table4_listops_cpu,,,$(LAUNCHER))
 
 reproduce-appc: install ## Primal-dual Appendix C (sparse attention vs Sparse-SH/BN+SH on LRA Retrieval; GPU): sweep + report

@@ -440,3 +440,17 @@ def test_wall_clock_charges_the_time_with_runs_in_progress_not_a_pause_between_s
                                 "last run's end, in 2 sittings; 25.5 min of runs)")
     assert wall_clock(rows[:2]) == "15.0 min with runs in progress (15.0 min from the first run's start to the last run's end; 20.0 min of runs)"
     assert wall_clock([{"time": None}]) is None
+
+
+def test_an_experiments_budget_in_words_leads_the_budget_lines():
+    from types import SimpleNamespace
+
+    from bench_cli.report.command import budget_lines
+
+    rows = [{"step_budget": "500", "overrides": "[]"}]
+    stated = SimpleNamespace(used=rows, datasets=[], settings={"budget": "400 steps of batch 32"})
+    assert budget_lines(stated, ())[:2] == [
+        "budget: 400 steps of batch 32",
+        "budget: trainer.step_budget=500: the experiment's own trainer.max_epochs cut to at most "
+        "ceil(500 / optimiser steps per epoch) whole epochs"]
+    assert budget_lines(SimpleNamespace(used=[], datasets=[], settings={}), ()) == []

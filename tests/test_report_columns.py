@@ -137,3 +137,15 @@ def test_layout_places_the_columns():
     assert [c.name for c in lay.inline] == ["test loss", "time per epoch ×"]
     assert [c.name for c in lay.every] == ["params ×", "FLOPs ×", "mem ×", "time ×", "attn ×"]
     assert lay.rows_by == (spec.RowsBy("task.backbone.n_heads", "heads"),)
+
+
+def test_an_inline_column_the_paper_does_not_print_says_so_instead_of_naming_none():
+    from types import SimpleNamespace
+
+    from bench_cli.report.command import inline_note
+
+    report = SimpleNamespace(baseline="softmax")
+    ours = spec.column({"column": "test_accuracy", "table": "inline", "label": "test accuracy"}, "c")
+    assert inline_note(report, ours) == "test accuracy: ours `test_accuracy` (mean over the runs); the paper does not print it."
+    theirs = spec.column({"column": "test_loss", "paper_metric": "loss", "label": "test loss"}, "c")
+    assert inline_note(report, theirs).endswith("in parentheses, the paper's `loss`.")

@@ -260,14 +260,16 @@ def epochs_line(report: Report) -> str:
 
 
 def budget_lines(report: Report, axes_keys) -> list[str]:
-    """The step budget (``step_budget``) and the schedule overrides the runs share, with the epochs
-    the records planned (``epochs_planned``)."""
+    """The budget the experiment states in words (``report.budget``), the step budget
+    (``step_budget``) and the schedule overrides the runs share, with the epochs the records planned
+    (``epochs_planned``)."""
     used = report.used
+    stated = [f"budget: {report.settings['budget']}"] if report.settings.get("budget") else []
     planned = select.planned_epochs(used, report.datasets)
     planned = f"; planned epochs: {planned}" if planned else ""
     lines = [f"budget: trainer.step_budget={b}: the experiment's own trainer.max_epochs cut to at most "
              f"ceil({b} / optimiser steps per epoch) whole epochs{planned}" for b in select.step_budgets(used)]
-    return lines + [f"budget: {token} instead of the experiment's own{planned}"
+    return stated + lines + [f"budget: {token} instead of the experiment's own{planned}"
                     for token in select.common_overrides(used, axes_keys)
                     if token.split("=", 1)[0].lstrip("+") in BUDGET_KEYS]
 
@@ -324,6 +326,8 @@ def sweep_line(report: Report, axes_keys) -> str:
 def inline_note(report: Report, column: spec.Column) -> str:
     what = f"ratio to {report.baseline}, " if column.ratio else ""
     filt = ", ".join(f"{k} {v}" for k, v in column.paper_filter.items())
+    if column.paper_metric is None:       # a column of ours the paper does not print
+        return f"{column.name}: {what}ours `{column.column}` (mean over the runs); the paper does not print it."
     return (f"{column.name}: {what}ours `{column.column}` (mean over the runs) and, in parentheses, the paper's "
             f"`{column.paper_metric}`" + (f" ({filt})" if filt else "") + ".")
 

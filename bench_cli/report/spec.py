@@ -37,7 +37,8 @@ TABLES = ("own", "inline", "every")
 COLUMN_KEYS = ("column", "paper_metric", "paper_filter", "ratio", "table", "label", "digits")
 ROWS_BY_KEYS = ("key", "paper_column", "paper_notes")
 SETTINGS = ("title", "paper_csv", "paper_tables", "paper_n", "paper_models", "paper_datasets", "baseline",
-            "baseline_experiment", "tolerance_floor", "higher_is_better", "notes", "rows_by", "columns")
+            "baseline_experiment", "tolerance_floor", "higher_is_better", "notes", "rows_by", "columns",
+            "budget")  # budget: the run's budget in words, a header line (the zoo's cases set one each)
 REPLACED = ("metric", "paper_metric", "paper_split", "paper_filter", "paper_notes", "also", "compare", "variants")
 
 
