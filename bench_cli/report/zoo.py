@@ -330,7 +330,7 @@ def markdown(title: str, header: list[str], sections: list[Section], profile: li
                                   "for every task above.", 80), "",
                   *render._markdown_table(profile, profile_headers())]
     if notes:
-        lines += ["", *(part for n in notes for part in render.wrapped(n, 80))]
+        lines += ["", *(part for n in notes for part in render.wrapped(f"- {n}", 80))]  # one item per note
     return "\n".join(lines) + "\n"
 
 
