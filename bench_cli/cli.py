@@ -324,6 +324,7 @@ def cmd_data(args: list[str]) -> None:
     options = {k[2:].replace("-", "_"): v for k, v in p.options.items()}
     source.check_options(options)
     cfg = C.compose(p.overrides)
+    options = source.options_from_config(cfg.task, options)
     data_root = Path(cfg.paths.data_root).expanduser()
     names = source.datasets(data_root)
     dataset = p.positional[1] if len(p.positional) == 2 else source.default_dataset(data_root, **options)

@@ -213,10 +213,11 @@ def _unparsable(override: str, err: Exception) -> UserError:
 
 
 # Where a new key may be added with `+key=value`: option mappings whose consumer checks every key
-# it gets (an attention's constructor, a backbone's), the per-dataset tables, Hydra's own config.
-# Anywhere else a new key would be read by nothing, so it is refused instead of silently ignored.
+# it gets (an attention's constructor, a backbone's, the ListOps generator's), the per-dataset
+# tables, Hydra's own config. Anywhere else a new key would be read by nothing, so it is refused
+# instead of silently ignored.
 ADDABLE = ("model.attention.", "model.final_attention.", "model.cross_attention.", "task.backbone.",
-           "per_dataset.", "hydra.")
+           "task.generator.", "per_dataset.", "hydra.")
 
 
 def addable(key: str) -> bool:
@@ -768,15 +769,19 @@ def _explain(err: Exception, overrides: list[str]) -> UserError:
         key = m.group(1)
         parent, _, leaf = key.rpartition(".")
         hint = ""
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), "...")
         rest = [o for o in overrides if not o.lstrip("+~").startswith(key)]
         try:  # the config without the offending override, to suggest the closest existing key
             base = compose_unchecked(rest) if rest != overrides else None
             node = (OmegaConf.select(base, parent) if parent else base) if base is not None else None
+            if isinstance(node, DictConfig) and leaf in node and isinstance(node[leaf], DictConfig):
+                # the key exists: its value is a dict, which Hydra extends only key by key with '+'
+                return UserError(f"cannot set '{key}' to {value}: it is a dict of the config, and keys it does "
+                                 f"not have yet are added one by one with '+', e.g. +{key}.NAME=VALUE")
             if isinstance(node, DictConfig):
                 hint = did_you_mean(leaf, list(node.keys())).replace("'", f"'{parent + '.' if parent else ''}", 1)
         except UserError:
             pass
-        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), "...")
         add = f"; to add a new key use +{key}={value}" if addable(key) else ""
         return UserError(f"unknown config key '{key}'{hint}{add}")
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__

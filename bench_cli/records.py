@@ -34,7 +34,10 @@ from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names 
 
 # Config parts that do not change a result: where things are written and how progress is shown.
 NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
-NON_SEMANTIC_TRAINER = ("progress", "eval_batch_size", "num_threads")
+# Dotted keys inside the semantic groups that never change a result either: how a run shows
+# progress, its evaluation batch and threads, and task.generator (which generated ListOps the run
+# expects: a check of the data, refused when they differ; the record describes the data it read).
+NON_SEMANTIC_KEYS = ("trainer.progress", "trainer.eval_batch_size", "trainer.num_threads", "task.generator")
 
 
 # Keys added to the config after records were first written, with the value that reproduces the
@@ -96,8 +99,10 @@ def semantic_config(cfg: DictConfig | dict) -> dict:
             node[leaf] = renamed[node[leaf]]
     for k in NON_SEMANTIC:
         c.pop(k, None)
-    for k in NON_SEMANTIC_TRAINER:
-        c.get("trainer", {}).pop(k, None)
+    for dotted in NON_SEMANTIC_KEYS:
+        node, leaf = _holder(c, dotted)
+        if node is not None:
+            node.pop(leaf, None)
     for dotted, neutral in ADDED_KEYS.items():
         node, leaf = _holder(c, dotted)
         if node is not None and leaf in node and node[leaf] == neutral:

@@ -6,7 +6,7 @@
 #   make reproduce-table2 DATASETS=lra_listops,lra_retrieval      # some of the 5 tasks
 # A small machine keeps the paper's effective batch with ARGS="trainer.micro_batch_size=8".
 # Offline on a CPU: make reproduce-table2-listops-cpu (generated ListOps, reduced budget, ~1 h),
-# make reproduce-primal-lra-listops-cpu (every row of Primal-Attention Table 3, reduced budget) and
+# make reproduce-primal-lra-listops-cpu (every row of Primal-Attention Table 3 on short ListOps) and
 # make reproduce-table4-listops-cpu (head diversity, primal-dual Table 4's measure).
 .PHONY: lra-data lra-data-listops reproduce-table2 reproduce-table2-listops-cpu reproduce-table7 \
 	reproduce-table11 reproduce-primal-lra reproduce-primal-lra-listops-cpu reproduce-primal-supp-dd-lra \
@@ -40,23 +40,11 @@ reproduce-table11: install ## Primal-dual Table 11 (LRA Retrieval: learnable vs 
 reproduce-primal-lra: install ## Primal-Attention Table 3 (LRA, every row: Transformer, Reformer, Performer, Linformer, Nystromformer, Longformer, YOSO-E, PrimalFormer, Primal.+; GPU): sweep + report; DATASETS=...
 	$(call sweep_and_report,primal_attention/lra,,task=$(LRA_SELECTED),)
 
-# The offline Table 3 subset: the experiment on generated ListOps with PRIMAL_LRA_STEPS optimiser steps
-# of batch 32 (40 of 5000; micro-batches of 8, warm-up a fifth of them as the official 1000/5000,
-# evaluation every half on the first 250 validation samples), the first 500 test samples, one seed,
-# 1 thread per job. Timed per model (6 steps each, 1 thread): a training step takes softmax 30 s,
-# YOSO-E 32, Performer 27, Reformer 22, Primal.+ 16, Longformer 6, Linformer 5, Nystromformer 4,
-# PrimalFormer 2.5 at length 2048, so the 9 jobs are ~95 min of training plus ~25 min of evaluation:
-# about 1 h on 2 idle cores (JOBS=2). Accuracies stay near chance at this budget: it shows the
-# pipeline and the costs, not the paper's numbers. The report header states the budget; records and
-# report go to results/reproduced/listops_cpu/ (not beside the full table's).
-PRIMAL_LRA_STEPS ?= 40
-PRIMAL_LRA_CPU = task=lra_listops task.dataset=listops_generated task.subset.val=250 task.subset.test=500 seed=0 \
-	trainer.max_steps=$(PRIMAL_LRA_STEPS) trainer.eval_every_steps=$(shell expr $(PRIMAL_LRA_STEPS) / 2) \
-	trainer.scheduler.warmup_steps=$(shell expr $(PRIMAL_LRA_STEPS) / 5) trainer.micro_batch_size=8 trainer.num_threads=1
-
-reproduce-primal-lra-listops-cpu: RECORDS = results/reproduced/listops_cpu
-reproduce-primal-lra-listops-cpu: lra-data-listops ## Primal-Attention Table 3, ListOps column, every row, REDUCED CPU budget (generated ListOps, PRIMAL_LRA_STEPS=40 of 5000 steps, 9 models; ~1 h on 2 cores)
-	$(call sweep_and_report,primal_attention/lra,,$(PRIMAL_LRA_CPU),$(LAUNCHER))
+# The offline Table 3 subset (conf/experiment/primal_attention/lra_listops_cpu.yaml): every row on
+# the zoo's short generated ListOps (100-250 tokens), 400 steps at lr 1e-3, 3 seeds, JOBS=2 jobs of
+# one thread. The first version ran the release's lengths (2K) for 40 steps: every row at chance.
+reproduce-primal-lra-listops-cpu: zoo-data ## Primal-Attention Table 3, ListOps column, every row, REDUCED CPU budget (short generated ListOps, 400 steps at lr 1e-3, 9 models x 3 seeds; about 45 min on a slow 2-core host)
+	$(call sweep_and_report,primal_attention/lra_listops_cpu,,,$(LAUNCHER))
 
 reproduce-primal-supp-dd-lra: install ## Primal-Attention supplement Table 4 (Primal.+Trans., data-dependent vs -independent W_e, W_r on LRA; GPU): sweep + report; DATASETS=...
 	$(call sweep_and_report,primal_attention/supp_table4,,task=$(LRA_SELECTED),)

@@ -13,15 +13,13 @@
 .PHONY: zoo-data reproduce-zoo zoo-profile zoo-report
 
 ZOO_DIR ?= results/reproduced/zoo
-# The zoo's ListOps: short sequences (the offline generator, official operators and depth)
-ZOO_LISTOPS ?= --num-train=2000 --num-val=500 --num-test=500 --min-length=100 --max-length=250
 ZOO_PROFILE = profile=primal_lra_efficiency profile.name=zoo profile.tasks=null task=lra_listops \
 	profile.models=$(shell $(BIN)/python -m bench_cli.report.zoo models) 'profile.seq_lens=[1024,2048,4096]' \
 	profile.batch_size=1 profile.timing.repeats=1 profile.timing.eval_batches_per_1k_steps=0 \
 	profile.paper=null profile.report=null profile.output=$(ZOO_DIR)/profile.csv trainer.progress=false
 
 zoo-data: install ## The zoo's short generated ListOps (2,000/500/500 samples of 100-250 tokens under <data root>/zoo_listops; ~30 s)
-	$(BIN)/attnbench data lra_listops --generate $(ZOO_LISTOPS) experiment=zoo/offline experiment/zoo/_case=listops
+	$(BIN)/attnbench data lra_listops --generate experiment=zoo/offline experiment/zoo/_case=listops
 
 zoo-profile: install ## Profile every zoo model against softmax at the LRA lengths 1K-4K: results/reproduced/zoo/profile.csv
 	$(BIN)/attnbench profile $(ZOO_PROFILE)

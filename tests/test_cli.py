@@ -143,6 +143,9 @@ def test_bad_override_names_the_key(capsys, workdir):
     err = fail_line(capsys, "run", "trainer.max_epochs=")
     assert "trainer.max_epochs" in err or "bad override" in err
     assert "bad override" in fail_line(capsys, "run", "model=[")
+    # a dict of the config given keys it does not have: how to add them, not 'unknown key'
+    err = fail_line(capsys, "validate", "task=lra_listops", "task.generator={max_length:250}")
+    assert "cannot set 'task.generator' to {max_length:250}" in err and "+task.generator.NAME=VALUE" in err
 
 
 def test_unknown_command(capsys):

@@ -16,8 +16,8 @@ from PIL import Image
 
 from bench_cli.cli import main
 from bench_cli.compose import compose
-from bench_cli.core.errors import DataNotFoundError
-from bench_cli.records import read_records
+from bench_cli.core.errors import DataNotFoundError, UserError
+from bench_cli.records import read_records, semantic_config
 from tasks import task_class
 from tasks.fetch import fetcher
 from image_data import write_cifar10
@@ -594,6 +594,37 @@ def test_generated_set_is_not_silently_replaced(workdir):
           "--min-length=10", "--max-length=40"])
     d = workdir / "data" / "lra_generated" / "listops-1000"
     assert json.loads((d / "generator.json").read_text())["num_train"] == 5
+
+
+def test_a_run_that_expects_a_generated_listops_set_names_the_command_and_refuses_another(workdir, lra_root, capsys):
+    """task.generator: the generated set a run expects. Missing: the one command that writes it
+    where the run looks (options and data root). Made with other options: refused in one line, not
+    read (a 2K-token set cut to 256 tokens would train on truncated expressions). `attnbench data`
+    with the run's config writes exactly that set."""
+    want = {"num_train": 6, "num_val": 2, "num_test": 2, "min_length": 10, "max_length": 40}
+    gen = [f"+task.generator.{k}={v}" for k, v in want.items()]
+    cfg = compose(["task=lra_listops", "task.dataset=listops_generated", *gen])
+    task = task_class("lra_listops")(cfg.task, lra_root)
+    with pytest.raises(DataNotFoundError) as e:
+        task.check_data()
+    command = ("attnbench data lra_listops --generate --num-train=6 --num-val=2 --num-test=2 --min-length=10 "
+               f"--max-length=40 paths.data_root={lra_root}")
+    assert len(str(e.value).splitlines()) == 1 and f"run `{command}`" in str(e.value)
+    main(["data", "lra_listops", "--generate", "--num-train=6", "--num-val=2", "--num-test=2", "--min-length=10",
+          "--max-length=30"])  # another set: refused
+    with pytest.raises(DataNotFoundError) as e:
+        task.check_data()
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "made with max_length=30, this run expects max_length=40" in msg
+    assert msg.endswith(f"`{command} --force`")
+    main(["data", "lra_listops", "--generate", "--force", "task=lra_listops", *gen])
+    made = json.loads((lra_root / "lra_generated" / "listops-1000" / "generator.json").read_text())
+    assert {k: made[k] for k in want} == want
+    task.check_data()  # the expected set: accepted
+    assert "generator" not in semantic_config(cfg)["task"]  # a check of the data: job keys do not change
+    typo = compose(["task=lra_listops", "task.dataset=listops_generated", "+task.generator.max_lenght=40"])
+    with pytest.raises(UserError, match="unknown task.generator option 'max_lenght' .did you mean 'max_length'"):
+        task_class("lra_listops")(typo.task, lra_root).check_data()
 
 
 def test_text_loader_through_hf_datasets(lra_root, monkeypatch):

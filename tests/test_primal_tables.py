@@ -47,6 +47,7 @@ def paper_name(experiment: str):
 @pytest.mark.parametrize("experiment,file,table", [
     ("primal_attention/uea", "primal_attention_main.csv", "1"),
     ("primal_attention/lra", "primal_attention_main.csv", "3"),
+    ("primal_attention/lra_listops_cpu", "primal_attention_main.csv", "3"),
     ("primal_attention/d4rl", "primal_attention_main.csv", "5"),
     ("primal_attention/wikitext103", "primal_attention_main.csv", "7b"),
     ("primal_dual/table4", "primal_dual_2023.csv", "4"),

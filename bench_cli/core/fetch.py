@@ -61,6 +61,11 @@ class Fetcher:
         names = self.datasets(data_root)
         return names[0] if len(names) == 1 else None
 
+    def options_from_config(self, task_cfg, options: dict) -> dict:
+        """The options of `attnbench data` given the composed ``task`` config (a config may say
+        what a run expects, e.g. ListOps' ``task.generator``); by default those on the command line."""
+        return options
+
     def check_options(self, options: dict) -> None:
         unknown = sorted(set(options) - set(self.options))
         if unknown:

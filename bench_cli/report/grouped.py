@@ -22,7 +22,7 @@ IDENTITY = ("experiment", "task", "dataset", "model", "protocol")
 NOT_AXES = {"experiment", "task", "task.dataset", "model", "protocol", "seed"}
 # Config groups that do not change a result (records.semantic_config leaves them out of job keys):
 # a moved results file or another data root is not a swept axis.
-NOT_RESULTS = (*records.NON_SEMANTIC, "measure", *(f"trainer.{k}" for k in records.NON_SEMANTIC_TRAINER))
+NOT_RESULTS = (*records.NON_SEMANTIC, "measure", *records.NON_SEMANTIC_KEYS)
 UNSET = "(default)"   # an override a row was not given
 
 

@@ -121,6 +121,18 @@ class LRAReleaseFetcher(Fetcher):
         return fetch_release(data_root, force)
 
 
+def generator_meta(data_root: Path) -> dict:
+    """The parameters a generated ListOps set was made with (its generator.json; {} if none)."""
+    meta = generated_listops_dir(data_root) / "generator.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def generate_command(data_root: Path, generator=None) -> str:
+    """The command that writes the generated ListOps a run expects, where the run looks for it."""
+    flags = "".join(f" --{k.replace('_', '-')}={v}" for k, v in (generator or {}).items())
+    return f"attnbench data lra_listops --generate{flags} paths.data_root={Path(data_root).expanduser()}"
+
+
 @register_fetcher
 class ListOpsFetcher(Fetcher):
     """ListOps: the release's files, or `--generate` with the official generator (offline)."""
@@ -137,21 +149,43 @@ class ListOpsFetcher(Fetcher):
     def status(self, dataset: str, data_root: Path) -> str:
         return "local" if listops_files(dataset, data_root) else "missing"
 
-    def missing_message(self, dataset: str, data_root: Path, **options) -> str:
+    def missing_message(self, dataset: str, data_root: Path, generator=None, **options) -> str:
         root = Path(data_root).expanduser()
         if dataset == "listops_generated":
             return (f"generated ListOps not found in {generated_listops_dir(root)}/: "
-                    f"run `attnbench data lra_listops --generate`")
+                    f"run `{generate_command(root, generator)}`")
         return (f"LRA ListOps not found: put basic_{{train,val,test}}.tsv in {root}/lra_release/listops-1000/ "
                 f"(`attnbench data lra` downloads the release) or generate it offline with "
                 f"`attnbench data lra_listops --generate` and use task.dataset=listops_generated")
 
-    def require(self, dataset: str, data_root: Path, *, cached=(), **options) -> dict[str, Path]:
-        """The split files {'train', 'val', 'test'}."""
+    def require(self, dataset: str, data_root: Path, *, cached=(), generator=None, **options) -> dict[str, Path]:
+        """The split files {'train', 'val', 'test'}. ``generator`` (``task.generator``): the
+        generator options a run expects of ``listops_generated``; a set made with others is
+        refused in one line that says how to write the expected one (a set of 500-2,000 tokens cut
+        to a 256-token run would train on truncated expressions, silently)."""
         files = listops_files(dataset, data_root)
         if files is None:
-            raise DataNotFoundError(self.missing_message(dataset, data_root))
+            raise DataNotFoundError(self.missing_message(dataset, data_root, generator))
+        if dataset == "listops_generated" and generator:
+            unknown = sorted(set(generator) - set(GENERATOR_OPTIONS))
+            if unknown:
+                raise unknown_choice("task.generator option", unknown[0], GENERATOR_OPTIONS)
+            made = generator_meta(data_root)
+            differ = {k: made.get(k) for k, v in generator.items() if made.get(k) != int(v)}
+            if differ:
+                raise DataNotFoundError(
+                    f"the generated ListOps in {generated_listops_dir(data_root)}/ was made with "
+                    f"{', '.join(f'{k}={v}' for k, v in differ.items())}, this run expects "
+                    f"{', '.join(f'{k}={generator[k]}' for k in differ)} (task.generator): run "
+                    f"`{generate_command(data_root, generator)} --force`")
         return files
+
+    def options_from_config(self, task_cfg, options: dict) -> dict:
+        """`attnbench data lra_listops --generate` with a config that sets ``task.generator``
+        (experiment=...): those generator options, under any given on the command line."""
+        if not options.get("generate") or str(task_cfg.get("name")) != "lra_listops":
+            return options
+        return {**{k: str(v) for k, v in (task_cfg.get("generator") or {}).items()}, **options}
 
     def default_dataset(self, data_root: Path, generate: bool = False, **options) -> str:
         return "listops_generated" if generate else "listops"
@@ -183,8 +217,7 @@ class ListOpsFetcher(Fetcher):
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be a positive integer, got {workers}")
         if listops_files("listops_generated", data_root) and not force:
-            meta_path = target / "generator.json"
-            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+            meta = generator_meta(data_root)
             wanted = {**DEFAULTS, **params}
             differ = {k: meta.get(k) for k in wanted if k != "task" and meta.get(k) != wanted[k]}
             if not differ:

@@ -132,6 +132,9 @@ class LRAListOps(LRATask):
     n_classes = 10
     DATASETS = LISTOPS_DATASETS
 
+    def data_options(self) -> dict:
+        return {"generator": dict(self.cfg.get("generator") or {})}
+
     def load(self):
         style = str(self.cfg.get("tokenizer", "lra"))
         vocab = listops_vocab(style)
