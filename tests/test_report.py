@@ -76,6 +76,9 @@ def test_average_only_over_datasets_where_every_model_has_results():
     assert sm["tolerance"] == pytest.approx(max(2 * sm["paper_std"], 1.0))
     assert avg["models"]["attention_bn"]["paper_mean"] is None  # the paper lacks a value on these sets
     assert R.average_row(cells, ["Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
+    # one complete dataset: no average (it would repeat that dataset's rows)
+    assert R.average_row(cells, ["JapaneseVowels", "Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
+    assert R.average_row(cells, ["JapaneseVowels"], ["softmax"], paper_of) is None
 
 
 def welch_by_hand(m1, s1, n1, m2, s2, n2):
@@ -199,7 +202,8 @@ def test_report_command_writes_markdown_and_csv(workdir, capsys):
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
     assert "| JapaneseVowels | softmax | 3 | 99.47 ± 0.25 | 99.46 ± 0.27 [T1] | +0.01 | yes |" in md
     assert "| BasicMotions | attention_bn | 0 | — | 99.38 ± 1.08 [T9] |" in md
-    assert "Average (1 sets)" in md  # BasicMotions lacks three models: not averaged
+    # BasicMotions lacks three models: nothing to average over, said once
+    assert "Average (" not in md and "Only JapaneseVowels has results for every model: no average row." in md
     with open(workdir / "rep" / "primal_dual" / "table1.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows[0]["dataset"] == "JapaneseVowels" and rows[0]["paper_mean"] == "99.4600"
@@ -323,12 +327,18 @@ def test_models_without_records_are_noted_once_and_the_others_keep_their_average
     assert "| Average (2 sets) | attention_bn | 2 | 99.50 ± 0.71 |" in md
     assert "attention_sh |" not in md and "Gaps" not in md
     assert "Not run (no records in runs.csv): attention_sh, attention_bn_sh." in md
+    # a third dataset where one model lacks results: the average of the other two says so
+    append_record(workdir / "runs.csv", rec("Epilepsy", "softmax", 0, 90.0))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| Average (2 sets) | softmax | 2 | 98.50 ± 0.71 |" in md
+    assert "The average leaves out Epilepsy: no result for attention_bn." in md
     # a model with records on one dataset only: its gap stays a row, the average leaves that dataset out
     append_record(workdir / "runs.csv", rec("JapaneseVowels", "attention_sh", 0, 97.0))
     main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
-    assert "| BasicMotions | attention_sh | 0 | — |" in md and "| Average (1 sets) | attention_sh | 1 | 97.00 |" in md
-    assert "The average leaves out BasicMotions: no result for attention_sh." in md
+    assert "| BasicMotions | attention_sh | 0 | — |" in md and "Average (" not in md
+    assert "Only JapaneseVowels has results for every model: no average row." in md
     assert "Not run (no records in runs.csv): attention_bn_sh." in md
 
 

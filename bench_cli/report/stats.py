@@ -33,10 +33,11 @@ def tolerance(paper_std: float | None, floor: float = 1.0) -> float:
 
 
 def average_row(cells: dict, datasets: list[str], labels: list[str], paper_of, floor: float = 1.0) -> dict | None:
-    """Average over the datasets where every row label has results ({label: {...}}), else None.
-    ``paper_of(dataset, label)`` gives the paper's value or None."""
+    """Average over the datasets where every row label has results ({label: {...}}); None unless
+    there are two such datasets (an average of one repeats its rows). ``paper_of(dataset, label)``
+    gives the paper's value or None."""
     complete = [d for d in datasets if all((d, m) in cells and cells[(d, m)].n for m in labels)]
-    if not complete or not labels:
+    if len(complete) < 2 or not labels:
         return None
     out = {"datasets": complete, "models": {}}
     for m in labels:
