@@ -337,7 +337,11 @@ def average_notes(report: Report) -> list[str]:
     the datasets where every row shown has results)."""
     average, cells = report.tables[0].average, report.tables[0].cells
     if average is None:
-        return ["No dataset has results for every model: no average row."]
+        complete = [d for d in report.datasets
+                    if all(cells.get((d, label)) and cells[(d, label)].n for label in report.labels)]
+        if len(report.datasets) < 2:
+            return []
+        return [f"{'Only ' + complete[0] if complete else 'No dataset'} has results for every model: no average row."]
     lacking = {d: [label for label in report.labels if not (cells.get((d, label)) and cells[(d, label)].n)]
                for d in report.datasets if d not in average["datasets"]}
     return [f"The average leaves out {d}: no result for "
@@ -368,8 +372,8 @@ def notes(report: Report) -> list[str]:
     if single:
         out.append(f"No Welch test for {', '.join(single)}: the paper's number there is one run (report.paper_n), "
                    "which has no spread to test against.")
-    extra = report.settings.get("notes") or []
-    out += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra)]
+    extra = report.settings.get("notes") or []  # a mapping: an experiment drops a parent's note with `name: null`
+    out += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra) if n is not None]
     return out + [inline_note(report, c) for c in report.layout.inline]
 
 
