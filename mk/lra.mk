@@ -43,7 +43,7 @@ reproduce-primal-lra: install ## Primal-Attention Table 3 (LRA, every row: Trans
 # The offline Table 3 subset (conf/experiment/primal_attention/lra_listops_cpu.yaml): every row on
 # the zoo's short generated ListOps (100-250 tokens), 400 steps at lr 1e-3, 3 seeds, JOBS=2 jobs of
 # one thread. The first version ran the release's lengths (2K) for 40 steps: every row at chance.
-reproduce-primal-lra-listops-cpu: zoo-data ## Primal-Attention Table 3, ListOps column, every row, REDUCED CPU budget (short generated ListOps, 400 steps at lr 1e-3, 9 models x 3 seeds; about 45 min on a slow 2-core host)
+reproduce-primal-lra-listops-cpu: zoo-data ## Primal-Attention Table 3, ListOps column, every row, REDUCED CPU budget (short generated ListOps, 400 steps at lr 1e-3, 9 models x 3 seeds; 45.9 min on a slow 2-core host)
 	$(call sweep_and_report,primal_attention/lra_listops_cpu,,,$(LAUNCHER))
 
 reproduce-primal-supp-dd-lra: install ## Primal-Attention supplement Table 4 (Primal.+Trans., data-dependent vs -independent W_e, W_r on LRA; GPU): sweep + report; DATASETS=...
