@@ -306,8 +306,9 @@ def _ls_runs(output_dir: Path, every: bool) -> None:
 
 def _ls_experiments() -> None:
     experiments = C.group_options("experiment")
+    # wrapped at the spaces after the commas (80 columns off a terminal); no name is cut
     console.print("[bold]experiments[/] (attnbench sweep experiment=NAME): " + (", ".join(experiments) or "none yet"),
-                  soft_wrap=True)
+                  highlight=False)
 
 
 # --- data -----------------------------------------------------------------------------------

@@ -171,6 +171,17 @@ def test_ls_shows_tasks_datasets_models(capsys, workdir):
     assert "uea" in out and "lra_listops" in out and "JapaneseVowels" not in out
 
 
+def test_ls_experiments_fits_80_columns_with_every_name_whole(capsys, workdir):
+    from bench_cli import compose as C
+
+    main(["ls", "experiments"])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) > 1 and all(len(line.rstrip()) <= 80 for line in lines)  # off a terminal: 80 columns
+    listed = [w.strip(",") for w in out.split(": ", 1)[1].split()]
+    assert listed == C.group_options("experiment")  # wrapped between names, never inside one
+
+
 def test_console_script_exits_2_with_one_line(workdir):
     r = attnbench("run", "model=no_such_model", env={"COLUMNS": "200"}, timeout=120)
     assert r.returncode == 2
