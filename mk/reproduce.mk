@@ -16,8 +16,8 @@
 #           PRIMAL_STEPS=170 is JapaneseVowels 10 of 100 epochs at batch 16 and BasicMotions 57 of
 #           100. The report header states the epochs that were run per dataset. The Primal-Attention
 #           table has 11 rows (the Transformer, 8 baselines, PrimalFormer, Primal.+): the offline subset
-#           is 110 jobs. Measured on a slow 2-core host (JOBS=2): JapaneseVowels, every row x 3 seeds,
-#           27.8 min (results/reproduced/one_host/). BasicMotions costs more per job (57 epochs; in the
+#           is 110 jobs. Measured on a slow 2-core host (JOBS=2): JapaneseVowels, every row x 5 seeds,
+#           45.2 min (results/reproduced/one_host/). BasicMotions costs more per job (57 epochs; in the
 #           zoo's runs SOFT took 30x the Transformer's training time there, Reformer, Performer and
 #           Longformer 4-5x), so the BasicMotions rows take hours; DATASETS=JapaneseVowels leaves them
 #           out. A rerun runs only the jobs without an ok record.
@@ -63,7 +63,7 @@ reproduce-table5: install ## Primal-dual Table 5 (linear attention + BN/SH): swe
 reproduce-table10: install ## Primal-dual Table 10 (sparse attention + BN/SH): sweep + report
 	$(call sweep_and_report,primal_dual/table10,STEPS,,$(LAUNCHER))
 
-reproduce-primal-uea: install ## Primal-Attention Table 1 (UEA, every row: Transformer, 8 efficient baselines, PrimalFormer, Primal.+Trans.): sweep + report; offline DATASETS=JapaneseVowels,BasicMotions PRIMAL_STEPS=170 (JapaneseVowels x 3 seeds: 28 min on a slow 2-core host)
+reproduce-primal-uea: install ## Primal-Attention Table 1 (UEA, every row: Transformer, 8 efficient baselines, PrimalFormer, Primal.+Trans.): sweep + report; offline DATASETS=JapaneseVowels,BasicMotions PRIMAL_STEPS=170 (JapaneseVowels x 5 seeds: 45 min on a slow 2-core host)
 	$(call sweep_and_report,primal_attention/uea,PRIMAL_STEPS,,$(LAUNCHER))
 
 reproduce-primal-supp-eta-s: install ## Primal-Attention supplement Table 1 (PrimalFormer, s x eta grid on UEA): sweep + report; DATASETS=... PRIMAL_STEPS=170
