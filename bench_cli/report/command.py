@@ -337,12 +337,11 @@ def average_notes(report: Report) -> list[str]:
     the datasets where every row shown has results)."""
     average, cells = report.tables[0].average, report.tables[0].cells
     if average is None:
-        complete = [d for d in report.datasets
-                    if all(cells.get((d, label)) and cells[(d, label)].n for label in report.labels)]
         if len(report.datasets) < 2:
             return []
+        complete = stats.complete_datasets(cells, report.datasets, report.labels)
         return [f"{'Only ' + complete[0] if complete else 'No dataset'} has results for every model: no average row."]
-    lacking = {d: [label for label in report.labels if not (cells.get((d, label)) and cells[(d, label)].n)]
+    lacking = {d: [label for label in report.labels if not stats.has_results(cells, d, label)]
                for d in report.datasets if d not in average["datasets"]}
     return [f"The average leaves out {d}: no result for "
             + ("any row" if labels == report.labels else ", ".join(labels)) + "." for d, labels in lacking.items()]

@@ -32,11 +32,21 @@ def tolerance(paper_std: float | None, floor: float = 1.0) -> float:
     return max(2 * (paper_std or 0.0), floor)
 
 
+def has_results(cells: dict, dataset: str, label: str) -> bool:
+    """Whether the row ``label`` has at least one ok run on ``dataset``."""
+    return bool(cells.get((dataset, label)) and cells[(dataset, label)].n)
+
+
+def complete_datasets(cells: dict, datasets: list[str], labels: list[str]) -> list[str]:
+    """The datasets where every row label has results: what an average row covers."""
+    return [d for d in datasets if all(has_results(cells, d, m) for m in labels)]
+
+
 def average_row(cells: dict, datasets: list[str], labels: list[str], paper_of, floor: float = 1.0) -> dict | None:
     """Average over the datasets where every row label has results ({label: {...}}); None unless
     there are two such datasets (an average of one repeats its rows). ``paper_of(dataset, label)``
     gives the paper's value or None."""
-    complete = [d for d in datasets if all((d, m) in cells and cells[(d, m)].n for m in labels)]
+    complete = complete_datasets(cells, datasets, labels)
     if len(complete) < 2 or not labels:
         return None
     out = {"datasets": complete, "models": {}}

@@ -121,10 +121,12 @@ class LRAReleaseFetcher(Fetcher):
         return fetch_release(data_root, force)
 
 
-def generator_meta(data_root: Path) -> dict:
-    """The parameters a generated ListOps set was made with (its generator.json; {} if none)."""
-    meta = generated_listops_dir(data_root) / "generator.json"
-    return json.loads(meta.read_text()) if meta.is_file() else {}
+def generator_differences(data_root: Path, wanted: dict) -> dict:
+    """{option: the value the generated ListOps set was made with (its generator.json)} for each
+    integer option in ``wanted`` it was not made with; {} when the set is the one wanted."""
+    meta_path = generated_listops_dir(data_root) / "generator.json"
+    made = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return {k: made.get(k) for k, v in wanted.items() if made.get(k) != int(v)}
 
 
 def generate_command(data_root: Path, generator=None) -> str:
@@ -170,8 +172,7 @@ class ListOpsFetcher(Fetcher):
             unknown = sorted(set(generator) - set(GENERATOR_OPTIONS))
             if unknown:
                 raise unknown_choice("task.generator option", unknown[0], GENERATOR_OPTIONS)
-            made = generator_meta(data_root)
-            differ = {k: made.get(k) for k, v in generator.items() if made.get(k) != int(v)}
+            differ = generator_differences(data_root, generator)
             if differ:
                 raise DataNotFoundError(
                     f"the generated ListOps in {generated_listops_dir(data_root)}/ was made with "
@@ -217,9 +218,7 @@ class ListOpsFetcher(Fetcher):
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be a positive integer, got {workers}")
         if listops_files("listops_generated", data_root) and not force:
-            meta = generator_meta(data_root)
-            wanted = {**DEFAULTS, **params}
-            differ = {k: meta.get(k) for k in wanted if k != "task" and meta.get(k) != wanted[k]}
+            differ = generator_differences(data_root, {k: v for k, v in {**DEFAULTS, **params}.items() if k != "task"})
             if not differ:
                 return target
             raise UserError(f"{target} already holds a generated ListOps set with other parameters "
