@@ -625,6 +625,16 @@ def test_a_run_that_expects_a_generated_listops_set_names_the_command_and_refuse
     typo = compose(["task=lra_listops", "task.dataset=listops_generated", "+task.generator.max_lenght=40"])
     with pytest.raises(UserError, match="unknown task.generator option 'max_lenght' .did you mean 'max_length'"):
         task_class("lra_listops")(typo.task, lra_root).check_data()
+    for bad in ("abc", "2.5", "true"):  # not a whole number: one line naming the option, no traceback,
+        cfg_bad = compose(["task=lra_listops", "task.dataset=listops_generated", *gen[:-1],
+                           f"+task.generator.max_length={bad}"])
+        for root in (lra_root, workdir / "empty"):  # with the set there or missing (no command with "abc")
+            with pytest.raises(UserError) as e:
+                task_class("lra_listops")(cfg_bad.task, root).check_data()
+            assert str(e.value).startswith("task.generator max_length must be an integer, got ")
+    with pytest.raises(SystemExit) as e:
+        main(["data", "lra_listops", "--generate", "--force", "--max-length=abc"])
+    assert e.value.code == 2 and "max_length must be an integer, got 'abc'" in capsys.readouterr().err
 
 
 def test_text_loader_through_hf_datasets(lra_root, monkeypatch):

@@ -121,12 +121,25 @@ class LRAReleaseFetcher(Fetcher):
         return fetch_release(data_root, force)
 
 
-def generator_differences(data_root: Path, wanted: dict) -> dict:
+def generator_integers(options: dict, source: str) -> dict[str, int]:
+    """The generator options as integers (``--max-length=250``, ``task.generator.max_length``);
+    a value that is not a whole number ("abc", 2.5, true) is a one-line error naming it and ``source``."""
+    params = {}
+    for k, v in options.items():
+        text = str(v).strip()
+        if isinstance(v, bool) or not text.lstrip("+-").isdigit():
+            raise UserError(f"{source} {k} must be an integer, got {v!r}")
+        params[k] = int(text)
+    return params
+
+
+def generator_differences(data_root: Path, wanted: dict[str, int]) -> dict:
     """{option: the value the generated ListOps set was made with (its generator.json)} for each
-    integer option in ``wanted`` it was not made with; {} when the set is the one wanted."""
+    option in ``wanted`` (integers: generator_integers) it was not made with; {} when the set is
+    the one wanted."""
     meta_path = generated_listops_dir(data_root) / "generator.json"
     made = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    return {k: made.get(k) for k, v in wanted.items() if made.get(k) != int(v)}
+    return {k: made.get(k) for k, v in wanted.items() if made.get(k) != v}
 
 
 def generate_command(data_root: Path, generator=None) -> str:
@@ -165,14 +178,16 @@ class ListOpsFetcher(Fetcher):
         generator options a run expects of ``listops_generated``; a set made with others is
         refused in one line that says how to write the expected one (a set of 500-2,000 tokens cut
         to a 256-token run would train on truncated expressions, silently)."""
+        if generator:  # checked first: a missing set's message repeats these options as a command
+            unknown = sorted(set(generator) - set(GENERATOR_OPTIONS))
+            if unknown:
+                raise unknown_choice("task.generator option", unknown[0], GENERATOR_OPTIONS)
+            wanted = generator_integers(generator, "task.generator")
         files = listops_files(dataset, data_root)
         if files is None:
             raise DataNotFoundError(self.missing_message(dataset, data_root, generator))
         if dataset == "listops_generated" and generator:
-            unknown = sorted(set(generator) - set(GENERATOR_OPTIONS))
-            if unknown:
-                raise unknown_choice("task.generator option", unknown[0], GENERATOR_OPTIONS)
-            differ = generator_differences(data_root, generator)
+            differ = generator_differences(data_root, wanted)
             if differ:
                 raise DataNotFoundError(
                     f"the generated ListOps in {generated_listops_dir(data_root)}/ was made with "
@@ -210,10 +225,7 @@ class ListOpsFetcher(Fetcher):
         from tasks.lra.listops_generator import DEFAULTS, write_dataset
 
         target = generated_listops_dir(data_root)
-        try:
-            params = {k: int(v) for k, v in options.items()}
-        except ValueError as e:
-            raise UserError(f"generator options must be integers: {e}") from None
+        params = generator_integers(options, "`attnbench data lra_listops --generate` option")
         workers = params.pop("workers", None)
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be a positive integer, got {workers}")
