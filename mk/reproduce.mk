@@ -16,11 +16,11 @@
 #           PRIMAL_STEPS=170 is JapaneseVowels 10 of 100 epochs at batch 16 and BasicMotions 57 of
 #           100. The report header states the epochs that were run per dataset. The Primal-Attention
 #           table has 11 rows (the Transformer, 8 baselines, PrimalFormer, Primal.+): the offline subset
-#           is 110 jobs. Measured on a slow 2-core host (JOBS=2): JapaneseVowels, every row x 5 seeds,
-#           45.2 min (results/reproduced/one_host/). BasicMotions costs more per job (57 epochs; in the
-#           zoo's runs SOFT took 30x the Transformer's training time there, Reformer, Performer and
-#           Longformer 4-5x), so the BasicMotions rows take hours; DATASETS=JapaneseVowels leaves them
-#           out. A rerun runs only the jobs without an ok record.
+#           is 110 jobs. Measured on a slow 2-core host (JOBS=2, results/reproduced/one_host/):
+#           JapaneseVowels, every row x 5 seeds, 45.2 min; BasicMotions, every row x 3 seeds
+#           (ARGS=seed=0,1,2), 90.5 min: 3.5-7 min per job (57 epochs at length 100), SOFT 10-13 min
+#           (every token a landmark: 2.4x the Transformer's epoch time, 3x its memory), so all 5 seeds
+#           of both sets take about 3.3 h. A rerun runs only the jobs without an ok record.
 # JOBS      parallel jobs (joblib launcher, 1 torch thread each on 2 cores).
 # LAUNCHER  the launcher overrides, e.g. LAUNCHER="hydra/launcher=slurm hydra.launcher.partition=gpu".
 # ARGS      extra overrides for the sweep, e.g. ARGS="trainer.device=cuda".
@@ -63,7 +63,7 @@ reproduce-table5: install ## Primal-dual Table 5 (linear attention + BN/SH): swe
 reproduce-table10: install ## Primal-dual Table 10 (sparse attention + BN/SH): sweep + report
 	$(call sweep_and_report,primal_dual/table10,STEPS,,$(LAUNCHER))
 
-reproduce-primal-uea: install ## Primal-Attention Table 1 (UEA, every row: Transformer, 8 efficient baselines, PrimalFormer, Primal.+Trans.): sweep + report; offline DATASETS=JapaneseVowels,BasicMotions PRIMAL_STEPS=170 (JapaneseVowels x 5 seeds: 45 min on a slow 2-core host)
+reproduce-primal-uea: install ## Primal-Attention Table 1 (UEA, every row: Transformer, 8 efficient baselines, PrimalFormer, Primal.+Trans.): sweep + report; offline DATASETS=JapaneseVowels,BasicMotions PRIMAL_STEPS=170 (on a slow 2-core host: JapaneseVowels x 5 seeds 45 min, BasicMotions x 3 seeds 91 min)
 	$(call sweep_and_report,primal_attention/uea,PRIMAL_STEPS,,$(LAUNCHER))
 
 reproduce-primal-supp-eta-s: install ## Primal-Attention supplement Table 1 (PrimalFormer, s x eta grid on UEA): sweep + report; DATASETS=... PRIMAL_STEPS=170
