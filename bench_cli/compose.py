@@ -240,8 +240,8 @@ def quick_check(overrides: list[str]) -> None:
         key, value = m.groups()
         if key in GROUPS and value not in group_options(key):
             raise unknown_choice(key, value, group_options(key))
-        if "." not in key and key not in top_level_keys():
-            raise UserError(f"unknown config key '{key}'{did_you_mean(key, top_level_keys())}")
+        if key.split(".")[0] not in top_level_keys():  # no config has it: Hydra would refuse it too
+            raise UserError(f"unknown config key '{key}'{key_hint(dict.fromkeys(top_level_keys()), key)}")
 
 
 def top_level_keys() -> set[str]:
@@ -268,6 +268,7 @@ def _top_level_keys(folders: tuple[Path, ...]) -> set[str]:
                     keys.update(keys_of(f))
                 elif package:
                     keys.add(package.group(1).split(".")[0])
+    keys.discard("defaults")  # a _global_ experiment's defaults list, not a config key
     return keys
 
 
@@ -745,17 +746,38 @@ def check_value_types(cfg: DictConfig, overrides: list[str], defaults: dict | No
                             f"(expected {_TYPE_NAMES.get(expected, expected.__name__)}, like the default {default!r})")
 
 
+def key_hint(config, key: str, list_keys: bool = True) -> str:
+    """For a dotted key ``config`` lacks, about its first missing part: " (did you mean
+    'trainer.max_epochs'?)" when an existing key there is close, else (``list_keys``) the keys that
+    are there ("; keys of trainer: ..."; at the top level both: "; top-level keys: ...")."""
+    parts = key.split(".")
+    node, depth = config, 0
+    while depth < len(parts) - 1 and isinstance(node, (dict, DictConfig)) and parts[depth] in node:
+        try:
+            node, depth = node[parts[depth]], depth + 1
+        except Exception:  # an interpolation that cannot be resolved here
+            return ""
+    if not isinstance(node, (dict, DictConfig)):
+        return ""
+    prefix = ".".join(parts[:depth])
+    # at the top level, the keys any composition can have (so the quick check, which composes
+    # nothing, and Hydra's refusal say the same)
+    keys = sorted({str(k) for k in node.keys()} | (top_level_keys() if not prefix else set()))
+    close = did_you_mean(parts[depth], keys)
+    if prefix:
+        close = close.replace("'", f"'{prefix}.", 1)
+        return close or (f"; keys of {prefix}: {', '.join(keys)}" if list_keys else "")
+    # at the top level names are short and a close one is often not the one meant: list them too
+    return close + (f"; top-level keys: {', '.join(keys)}" if list_keys else "")
+
+
 def _existing_hint(key: str, overrides: list[str]) -> str:
     """" (did you mean 'trainer.max_epochs'?)" for a key close to an existing one."""
-    parent, _, leaf = key.rpartition(".")
     try:
         base = compose_unchecked([o for o in overrides if not o.lstrip("+~").startswith(key)])
     except UserError:
         return ""
-    node = OmegaConf.select(base, parent) if parent else base
-    if not isinstance(node, DictConfig):
-        return ""
-    return did_you_mean(leaf, list(node.keys())).replace("'", f"'{parent + '.' if parent else ''}", 1)
+    return key_hint(base, key, list_keys=False)
 
 
 def _explain(err: Exception, overrides: list[str]) -> UserError:
@@ -778,8 +800,8 @@ def _explain(err: Exception, overrides: list[str]) -> UserError:
                 # the key exists: its value is a dict, which Hydra extends only key by key with '+'
                 return UserError(f"cannot set '{key}' to {value}: it is a dict of the config, and keys it does "
                                  f"not have yet are added one by one with '+', e.g. +{key}.NAME=VALUE")
-            if isinstance(node, DictConfig):
-                hint = did_you_mean(leaf, list(node.keys())).replace("'", f"'{parent + '.' if parent else ''}", 1)
+            if base is not None:
+                hint = key_hint(base, key)
         except UserError:
             pass
         add = f"; to add a new key use +{key}={value}" if addable(key) else ""

@@ -33,7 +33,7 @@ print("FLAGS " + json.dumps(flags))
 """
 
 QUICK = [["--help"], ["ls", "models"], ["ls"], ["ls", "tasks"], ["ls", "experiments"],
-         ["run", "modle=softmax"], ["run", "task=uae"]]
+         ["run", "modle=softmax"], ["run", "task=uae"], ["run", "records.path=x"]]
 
 
 def import_flags(commands: list[list[str]]) -> tuple[list, subprocess.CompletedProcess]:
@@ -51,6 +51,7 @@ def test_help_ls_and_misspelt_overrides_import_neither_torch_nor_hydra(workdir):
     assert [f[0] for f in flags if f[2]] == [], "imported Hydra"
     assert "unknown config key 'modle' (did you mean 'model'?)" in r.stderr
     assert "unknown task 'uae' (did you mean 'uea'?)" in r.stderr
+    assert "unknown config key 'records.path'" in r.stderr and ", results, seed," in r.stderr  # the valid keys
 
 
 def test_protocols_are_torch_free_and_the_task_contracts():

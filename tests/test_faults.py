@@ -115,7 +115,11 @@ def test_a_killed_run_shows_as_started_and_not_finished(uea_fixture, workdir, ca
     ("task.val_fraction=1.5", "task.val_fraction: 1.5 (expected a number strictly between 0 and 1)"),
     ("trainer.optimizer.lr=0", "trainer.optimizer.lr: 0 (expected a number greater than 0)"),
     ("trainer.max_epochs=-2", "trainer.max_epochs: -2 (expected an integer of at least 1)"),
-    ("model.attention.nonsense=1", "unknown config key"),
+    ("model.attention.nonsense=1", "unknown config key 'model.attention.nonsense'; keys of model.attention: "),
+    # nothing close: the keys that exist where the name stops matching, not a bare "unknown"
+    ("trainer.colour=1", "unknown config key 'trainer.colour'; keys of trainer: accumulate_grad_batches, "),
+    ("records.path=x", "; top-level keys: baseline, "),
+    ("trainer.optimizer.nme=adam", "did you mean 'trainer.optimizer.name'"),
 ])
 def test_bad_settings_are_refused_by_validate_and_run_alike(uea_fixture, workdir, capsys, override, expected):
     for command in ("validate", "run"):
