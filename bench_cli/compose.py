@@ -241,7 +241,7 @@ def quick_check(overrides: list[str]) -> None:
         if key in GROUPS and value not in group_options(key):
             raise unknown_choice(key, value, group_options(key))
         if key.split(".")[0] not in top_level_keys():  # no config has it: Hydra would refuse it too
-            raise UserError(f"unknown config key '{key}'{key_hint(dict.fromkeys(top_level_keys()), key)}")
+            raise UserError(f"unknown config key '{key}'{key_hint({}, key)}")  # nothing composed: the top level
 
 
 def top_level_keys() -> set[str]:
@@ -760,9 +760,9 @@ def key_hint(config, key: str, list_keys: bool = True) -> str:
     if not isinstance(node, (dict, DictConfig)):
         return ""
     prefix = ".".join(parts[:depth])
-    # at the top level, the keys any composition can have (so the quick check, which composes
-    # nothing, and Hydra's refusal say the same)
-    keys = sorted({str(k) for k in node.keys()} | (top_level_keys() if not prefix else set()))
+    # at the top level, the keys any composition can have (a superset of the composed config's), so
+    # the quick check, which composes nothing, and Hydra's refusal say the same
+    keys = sorted(str(k) for k in node.keys()) if prefix else sorted(top_level_keys())
     close = did_you_mean(parts[depth], keys)
     if prefix:
         close = close.replace("'", f"'{prefix}.", 1)
