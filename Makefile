@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml constraints.txt
 run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides
 	$(BIN)/attnbench run $(ARGS)
 
-test: install ## Run the test suite (offline)
-	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
+# One pytest-xdist worker per core (TEST_WORKERS=0: one process, for a debugger).
+TEST_WORKERS ?= auto
+test: install ## Run the test suite (offline, one worker per core)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
 
 bench: install ## Time every attention variant against softmax at N=1024 and 4096
 	$(BIN)/python -m bench_cli.bench_attention $(ARGS)
