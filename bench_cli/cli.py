@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from bench_cli import compose as C
 from bench_cli.args import parse
 from bench_cli.core.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
+from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 
 # Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
@@ -136,12 +137,14 @@ def cmd_run(args: list[str]) -> None:
         raise UserError(f"unknown option '{next(iter(p.hydra))}' for `attnbench run` (overrides are key=value; "
                         f"Hydra's --cfg job, --info and --help work)")
     overrides = p.overrides
-    cfg = C.compose_run(overrides)  # the run's config, composed once
+    with PHASES("compose"):
+        cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
     from bench_cli.records import new_run_id
     from bench_cli.validate import check_config
 
-    check_config(cfg, build=True)
+    with PHASES("validate"):
+        check_config(cfg, build=True)
     note_invocation()
     # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
     # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
@@ -434,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = args[0], args[1:]
+    PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)
     _TYPED[:] = ["attnbench", *args]
     if cmd not in available_commands():
         fail(str(unknown_choice("command", cmd, available_commands())))

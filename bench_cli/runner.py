@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench_cli import distributed as D
 from bench_cli import records, schema
 from bench_cli.core.errors import UserError
+from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.loggers import LineLogger, Loggers, make_logger
 from bench_cli.head_diversity import record_head_diversity
 from bench_cli.objective import Objective
@@ -199,6 +200,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     appended to ``results.path``; if that append fails (full disk, read-only filesystem) the run
     folder still holds it and the message says where."""
     started = time.perf_counter()
+    PHASES.forget(*RUN_STAGES)
     run_id = run_id or records.new_run_id()
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +230,19 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         raise error
     row["_error"], row["_rank"] = error, env.rank
     return row
+
+
+RUN_STAGES = ("data", "model", "fit", "measure", "record")  # the stages of one run (PHASES)
+
+
+def write_phases(run_dir: Path, **extra) -> None:
+    """``phases.json``: this process's stages in seconds and its age (exec to now), for
+    `attnbench bench-overhead`'s split of the time outside training; best effort (a diagnostic)."""
+    try:
+        payload = {**PHASES.as_dict(), **extra, "process_age_s": process_age_s()}
+        records._replace_atomically(run_dir / "phases.json", json.dumps(payload))
+    except OSError:
+        pass
 
 
 def save_resolved(resolved: dict, path: Path) -> None:
@@ -261,11 +276,13 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
     row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(int(cfg.trainer.num_threads))
-    task = build_task(cfg)
-    seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
-    task.setup(row["protocol"])
-    seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
-    model = task.build_model(cfg.model).to(device)
+    with PHASES("data"):
+        task = build_task(cfg)
+        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
+        task.setup(row["protocol"])
+    with PHASES("model"):
+        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
+        model = task.build_model(cfg.model).to(device)
     if env.world_size > 1:  # same initial weights everywhere; each process its own dropout
         torch.manual_seed(int(cfg.seed) + env.rank)
     logger = None
@@ -278,12 +295,13 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
     objective = Objective.of(task, cfg.model)
     trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), objective=objective, logger=logger,
                       progress=progress if env.is_main else None, dist=env)
-    with setup_frozen():
+    with setup_frozen(), PHASES("fit"):
         result = trainer.fit(row["protocol"])
     row.update(result.metrics)
     if env.is_main:
-        row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
-        row.update(record_head_diversity(cfg, task, model, device))  # measure.head_diversity (primal-dual Table 4)
+        with PHASES("measure"):
+            row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
+            row.update(record_head_diversity(cfg, task, model, device))  # measure.head_diversity (primal-dual Table 4)
     row["metrics_json"] = {"data": task.describe(), "history": result.history}
     row["status"] = "ok"
 
@@ -297,12 +315,14 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
         (run_dir / name).write_text("".join(traceback.format_exception(error)))
     row["wall_time_s"] = round(time.perf_counter() - started, 3)
     if env.is_main:
-        (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
-        try:
-            records.append_record(cfg.results.path, row)
-        except (OSError, records.RecordsFileError) as e:  # the record is safe in the run folder; say where
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
-            row["_append_error"] = f"could not append to {cfg.results.path} ({reason}); the record is in {run_dir / 'record.json'}"
+        with PHASES("record"):
+            (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
+            try:
+                records.append_record(cfg.results.path, row)
+            except (OSError, records.RecordsFileError) as e:  # the record is safe in the run folder; say where
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+                row["_append_error"] = f"could not append to {cfg.results.path} ({reason}); the record is in {run_dir / 'record.json'}"
+        write_phases(run_dir, train_time_s=row.get("train_time_s"))
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])
