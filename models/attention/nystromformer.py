@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
+from models.attention.base import ProjectedAttention, depthwise_sequence_conv
 from models.attention.registry import Capabilities, register_attention
 
 PAPER = "Xiong et al., Nystromformer: A Nystrom-Based Algorithm for Approximating Self-Attention, AAAI 2021"
@@ -124,7 +124,7 @@ class NystromAttention(ProjectedAttention):
             kernel_3 = torch.softmax(q_landmarks @ k.transpose(-1, -2) - key_penalty, dim=-1)
             out = (kernel_1 @ iterative_pinv(kernel_2, self.pinv_iterations, self.pinv_init)) @ (kernel_3 @ v)
         if self.conv_kernel_size is not None:
-            out = out + self.conv(v * keep_rows)
+            out = out + depthwise_sequence_conv(v * keep_rows, self.conv.weight)
         return out[:, :, :n]
 
     def extra_repr(self) -> str:

@@ -37,7 +37,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.attention.base import AttentionBase, merge_heads, split_heads
+from models.attention.base import AttentionBase, depthwise_sequence_conv, merge_heads, split_heads
 from models.attention.registry import Capabilities, register_attention
 
 PADDING_MODES = ("zero", "ignore")
@@ -142,5 +142,5 @@ class SoftAttention(AttentionBase):
         out = (to_landmarks @ newton_pseudo_inverse(among_landmarks, self.newton_iterations)) @ (
             to_landmarks.transpose(-1, -2) @ v)
         if self.value_conv is not None:
-            out = out + self.value_conv(v)
+            out = out + depthwise_sequence_conv(v, self.value_conv.weight)
         return self.out_proj(merge_heads(out))

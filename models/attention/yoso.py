@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
+from models.attention.base import ProjectedAttention, depthwise_sequence_conv
 from models.attention.registry import Capabilities, register_attention
 
 PAPER = "Zeng et al. 2021, You Only Sample (Almost) Once (YOSO-E, expectation of YOSO attention)"
@@ -118,7 +118,7 @@ class YosoEAttention(ProjectedAttention):
         out = F.normalize(out, p=2, dim=-1)
         if self.conv_window is not None:
             v_masked = v if mask is None else v * mask[:, None, :, None].to(v.dtype)
-            out = out + self.conv(v_masked)
+            out = out + depthwise_sequence_conv(v_masked, self.conv.weight)
         return out
 
 
