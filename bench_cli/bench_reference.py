@@ -122,7 +122,6 @@ def run(args) -> list[dict]:
     import torch
 
     from bench_cli.core.errors import UserError
-    from bench_cli.ui import console, show_table
 
     names = list(VARIANTS)
     if args.variants:
@@ -131,8 +130,20 @@ def run(args) -> list[dict]:
             raise UserError(f"no reference transcription for {', '.join(unknown)}; --against-reference "
                             f"times {', '.join(VARIANTS)}")
         names = [v for v in VARIANTS if v in args.variants]
+    threads_before = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        return _time_and_show(names, args)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _time_and_show(names: list[str], args) -> list[dict]:
+    import torch
+
+    from bench_cli.ui import console, show_table
+
     load_before = os.getloadavg()
     rows, results, notes = [], [], []
     for n in args.seq_lens:
@@ -153,7 +164,7 @@ def run(args) -> list[dict]:
                          f"{result['ratio']:.2f}", f"{q1:.2f}-{q3:.2f}"])
     load_after = os.getloadavg()
     threads = torch.get_num_threads()
-    show_table(f"ours / reference code: fwd+bwd, float32, batch {args.batch}, {args.repeats} pairs, "
+    show_table(f"vs reference: fwd+bwd float32, batch {args.batch}, {args.repeats} pairs, "
                f"{threads} thread{'s' if threads > 1 else ''}",
                ["variant", "N", "ours ms", "ref ms", "ratio", "IQR"], rows)
     for n in args.seq_lens:
@@ -161,10 +172,10 @@ def run(args) -> list[dict]:
         if ratios:
             console.print(f"N={n}: geometric mean of the ratios {geometric_mean(ratios):.2f} over {len(ratios)} "
                           "variants", highlight=False)
-    console.print("ratio: median over pairs of ours / reference (< 1: ours faster); IQR: of the pair ratios",
+    console.print("ratio: median of the pairs' ours / reference (< 1: faster); IQR of the pair ratios",
                   highlight=False)
-    console.print(f"load average (1, 5, 15 min): before {', '.join(f'{v:.2f}' for v in load_before)}; "
-                  f"after {', '.join(f'{v:.2f}' for v in load_after)}; {os.cpu_count()} cores", highlight=False)
+    console.print(f"load average (1, 5, 15 min) before {' '.join(f'{v:.2f}' for v in load_before)}, "
+                  f"after {' '.join(f'{v:.2f}' for v in load_after)}; {os.cpu_count()} cores", highlight=False)
     untimed = [name for name in names if name in LOOP_TRANSCRIPTIONS]
     for note in ([LOOP_NOTE.format(names=", ".join(untimed))] if untimed else []) + notes:
         console.print(note, highlight=False)
