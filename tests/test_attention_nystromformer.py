@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from models.attention import attention_spec, build_attention
+from models.attention.base import depthwise_sequence_conv
 from models.attention.nystromformer import iterative_pinv
 from models.attention.reference.nystromformer import code_attention
 
@@ -124,3 +126,18 @@ def test_forward_backward_finite():
     m(x, mask)[mask].pow(2).sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("k", [1, 4, 35])
+def test_value_convolution_is_the_references_conv2d(k):
+    """The k shifted multiply-adds (and their hand-written backward) equal nn.Conv2d(H, H, (k, 1),
+    padding=(k // 2, 0), groups=H) of the reference on values in split_heads' layout."""
+    v = torch.randn(2, 40, 3, 5).transpose(1, 2).requires_grad_()
+    w = torch.randn(3, 1, k, 1, requires_grad=True)
+    expected = F.conv2d(v, w, padding=(k // 2, 0), groups=3)
+    out = depthwise_sequence_conv(v, w)
+    torch.testing.assert_close(out, expected)
+    g = torch.randn_like(expected)
+    for ours, theirs in zip(torch.autograd.grad((out * g).sum(), (v, w)), torch.autograd.grad((expected * g).sum(), (v, w))):
+        torch.testing.assert_close(ours, theirs)
+    assert torch.autograd.gradcheck(depthwise_sequence_conv, (v[:1, :, :7].detach().requires_grad_(), w))
