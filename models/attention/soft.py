@@ -49,7 +49,8 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     takes ``torch.cdist ** 2``)."""
     half_a = (a * a).sum(-1, keepdim=True) / 2
     half_b = (b * b).sum(-1)[..., None, :] / 2
-    return torch.exp(a @ b.transpose(-1, -2) - half_a - half_b)
+    # in place in the product, which autograd does not keep (the matmul saves its inputs)
+    return (a @ b.transpose(-1, -2)).sub_(half_a).sub_(half_b).exp_()
 
 
 def newton_pseudo_inverse(mat: torch.Tensor, iterations: int, blowup: float = 1e4) -> torch.Tensor:
