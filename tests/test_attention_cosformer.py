@@ -54,6 +54,20 @@ def test_matches_the_authors_code(causal, padded):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_gradients_match_the_authors_code(causal):
+    m = make()
+    x, mask = inputs()
+    x.requires_grad_(True)
+    weights = torch.linspace(-1, 1, D_MODEL)
+
+    def grads(forward):
+        return torch.autograd.grad((forward()[mask] * weights).sin().sum(), [x, *m.parameters()])
+
+    for ours, theirs in zip(grads(lambda: m(x, mask, causal=causal)), grads(lambda: code_cosformer(m, x, causal, mask))):
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_padding_ignore_is_the_unmasked_reference(causal):
     m = make(padding="ignore")
     x, mask = inputs()

@@ -45,6 +45,23 @@ FEATURE_MAPS = {"relu": F.relu, "elu": lambda x: F.elu(x) + 1.0}
 PADDING_MODES = ("valid", "ignore")
 
 
+class _Reweighted(torch.autograd.Function):
+    """(B, H, N, d) features times (..., N, 2, 1) weights -> (B, H, N, 2d), [sin part; cos part]; the
+    backward sums the two halves with one multiply-add (autograd would reduce over a dimension of 2)."""
+
+    @staticmethod
+    def forward(ctx, phi, weights):
+        ctx.save_for_backward(weights)
+        return (phi[..., None, :] * weights).flatten(-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weights,) = ctx.saved_tensors
+        halves = grad.unflatten(-1, (2, -1))
+        grad_phi = halves[..., 0, :] * weights[..., 0, :]
+        return grad_phi.addcmul_(halves[..., 1, :], weights[..., 1, :]), None
+
+
 @register_attention(
     "cosformer",
     paper="Qin et al. 2022, cosFormer: Rethinking Softmax in Attention (ICLR); code OpenNLPLab/cosFormer",
@@ -72,13 +89,12 @@ class CosformerAttention(ProjectedAttention):
     def reweighted_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """[phi(x_i) sin(pi i / 2M); phi(x_i) cos(pi i / 2M)], i = 1..N, M = N (cosformer.py ``get_index``),
         times ``mask`` (B, N) if given: one product of phi(x) with the (N, 2, 1) weights, no concatenation."""
-        b, h, n, d = x.shape
+        n = x.shape[2]
         angle = (math.pi / 2) * torch.arange(1, n + 1, device=x.device, dtype=x.dtype) / n
         weights = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)[..., None]  # (N, 2, 1)
         if mask is not None:
             weights = weights * mask[:, None, :, None, None].to(x.dtype)  # (B, 1, N, 2, 1)
-        phi = FEATURE_MAPS[self.feature_map](x)
-        return (phi[..., None, :] * weights).view(b, h, n, 2 * d)
+        return _Reweighted.apply(FEATURE_MAPS[self.feature_map](x), weights)
 
     def kernel(self, q, k, v, mask, causal):
         q_ = self.reweighted_features(q)
