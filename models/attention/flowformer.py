@@ -109,7 +109,7 @@ class FlowAttention(ProjectedAttention):
 
     def kernel(self, q, k, v, mask, causal):
         phi = FEATURE_MAPS[self.feature_map]
-        q, k = phi(q), phi(k)
+        q, k = phi(q.contiguous()), phi(k.contiguous())  # one copy each out of split_heads' layout, not one per product
         valid = mask if self.padding == "valid" else None
         if valid is not None:
             weight = valid[:, None, :, None].to(q.dtype)
