@@ -219,3 +219,14 @@ def test_forward_backward_finite():
         m(x, mask, causal=causal)[mask].pow(2).sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_counted_on_fake_tensors_as_on_real_ones():
+    """The stabiliser is found and used on the device (no value read on the host), so the profiler's
+    meta counting runs it: the same FLOPs as on real tensors."""
+    from bench_cli.measure import flops_forward, flops_train_step
+
+    m = make().float()
+    inputs = {"x": torch.randn(2, 70, D_MODEL, dtype=torch.float32), "mask": padded_batch(70)[1]}
+    for count in (flops_forward, lambda *a, **k: flops_train_step(*a[:2], lambda o: o.sum(), **k)):
+        assert count(m, inputs, meta=True) == count(m, inputs, meta=False) > 0

@@ -86,31 +86,31 @@ class _SoftmaxFeatures(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, projected, offset, shift, valid, floor):
-        index = None
+        index = found = None
         if shift == "row":
             c, index = projected.max(dim=-1, keepdim=True)
         elif shift == "batch_max":
             source = projected if valid is None else projected.masked_fill(~valid[:, None, :, None], float("-inf"))
-            index = source.argmax()
-            c = source.view(-1)[index]
-            if not bool(torch.isfinite(c)):  # no real key at all
-                c, index = torch.zeros_like(c), None
+            index = source.argmax().view(1)  # a 1-element index (a 0-d one would be read on the host)
+            c = source.view(-1).gather(0, index).view(())
+            found = torch.isfinite(c)  # False: no real key at all, c = 0 (read on the device, no sync)
+            c = torch.where(found, c, torch.zeros_like(c))
         else:
             c = 0.0
         exponential = (projected - (offset + c)).exp_()
-        ctx.save_for_backward(exponential, index)
+        ctx.save_for_backward(exponential, index, found)
         ctx.shift = shift
         return exponential + floor
 
     @staticmethod
     def backward(ctx, grad):
-        exponential, index = ctx.saved_tensors
+        exponential, index, found = ctx.saved_tensors
         grad_projected = (grad * exponential).contiguous()
         row_sums = grad_projected.sum(-1, keepdim=True)  # = -d/d(offset + c) of each row
         if ctx.shift == "row":
             grad_projected.scatter_add_(-1, index, -row_sums)
-        elif index is not None:
-            grad_projected.view(-1)[index] -= row_sums.sum()
+        elif ctx.shift == "batch_max":
+            grad_projected.view(-1).index_add_(0, index, -(row_sums.sum() * found).view(1))
         return grad_projected, -row_sums, None, None, None
 
 
