@@ -90,10 +90,25 @@ def steps(name: str, n: int, args):
     return step(lambda xg: module(xg, mask)), step(lambda xg: reference(module, xg, mask)), difference
 
 
+# One block this large allocated and freed before each variant: glibc then serves every smaller block
+# from its heap and keeps freed memory (its mmap threshold follows the largest freed block, up to
+# 32 MB), as in the steady state of a training run. Without it the state depends on what ran before:
+# a variant timed after Performer (8 MB blocks) saw its reference 1.5x faster than timed alone.
+PRIMING_BYTES = 16 << 20
+
+
+def prime_allocator() -> None:
+    import torch
+
+    block = torch.empty(PRIMING_BYTES, dtype=torch.uint8)
+    del block
+
+
 def time_pairs(ours, theirs, repeats: int) -> tuple[list[float], list[float]]:
     """Seconds of ``repeats`` alternating pairs (ours first in even pairs), after one warm-up each."""
     from bench_cli.measure import seconds
 
+    prime_allocator()
     ours(), theirs()
     a, b = [], []
     for i in range(repeats):

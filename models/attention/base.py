@@ -66,10 +66,11 @@ class _DepthwiseSequenceConv(torch.autograd.Function):
             for t in range(k):
                 grad_padded[:, :, t:t + n_out].addcmul_(grad, taps[:, t])
             grad_v = grad_padded[:, :, k // 2:k // 2 + ctx.length]
-        if ctx.needs_input_grad[1]:  # per tap, one dot product per (batch, head) of N d values
-            rows = grad.view(b * h, 1, n_out * d)
-            dots = [rows @ padded[:, :, t:t + n_out].reshape(b * h, n_out * d, 1) for t in range(k)]
-            grad_weight = torch.cat(dots, dim=1).view(b, h, k).sum(0).view(weight.shape)
+        if ctx.needs_input_grad[1]:  # the correlation of grad with the values, per channel (head, batch, d)
+            channels = h * b * d
+            values = padded.permute(1, 0, 3, 2).reshape(1, channels, -1)
+            filters = grad.permute(1, 0, 3, 2).reshape(channels, 1, n_out)
+            grad_weight = F.conv1d(values, filters, groups=channels).view(h, b * d, k).sum(1).view(weight.shape)
         return grad_v, grad_weight
 
 
