@@ -5,8 +5,8 @@ For each N and variant: our module is built as the ListOps layer builds it (--d-
 the options of conf/model/<name>.yaml at task lra_listops, attention dropout 0 so both sides do the
 same work) and the reference transcription reads that module's weights; the input is a batch of
 random tokens whose second row is right-padded by a quarter, with its mask. A step is forward +
-backward (the output summed, gradients for the input and every weight), float32. After one
-warm-up of each, the two are timed in --repeats pairs, the order alternating from pair to pair
+backward (the output summed, gradients for the input and every weight), float32. After a 16 MB
+block is allocated and freed (PRIMING_BYTES) and one warm-up of each, the two are timed in --repeats pairs, the order alternating from pair to pair
 (ours first, then the reference first), and each pair gives one ratio ours / reference (< 1:
 ours is faster). The table shows the median times, the median ratio and the interquartile range
 of the pair ratios; under it, per N, the geometric mean of the median ratios, and the load
