@@ -36,6 +36,12 @@ def test_variants_subset_and_refusals(capsys):
         main([*TINY, "--repeats", "0"])
 
 
+def test_a_length_the_reference_cannot_take_is_a_note(capsys):
+    results = main([*TINY[:2], "100", *TINY[3:], "--variants", "nystromformer", "cosformer"])
+    assert [r["variant"] for r in results] == ["cosformer"]
+    assert "n/a: nystromformer at N=100: shape" in " ".join(capsys.readouterr().out.split())
+
+
 def test_spread_and_mean_helpers():
     assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
     assert quartiles([0.7]) == (0.7, 0.7)
