@@ -38,6 +38,8 @@ commands:
   report NAME            paper vs reproduced table of an experiment (results/reproduced/)
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
+  bench --against-reference [--seq-lens ...]
+                         time the efficient-attention baselines against their reference code
   bench-cli [--repeat N] time --help, ls and a misspelt override next to `import torch`
   bench-overhead [--repeats N] [--cases NAME,...]
                          time `attnbench run` against a bare PyTorch loop of the same config
