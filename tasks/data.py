@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import DataNotFoundError
+from bench_cli.core.extras import require
 
 CACHE_VERSION = 1  # bump when a family's preprocessing changes (it is part of every cache key)
 
@@ -148,10 +149,7 @@ def load_hf_dataset(path: str, config: str | None = None, *, missing: str, **kwa
                              ("datasets.config", "HF_DATASETS_OFFLINE")):
             if module in sys.modules and hasattr(sys.modules[module], attr):  # read at import time
                 setattr(sys.modules[module], attr, True)
-    try:
-        import datasets
-    except ImportError:
-        raise DataNotFoundError(f"{missing} (the `datasets` package is not installed)") from None
+    datasets = require("datasets", "text", f"{path} from the HF hub")
     try:
         return datasets.load_dataset(path, config, **kwargs)
     except Exception as e:  # noqa: BLE001 - not cached / hub errors: one line
