@@ -388,18 +388,28 @@ def process_peak_rss_bytes() -> int:
 
 
 def seconds(fn: Callable[[], Any], device: torch.device | None = None) -> float:
-    """Wall-clock seconds of ``fn()``, the device synchronised before and after (CUDA runs
-    asynchronously: without it a timer measures the launch, not the work). The one timer of a
-    run's inference timing, `attnbench profile` and `make bench`."""
-    def sync():
-        if device is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    sync()
-    start = time.perf_counter()
+    """Seconds of ``fn()``: the one timer of a run's inference timing, `attnbench profile` and
+    `make bench` (``timer_name`` says which clock). On CUDA, which runs asynchronously, two CUDA
+    events on the device's current stream around the work ``fn`` queues, with one synchronisation
+    before (earlier work does not count) and one wait for the end event; elsewhere wall-clock
+    ``time.perf_counter``."""
+    if device is not None and device.type == "cuda":
+        stream = torch.cuda.current_stream(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0  # milliseconds
+    start_s = time.perf_counter()
     fn()
-    sync()
-    return time.perf_counter() - start
+    return time.perf_counter() - start_s
+
+
+def timer_name(device: torch.device | None) -> str:
+    """The clock ``seconds`` reads on ``device`` (for the records)."""
+    return "CUDA events" if device is not None and device.type == "cuda" else "time.perf_counter"
 
 
 # --------------------------------------------------------------------------- all measurements
@@ -452,7 +462,22 @@ def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, de
                    peak_mem_infer_bytes=peak_memory_inference(model, inputs),
                    memory_method=("CUDA allocator peak" if device.type == "cuda"
                                   else f"MemTracker on real tensors ({device.type})"))
+        if device.type == "cuda":  # the allocator's peak, and beside it the estimate a CPU run would record
+            out.update(cuda_memory_columns(model, inputs, loss_fn))
     return out
+
+
+def cuda_memory_columns(model: nn.Module, inputs: Inputs, loss_fn: LossFn) -> dict:
+    """What a CUDA measurement records beside ``peak_mem_*_bytes`` (there the allocator's peak,
+    ``torch.cuda.max_memory_allocated``): which method gave them, and the MemTracker estimate on
+    fake tensors (what the CPU records; None when the model reads tensor values)."""
+    try:
+        train, infer = (peak_memory_train_step(model, inputs, loss_fn, meta=True),
+                        peak_memory_inference(model, inputs, meta=True))
+    except MetaCountingError:
+        train = infer = None
+    return {"peak_mem_source": "torch.cuda.max_memory_allocated", "peak_mem_train_estimate_bytes": train,
+            "peak_mem_infer_estimate_bytes": infer}
 
 
 class ValueReads(TorchDispatchMode):
