@@ -387,24 +387,41 @@ def process_peak_rss_bytes() -> int:
 # --------------------------------------------------------------------------- time
 
 
+class RegionTimer:
+    """Seconds of a timed region that may span many calls (a training segment between two
+    evaluations). On CUDA, which runs asynchronously, two CUDA events on the device's current
+    stream: ``stop`` records the end event and waits for it, once per region, never per step;
+    elsewhere wall-clock ``time.perf_counter``. ``timer_name`` says which."""
+
+    def __init__(self, device: torch.device | None = None):
+        self.device = device if device is not None and device.type == "cuda" else None
+
+    def start(self) -> None:
+        if self.device is not None:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record(torch.cuda.current_stream(self.device))
+        else:
+            self._start_s = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.device is None:
+            return time.perf_counter() - self._start_s
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self.device))
+        end.synchronize()
+        return self._start.elapsed_time(end) / 1000.0  # milliseconds
+
+
 def seconds(fn: Callable[[], Any], device: torch.device | None = None) -> float:
     """Seconds of ``fn()``: the one timer of a run's inference timing, `attnbench profile` and
-    `make bench` (``timer_name`` says which clock). On CUDA, which runs asynchronously, two CUDA
-    events on the device's current stream around the work ``fn`` queues, with one synchronisation
-    before (earlier work does not count) and one wait for the end event; elsewhere wall-clock
-    ``time.perf_counter``."""
+    `make bench`. A :class:`RegionTimer` around the call; on CUDA the device is synchronised once
+    before it, so work queued earlier does not count."""
     if device is not None and device.type == "cuda":
-        stream = torch.cuda.current_stream(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(device)
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end) / 1000.0  # milliseconds
-    start_s = time.perf_counter()
+    timer = RegionTimer(device)
+    timer.start()
     fn()
-    return time.perf_counter() - start_s
+    return timer.stop()
 
 
 def timer_name(device: torch.device | None) -> str:

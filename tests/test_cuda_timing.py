@@ -52,3 +52,28 @@ def test_cuda_memory_is_the_allocator_peak_beside_the_fake_tensor_estimate():
     assert out["peak_mem_infer_estimate_bytes"] == M.peak_memory_inference(model, x, meta=True) > 0
     cpu = M._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cpu"), None)
     assert "peak_mem_source" not in cpu  # CPU records keep their columns
+
+
+def test_a_training_segment_on_cuda_waits_once_at_its_end(monkeypatch):
+    """The trainer's clock (RegionTimer): an event at the start, many steps, an event at the end
+    waited for once; no synchronisation per step."""
+    calls: list[str] = []
+    names = iter(["start", "end"])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream0")
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: FakeEvent(calls, next(names), enable_timing))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
+    clock = M.RegionTimer(torch.device("cuda:0"))
+    clock.start()
+    for _ in range(3):
+        calls.append("step")
+    assert clock.stop() == 0.25
+    assert calls == ["start.record(stream0)", "step", "step", "step", "end.record(stream0)", "end.synchronize"]
+
+
+def test_the_trainer_times_its_segments_with_the_region_timer():
+    import inspect
+
+    from bench_cli import trainer
+
+    source = inspect.getsource(trainer)
+    assert "RegionTimer(t.device)" in source and "perf_counter" not in source
