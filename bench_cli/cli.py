@@ -45,6 +45,8 @@ commands:
                          time `attnbench run` against a bare PyTorch loop of the same config
   check-attention NAME [--length N ...] [KEY=VALUE ...]
                          conformance suite of a registered attention (built-in or plugin)
+  smoke [--device cuda|cpu] [--only TASK,...]
+                         every family briefly on every GPU (fp32, autocast, DDP, profile); results/smoke/
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn_sh
 trainer.max_epochs=50 seed=3 +key=value; `attnbench run --cfg job` prints the composed config.
@@ -379,6 +381,12 @@ def cmd_check_attention(args: list[str]) -> None:
     check(args)
 
 
+def cmd_smoke(args: list[str]) -> None:
+    from bench_cli.smoke import cmd_smoke as smoke  # GPU smoke check of every family (issue 37)
+
+    smoke(args)
+
+
 def cmd_bench_overhead(args: list[str]) -> None:
     from bench_cli.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
 
@@ -387,7 +395,8 @@ def cmd_bench_overhead(args: list[str]) -> None:
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
             "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
-            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead}
+            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead,
+            "smoke": cmd_smoke}
 
 
 def available_commands() -> list[str]:

@@ -19,7 +19,6 @@ import math
 import os
 import random
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +32,7 @@ from bench_cli.core.errors import DivergedError, UserError, unknown_choice
 from bench_cli.objective import Objective
 from bench_cli.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
+from bench_cli.measure import RegionTimer
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -442,7 +442,8 @@ class _Loop:
         """One pass over the training loader (or until the step budget); True when early stopping
         says stop at an evaluation inside the epoch (``eval_every_steps``)."""
         t, plan, result = self.t, self.plan, self.result
-        t0, stop = time.perf_counter(), False
+        clock, stop = RegionTimer(t.device), False  # CUDA events on a GPU: one wait per segment, not per step
+        clock.start()
         self.opt.zero_grad(set_to_none=True)
         n_batches = len(train_loader)
         for i, batch in enumerate(train_loader):
@@ -451,13 +452,13 @@ class _Loop:
             if last_micro:
                 self.optimiser_step()
                 if plan.evaluates_at_step(self.step):
-                    result.train_time_s += time.perf_counter() - t0
+                    result.train_time_s += clock.stop()
                     stop = self.evaluate_and_select(epoch)
                     t.train_model.train()
-                    t0 = time.perf_counter()
+                    clock.start()
                 if stop or self.step >= plan.total_steps:
                     break
-        result.train_time_s += time.perf_counter() - t0
+        result.train_time_s += clock.stop()
         return stop
 
     def backward(self, batch: dict, last_micro: bool, epoch: int, i: int) -> None:

@@ -138,7 +138,9 @@ def _value(v, name: str = "") -> str:
 
 
 def fail(message: str, code: int = 2):
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape  # a message is text: `pip install 'attnbench[vision]'` keeps its brackets
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

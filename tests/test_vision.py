@@ -90,7 +90,7 @@ def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_
     assert out.stdout.strip() == "raised: some other failure False", out.stderr
 
 
-IMPORT = re.compile(r"^\s*(?:import|from)\s+(torchvision|timm)\b", re.M)
+IMPORT = re.compile(r"""(?:^\s*(?:import|from)\s+|\brequire\(["'])(torchvision|timm)\b""", re.M)  # or via require
 
 
 def test_only_the_shim_imports_torchvision_and_timm():
