@@ -466,5 +466,35 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"interrupted: attnbench {cmd} stopped ({interruption_name(e)})", code=exit_code_of(e))
 
 
+def entry() -> None:
+    """The console script (and ``python -m bench_cli.cli``): ``main``, then, after `run`, the process
+    ends without tearing the interpreter down. Every file of the run is written and closed by
+    then; what is left is freeing torch's, Hydra's and the data libraries' objects one by one,
+    about 1 s on 2 cores, that no user waits for gladly (bench-overhead's "exit"). Not when
+    something may still need the normal shutdown: wandb's service, child processes."""
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code
+    if _TYPED[1:2] == ["run"] and "wandb" not in sys.modules:
+        import multiprocessing
+
+        if not multiprocessing.active_children():
+            import logging
+
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+                code = 1
+            logging.shutdown()  # Hydra's log file handlers flushed and closed
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # a closed pipe: nothing more to say there
+                    pass
+            os._exit(code or 0)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    main()
+    entry()
