@@ -37,7 +37,8 @@ NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
 # Dotted keys inside the semantic groups that never change a result either: how a run shows
 # progress, its evaluation batch and threads, and task.generator (which generated ListOps the run
 # expects: a check of the data, refused when they differ; the record describes the data it read).
-NON_SEMANTIC_KEYS = ("trainer.progress", "trainer.eval_batch_size", "trainer.num_threads", "task.generator")
+NON_SEMANTIC_KEYS = ("trainer.progress", "trainer.eval_batch_size", "trainer.num_threads", "task.generator",
+                     "trainer.checkpoint", "trainer.resume")  # where and how often a fit is saved: same result
 
 
 # Keys added to the config after records were first written, with the value that reproduces the
@@ -457,12 +458,18 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
 
 def _replace_atomically(path: Path, text: str) -> None:
     """``path`` holds ``text``: written to a temporary file beside it, synced, renamed over it."""
+    replace_atomically(path, lambda f: f.write(text))
+
+
+def replace_atomically(path: Path, write, binary: bool = False) -> None:
+    """``path`` holds what ``write(file)`` writes: to a temporary file beside it (text, or
+    ``binary``), synced, renamed over it; a crash before the rename leaves ``path`` as it was."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         # mkstemp creates 0600: keep the existing file's mode, or the umask's for a new file
         os.fchmod(fd, _file_mode(path))
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

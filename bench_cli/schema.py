@@ -45,6 +45,10 @@ COLUMNS = [
     # which evaluation the protocol reported (bench_cli.core.task.Protocol.selection): 'best val',
     # 'best test' or 'last test' (the paper protocol as the reference code: task.paper_selection)
     "selection",
+    # checkpoints and resume (bench_cli/checkpoint.py): the checkpoint the run continued from (empty:
+    # from the start), in how many sittings it ran (time columns add them up), the job's checkpoint
+    # folder and its size when the run ended (an ok job's is then removed unless keep_final)
+    "resumed_from", "sittings", "checkpoint_dir", "checkpoint_bytes",
 ]
 IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")

@@ -1,0 +1,161 @@
+"""Checkpoints and exact resume through `attnbench run`: a run stopped midway (a termination
+signal, handled at the next step boundary; or a crash between checkpoints) and rerun with the same
+overrides ends with the record of an uninterrupted run, bit for bit in every metric, the selected
+evaluation and every history row; for an epoch schedule (the UEA fixture, with and without
+patience, a Primal model with its KSVD term) and a step schedule (generated ListOps with gradient
+accumulation and a step-wise evaluation). Checkpoint files are read without running code."""
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench_cli.checkpoint import CheckpointError, read
+from bench_cli.cli import main
+from bench_cli.records import read_records
+from bench_cli.trainer import _Loop
+from test_lra import write_listops
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
+
+UEA = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
+       "task.backbone.d_ff=32", "trainer.batch_size=8", "trainer.progress=false", "trainer.max_epochs=4",
+       "measure.flops=false", "measure.memory=false", "trainer.num_threads=1"]
+LISTOPS = ["task=lra_listops", "task.dataset=listops_generated", "task.max_len=64", "task.seq_len=64",
+           "task.backbone.d_model=16", "task.backbone.d_ff=32", "trainer.max_steps=6", "trainer.eval_every_steps=2",
+           "trainer.batch_size=8", "trainer.micro_batch_size=4", "trainer.eval_batch_size=16", "trainer.progress=false",
+           "trainer.optimizer.name=adamw", "trainer.scheduler.name=onecycle", "trainer.scheduler.warmup_steps=1",
+           "measure.flops=false", "measure.memory=false", "trainer.num_threads=1", "model=softmax"]
+# columns that describe the sitting, not the result
+SITTING = {"run_id", "time", "wall_time_s", "train_time_s", "time_per_epoch_s", "measure_time_s", "peak_rss_bytes",
+           "output_dir", "config_path", "overrides", "command", "resumed_from", "sittings", "checkpoint_dir",
+           "checkpoint_bytes", "git_dirty", "metrics_json"}
+
+
+def interrupt_at(monkeypatch, step: int, how: str) -> None:
+    """After optimiser step ``step`` (once): SIGTERM / SIGUSR1 / SIGHUP to this process (the run
+    stops at the next step boundary), or ``crash``: an exception there and then (the rerun
+    continues from the last checkpoint written before)."""
+    original, fired = _Loop.optimiser_step, []
+
+    def step_then_stop(self):
+        original(self)
+        if self.step == step and not fired:
+            fired.append(True)
+            if how == "crash":
+                raise RuntimeError("simulated crash")
+            signal.raise_signal(getattr(signal, how))
+
+    monkeypatch.setattr(_Loop, "optimiser_step", step_then_stop)
+
+
+def run(*args: str) -> None:
+    try:
+        main(["run", *args])
+    except SystemExit as e:
+        assert e.code in (None, 0), e.code
+
+
+def interrupted_then_resumed(monkeypatch, args, step: int, how: str) -> tuple[dict, dict, list[dict]]:
+    """(the uninterrupted record, the record of the interrupted run's rerun, the positions of the
+    checkpoints left after the interruption)."""
+    run(*args, "results.path=straight/res.csv")
+    reference = read_records("straight/res.csv")[-1]
+    with monkeypatch.context() as m:
+        interrupt_at(m, step, how)
+        with pytest.raises(SystemExit) as e:
+            main(["run", *args, "results.path=cut/res.csv"])
+        assert e.value.code == (1 if how == "crash" else 128 + getattr(signal, how))
+    first = read_records("cut/res.csv")[-1]
+    assert first["status"] == ("failed" if how == "crash" else "interrupted"), first
+    if how != "crash":
+        assert first["error"] == f"interrupted ({how})"
+    left = [read(p)["position"] for p in sorted(Path(first["checkpoint_dir"]).glob("ckpt-*.pt"))]
+    run(*args, "results.path=cut/res.csv")
+    resumed = read_records("cut/res.csv")[-1]
+    return reference, resumed, left
+
+
+def assert_same_result(reference: dict, resumed: dict) -> None:
+    assert resumed["status"] == "ok" == reference["status"], resumed.get("error")
+    differ = {k for k in reference.keys() | resumed.keys() if k not in SITTING and reference.get(k) != resumed.get(k)}
+    assert not differ, {k: (reference.get(k), resumed.get(k)) for k in differ}
+    history = json.loads(reference["metrics_json"])["history"]
+    assert json.loads(resumed["metrics_json"])["history"] == history and len(history) > 1
+    assert resumed["job_key"] == reference["job_key"]
+    assert reference["sittings"] == "1" and reference["resumed_from"] == ""
+    assert resumed["sittings"] == "2" and resumed["resumed_from"].endswith(".pt")
+    assert float(resumed["train_time_s"]) > 0
+    assert not Path(resumed["checkpoint_dir"]).exists()  # an ok job's checkpoints are removed
+
+
+@pytest.mark.parametrize("extra, step, how", [
+    ([], 6, "SIGTERM"),  # inside epoch 2: the epoch's first batches are drawn again and skipped
+    (["trainer.early_stopping.patience=2", "trainer.max_epochs=6"], 3, "SIGUSR1"),  # before any evaluation
+    ([], 7, "crash"),  # from the checkpoint of epoch 1
+    (["model=primal", "model.attention.low_rank=4", "model.attention.rank_multi=2", "model.eta=0.2"], 5, "SIGHUP"),
+])
+def test_uea_run_resumes_to_the_uninterrupted_record(uea_fixture, workdir, monkeypatch, extra, step, how):
+    reference, resumed, left = interrupted_then_resumed(monkeypatch, [*UEA, *extra], step, how)
+    assert len(left) == 1  # keep: 1
+    assert_same_result(reference, resumed)
+
+
+@pytest.mark.parametrize("step, how", [(3, "SIGTERM"), (5, "crash")])
+def test_step_schedule_resumes_to_the_uninterrupted_record(workdir, monkeypatch, step, how):
+    write_listops(workdir / "data" / "lra_generated" / "listops-1000")
+    reference, resumed, left = interrupted_then_resumed(monkeypatch, LISTOPS, step, how)
+    assert [p["step"] for p in left] == [3 if how == "SIGTERM" else 4]  # the signal's boundary; the evaluation's
+    assert_same_result(reference, resumed)
+
+
+def test_resume_false_starts_over_and_keep_final_keeps(uea_fixture, workdir, monkeypatch):
+    with monkeypatch.context() as m:
+        interrupt_at(m, 6, "SIGTERM")
+        with pytest.raises(SystemExit):
+            main(["run", *UEA, "results.path=res.csv"])
+    run(*UEA, "results.path=res.csv", "trainer.resume=false", "trainer.checkpoint.keep_final=true")
+    row = read_records("res.csv")[-1]
+    assert row["status"] == "ok" and row["sittings"] == "1" and row["resumed_from"] == ""
+    kept = sorted(Path(row["checkpoint_dir"]).glob("ckpt-*.pt"))
+    assert len(kept) == 1 and int(row["checkpoint_bytes"]) == kept[0].stat().st_size
+    assert read(kept[0])["position"]["finished"]
+
+
+def test_a_truncated_checkpoint_is_one_line(uea_fixture, workdir, monkeypatch, capsys):
+    with monkeypatch.context() as m:
+        interrupt_at(m, 6, "SIGTERM")
+        with pytest.raises(SystemExit):
+            main(["run", *UEA, "results.path=res.csv"])
+    (path,) = Path(read_records("res.csv")[-1]["checkpoint_dir"]).glob("ckpt-*.pt")
+    path.write_bytes(path.read_bytes()[:1000])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["run", *UEA, "results.path=res.csv", "trainer.resume=must"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {path} is unreadable" in err and "trainer.resume=must" in err and "Traceback" not in err
+    run(*UEA, "results.path=res.csv")
+    err = capsys.readouterr().err
+    assert f"checkpoint {path} is unreadable" in err and "starting over from the beginning" in err
+    row = read_records("res.csv")[-1]
+    assert row["status"] == "ok" and row["sittings"] == "1"
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (Path.touch, (Path("pwned"),))
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_unrun(workdir):
+    path = workdir / "ckpt-000001.pt"
+    torch.save({"format": 1, "model": RunsCode()}, path)
+    with pytest.raises(CheckpointError, match="refused unread"):
+        read(path)
+    assert not (workdir / "pwned").exists()
+    pickle.loads(pickle.dumps(RunsCode()))  # the payload works when unpickled without the guard
+    assert (workdir / "pwned").exists()
