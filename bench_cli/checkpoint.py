@@ -128,14 +128,6 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("ckpt-*.pt") if p.is_file()) if folder.is_dir() else 0
 
 
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
-
-
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

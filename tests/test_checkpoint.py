@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import pickle
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from bench_cli.checkpoint import CheckpointError, read
 from bench_cli.cli import main
 from bench_cli.records import read_records
 from bench_cli.trainer import _Loop
+from conftest import ATTNBENCH, attnbench
 from test_lra import write_listops
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
@@ -159,3 +162,33 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_unrun(workdir):
     assert not (workdir / "pwned").exists()
     pickle.loads(pickle.dumps(RunsCode()))  # the payload works when unpickled without the guard
     assert (workdir / "pwned").exists()
+
+
+def test_a_signal_to_the_console_script_checkpoints_and_the_same_command_resumes(uea_fixture, workdir):
+    """As Slurm does it before a time limit: SIGUSR1 to the running `attnbench run` process (the
+    other signals take the same path: above); the row says interrupted with the signal; the same
+    command again finishes with the uninterrupted record."""
+    sig = signal.SIGUSR1
+    args = [*UEA, "trainer.max_epochs=12", "results.path=res.csv"]
+    run(*[a for a in args if not a.startswith("results.path")], "results.path=straight/res.csv")
+    with open(workdir / "run.log", "w") as log:
+        proc = subprocess.Popen([str(ATTNBENCH), "run", *args], stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "epoch 2 " not in (workdir / "run.log").read_text():
+            assert proc.poll() is None, (workdir / "run.log").read_text()
+            assert time.monotonic() < deadline, "the run never reached its second evaluation"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = read_records("res.csv")[-1]
+    assert first["status"] == "interrupted" and first["error"] == f"interrupted ({sig.name})"
+    assert int(first["checkpoint_bytes"]) > 0
+    done = attnbench("run", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resuming from" in done.stderr
+    assert_same_result(read_records("straight/res.csv")[-1], read_records("res.csv")[-1])
