@@ -333,7 +333,10 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _run_job(cfg, hc, position, plan.total, head, label)
+        if not claimed:  # a job of several processes: not claimed
+            return _run_job(cfg, hc, position, plan.total, head, label)
+        with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
+            return _run_job(cfg, hc, position, plan.total, head, label)
     finally:
         if claimed:
             records.release_job(str(cfg.results.path), key)
@@ -352,7 +355,7 @@ def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str) -> bo
     if env is not None and env.world_size > 1:
         return None
     path = str(cfg.results.path)
-    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0))
+    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0), records.claim_ttl(cfg))
     if not claimed:
         console.print(f"{head} [yellow]skipped[/], {escape(note)}: {label}", highlight=False, soft_wrap=True)
     elif note:
@@ -490,7 +493,10 @@ def cmd_sweep(args: list[str]) -> None:
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
     if dry_run:
-        _print_plan(jobs, done, force, missing)
+        claimed = {}
+        for path in paths:
+            claimed.update(records.claimed_jobs(path, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
+        _print_plan(jobs, done, force, missing, claimed)
         return
     if not todo:
         console.print("[green]nothing to do[/]: every job has an ok record (use --force to rerun)")
@@ -531,9 +537,10 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     return max(n_failed, 1) if errors else n_failed
 
 
-def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str]) -> None:
-    """The dry run's table: every job, whether it is done, and whether its data is here (``missing``:
-    job_key -> what is missing); then each missing dataset once, with how to get it."""
+def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str]) -> None:
+    """The dry run's table: every job, whether it is done or claimed by another process (``claimed``:
+    job_key -> running where, or a stale claim), and whether its data is here (``missing``: job_key
+    -> what is missing); then each missing dataset once, with how to get it."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -544,6 +551,8 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        if j.key in claimed and (force or j.key not in done):
+            status = escape(claimed[j.key])
         if j.key in missing:
             status += ", [red]data missing[/]"
         t.add_row(str(i), j.label, j.key, status)
@@ -570,7 +579,7 @@ def outcomes(jobs: list[Job], paths, before: dict[str, int], done_before: dict) 
         for r in rows[before.get(p, 0):]:
             new[r.get("job_key", "")] = r
         ok.update({r["job_key"]: r for r in rows if r.get("status") == "ok" and r.get("job_key")})
-        running.update(records.running_elsewhere(p, [j.key for j in jobs]))
+        running.update(records.running_elsewhere(p, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
     out = []
     for j in jobs:
         if j.key in new:
