@@ -35,6 +35,8 @@ commands:
                          run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
                          launchers; resumes: jobs with an ok record are skipped
   report NAME            paper vs reproduced table of an experiment (results/reproduced/)
+  evaluate CHECKPOINT [--split test]
+                         evaluate a run's checkpoint (trainer.checkpoint.keep_final=true) on a split
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
   bench-cli [--repeat N] time --help, ls and a misspelt override next to `import torch`
@@ -374,6 +376,12 @@ def cmd_check_attention(args: list[str]) -> None:
     check(args)
 
 
+def cmd_evaluate(args: list[str]) -> None:
+    from bench_cli.evaluate import cmd_evaluate as evaluate  # imports torch: lazily
+
+    evaluate(args)
+
+
 def cmd_bench_overhead(args: list[str]) -> None:
     from bench_cli.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
 
@@ -382,7 +390,8 @@ def cmd_bench_overhead(args: list[str]) -> None:
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
             "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
-            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead}
+            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead,
+            "evaluate": cmd_evaluate}
 
 
 def available_commands() -> list[str]:

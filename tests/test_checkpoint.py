@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import signal
 import subprocess
 import time
@@ -192,3 +193,31 @@ def test_a_signal_to_the_console_script_checkpoints_and_the_same_command_resumes
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resuming from" in done.stderr
     assert_same_result(read_records("straight/res.csv")[-1], read_records("res.csv")[-1])
+
+
+def test_evaluate_a_kept_checkpoint_gives_the_records_test_metrics(uea_fixture, workdir, capsys):
+    run(*UEA, "results.path=res.csv", "trainer.checkpoint.keep_final=true")
+    row = read_records("res.csv")[-1]
+    (path,) = Path(row["checkpoint_dir"]).glob("ckpt-*.pt")
+    capsys.readouterr()
+    main(["evaluate", str(path), "--split", "test"])
+    out = capsys.readouterr().out
+    for metric in ("accuracy", "loss"):  # the selected weights' test metrics, as recorded
+        value = f"{float(row['test_' + metric]):.6g}"
+        assert re.search(rf"{metric}\W+{re.escape(value)} ", out), out
+    assert "note" not in out
+
+    state = torch.load(path, weights_only=True)
+    state["meta"]["git_commit"] = "0" * 40
+    state["model"] = {f"renamed.{k}": v for k, v in state["model"].items()}
+    state["selection"]["weights"] = None
+    torch.save(state, path)
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", str(path), "--weights", "last"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "does not fit the model this code builds from its config: missing " in err
+    assert f"git_commit {'0' * 40}" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["evaluate", str(path), "--split", "dev"])
+    assert "unknown split 'dev'" in capsys.readouterr().err
