@@ -505,9 +505,22 @@ def cmd_sweep(args: list[str]) -> None:
         if not force and job.key in done:
             console.print(f"{_head(i, len(jobs))} [dim]skip[/]    {job.label}  (ok record {done[job.key].get('run_id', '')})",
                           highlight=False, soft_wrap=True)
+    check_launcher_reachable(sweep.master)
     n_failed = run_sweep(sweep, todo, paths, done if not force else {}, force=force)
     if n_failed:
         raise SystemExit(min(n_failed, MAX_EXIT))
+
+
+def check_launcher_reachable(master: DictConfig) -> None:
+    """A Slurm launcher (hydra/launcher=slurm, slurm_ddp, submitit_slurm) where no Slurm is
+    reachable (no ``sbatch`` on the PATH) is one line, before submitit's traceback."""
+    import shutil
+
+    target = str(OmegaConf.select(master, "hydra.launcher._target_", default="") or "")
+    if target.endswith(".SlurmLauncher") and shutil.which("sbatch") is None:
+        raise UserError("hydra/launcher=slurm: no Slurm is reachable from here (no sbatch on the PATH); run the sweep "
+                        "on the cluster's login node, or here with hydra/launcher=local (a subprocess per job) or "
+                        "hydra/launcher=joblib_cpu (jobs side by side)")
 
 
 def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict, force: bool = False) -> int:
