@@ -207,6 +207,10 @@ class Checkpoints:
         """After the record: an ``ok`` job's checkpoints are removed unless ``keep_final``."""
         if status == "ok" and not self.settings.keep_final and self.folder.is_dir():
             shutil.rmtree(self.folder, ignore_errors=True)
+            try:  # the checkpoints folder itself, when this was its last job
+                self.folder.parent.rmdir()
+            except OSError:
+                pass
 
     def columns(self) -> dict:
         """The record's resume columns (bench_cli.schema)."""

@@ -337,6 +337,14 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
             return _run_job(cfg, hc, position, plan.total, head, label)
         with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
             return _run_job(cfg, hc, position, plan.total, head, label)
+    except KeyboardInterrupt as e:  # recorded by the runner; in the sweep's own process it stops the sweep
+        if os.getpid() == plan.sweep_pid:
+            raise
+        from bench_cli.ui import console
+
+        console.print(f"{head} [red]interrupted[/] ({interruption_name(e)}) {label}: the same sweep command resumes it "
+                      "from its checkpoint", highlight=False, soft_wrap=True)
+        return "interrupted"
     finally:
         if claimed:
             records.release_job(str(cfg.results.path), key)

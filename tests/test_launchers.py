@@ -52,3 +52,46 @@ def test_a_two_job_sweep_through_submitit_local_processes(uea_fixture, workdir, 
     rows = read_records(workdir / "res.csv")
     assert sorted((r["seed"], r["status"]) for r in rows) == [("0", "ok"), ("1", "ok")]
     assert len({r["output_dir"] for r in rows}) == 2
+
+
+@pytest.mark.slow
+def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixture, workdir):
+    """Slurm's warning signal to a sweep job running in its own process (submitit's local executor):
+    the job writes a checkpoint and records `interrupted (SIGUSR1)`; the same sweep command again
+    resumes the job to the record of an uninterrupted run."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import ATTNBENCH, attnbench
+    from test_checkpoint import assert_same_result
+
+    args = [*[a for a in tiny(workdir) if not a.startswith(("trainer.max_epochs", "results.path"))],
+            "trainer.max_epochs=12", "trainer.num_threads=1", "trainer.progress=false"]
+    straight = attnbench("run", *args, f"results.path={workdir / 'straight.csv'}")
+    assert straight.returncode == 0, straight.stderr
+    sweep_args = [*args, f"results.path={workdir / 'res.csv'}", "hydra/launcher=local", "hydra.launcher.timeout_min=5"]
+    proc = subprocess.Popen([str(ATTNBENCH), "sweep", *sweep_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        claims, deadline = workdir / "res.csv.claims", time.monotonic() + 180
+        while not list(workdir.glob("checkpoints/*/ckpt-*.pt")):  # the job's first evaluation is saved
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the job never wrote a checkpoint"
+            time.sleep(0.05)
+        (claim,) = json.loads(claims.read_text()).values()
+        os.kill(int(claim["pid"]), signal.SIGUSR1)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and "interrupted (SIGUSR1)" in out, out
+    (first,) = read_records(workdir / "res.csv")
+    assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGUSR1)"
+    again = attnbench("sweep", *sweep_args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = read_records(workdir / "res.csv")[-1]
+    assert_same_result(read_records(workdir / "straight.csv")[-1], resumed)
