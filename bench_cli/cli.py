@@ -157,7 +157,9 @@ def cmd_run(args: list[str]) -> None:
     try:
         C.run_job(cfg, _run_job)
     except KeyboardInterrupt as e:
-        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}",
+        resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
+                   != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
+        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
              code=exit_code_of(e))
 
 

@@ -585,6 +585,20 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
             console.print(f"  {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def _print_checkpoints(rows: list[dict]) -> None:
+    """Where the checkpoints of the jobs that did not finish are and how big (the same command
+    resumes them; bench_cli/checkpoint.py)."""
+    from bench_cli.checkpoint import folder_bytes
+    from bench_cli.ui import console, human
+
+    folders = {Path(r["checkpoint_dir"]) for r in rows if r.get("checkpoint_dir")}
+    folders = sorted(f for f in folders if folder_bytes(f))
+    if folders:
+        roots = ", ".join(sorted({str(f.parent) for f in folders}))
+        console.print(f"checkpoints of {len(folders)} unfinished jobs: {human(sum(map(folder_bytes, folders)), 'B')} "
+                      f"in {roots} (the same command resumes them)", highlight=False, soft_wrap=True)
+
+
 RUNNING_ELSEWHERE = "running elsewhere"  # an outcome: another process holds the job's claim
 
 
@@ -634,6 +648,7 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
             t.add_row(j.label, s, escape((r or {}).get("error") or "no record (killed, or the launcher failed)"),
                       (r or {}).get("output_dir", ""))
         wide(console, 160).print(t)
+        _print_checkpoints([r for _, _, r in bad if r])
     style = "red" if bad else "green"
     console.print(f"[{style}]sweep done[/] in {seconds:.0f} s: {len(jobs)} jobs: {parts}", soft_wrap=True)
     return len(bad)

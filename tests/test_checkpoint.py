@@ -64,7 +64,7 @@ def run(*args: str) -> None:
         assert e.code in (None, 0), e.code
 
 
-def interrupted_then_resumed(monkeypatch, args, step: int, how: str) -> tuple[dict, dict, list[dict]]:
+def interrupted_then_resumed(monkeypatch, capsys, args, step: int, how: str) -> tuple[dict, dict, list[dict]]:
     """(the uninterrupted record, the record of the interrupted run's rerun, the positions of the
     checkpoints left after the interruption)."""
     run(*args, "results.path=straight/res.csv")
@@ -78,6 +78,7 @@ def interrupted_then_resumed(monkeypatch, args, step: int, how: str) -> tuple[di
     assert first["status"] == ("failed" if how == "crash" else "interrupted"), first
     if how != "crash":
         assert first["error"] == f"interrupted ({how})"
+        assert "the same command resumes from its checkpoint" in capsys.readouterr().err
     left = [read(p)["position"] for p in sorted(Path(first["checkpoint_dir"]).glob("ckpt-*.pt"))]
     run(*args, "results.path=cut/res.csv")
     resumed = read_records("cut/res.csv")[-1]
@@ -103,16 +104,16 @@ def assert_same_result(reference: dict, resumed: dict) -> None:
     ([], 7, "crash"),  # from the checkpoint of epoch 1
     (["model=primal", "model.attention.low_rank=4", "model.attention.rank_multi=2", "model.eta=0.2"], 5, "SIGHUP"),
 ])
-def test_uea_run_resumes_to_the_uninterrupted_record(uea_fixture, workdir, monkeypatch, extra, step, how):
-    reference, resumed, left = interrupted_then_resumed(monkeypatch, [*UEA, *extra], step, how)
+def test_uea_run_resumes_to_the_uninterrupted_record(uea_fixture, workdir, monkeypatch, capsys, extra, step, how):
+    reference, resumed, left = interrupted_then_resumed(monkeypatch, capsys, [*UEA, *extra], step, how)
     assert len(left) == 1  # keep: 1
     assert_same_result(reference, resumed)
 
 
 @pytest.mark.parametrize("step, how", [(3, "SIGTERM"), (5, "crash")])
-def test_step_schedule_resumes_to_the_uninterrupted_record(workdir, monkeypatch, step, how):
+def test_step_schedule_resumes_to_the_uninterrupted_record(workdir, monkeypatch, capsys, step, how):
     write_listops(workdir / "data" / "lra_generated" / "listops-1000")
-    reference, resumed, left = interrupted_then_resumed(monkeypatch, LISTOPS, step, how)
+    reference, resumed, left = interrupted_then_resumed(monkeypatch, capsys, LISTOPS, step, how)
     assert [p["step"] for p in left] == [3 if how == "SIGTERM" else 4]  # the signal's boundary; the evaluation's
     assert_same_result(reference, resumed)
 
@@ -221,3 +222,21 @@ def test_evaluate_a_kept_checkpoint_gives_the_records_test_metrics(uea_fixture, 
     with pytest.raises(SystemExit):
         main(["evaluate", str(path), "--split", "dev"])
     assert "unknown split 'dev'" in capsys.readouterr().err
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypatch):
+    from bench_cli import checkpoint as CK
+
+    ck = CK.Checkpoints(workdir / "ck", CK.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
+    first = ck.save({"position": {"step": 1}})
+    before = first.read_bytes()
+
+    def dies_midway(obj, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(CK.torch, "save", dies_midway)
+    with pytest.raises(OSError):
+        ck.save({"position": {"step": 2}})
+    assert [p.name for p in (workdir / "ck").iterdir()] == [first.name] and first.read_bytes() == before
+    assert read(first)["position"] == {"step": 1}

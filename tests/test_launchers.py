@@ -88,7 +88,8 @@ def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixt
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 1 and "interrupted (SIGUSR1)" in out, out
+    assert proc.returncode == 1 and "interrupted (SIGUSR1)" in out and "Traceback" not in out, out
+    assert "checkpoints of 1 unfinished jobs: " in out and f"in {workdir / 'checkpoints'} (the same command resumes them)" in out
     (first,) = read_records(workdir / "res.csv")
     assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGUSR1)"
     again = attnbench("sweep", *sweep_args)
