@@ -152,7 +152,10 @@ class Checkpoints:
             if s.resume == "must":
                 raise UserError("trainer.resume=must: checkpoints are not written in distributed runs (trainer.strategy=ddp) yet")
             return None
-        return cls(folder_of(cfg, job_key), s, job_key, meta, started)
+        checkpoints = cls(folder_of(cfg, job_key), s, job_key, meta, started)
+        if s.resume == "must" and not checkpoints.files():  # refused before the run starts: no record
+            raise UserError(f"trainer.resume=must: no checkpoint of job {job_key} in {checkpoints.folder}")
+        return checkpoints
 
     def files(self) -> list[Path]:
         """The job's checkpoints, oldest first."""

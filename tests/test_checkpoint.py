@@ -103,6 +103,7 @@ def assert_same_result(reference: dict, resumed: dict) -> None:
     (["trainer.early_stopping.patience=2", "trainer.max_epochs=6"], 3, "SIGUSR1"),  # before any evaluation
     ([], 7, "crash"),  # from the checkpoint of epoch 1
     (["model=primal", "model.attention.low_rank=4", "model.attention.rank_multi=2", "model.eta=0.2"], 5, "SIGHUP"),
+    (["trainer.num_workers=1"], 6, "SIGTERM"),  # a loader worker process draws the batches
 ])
 def test_uea_run_resumes_to_the_uninterrupted_record(uea_fixture, workdir, monkeypatch, capsys, extra, step, how):
     reference, resumed, left = interrupted_then_resumed(monkeypatch, capsys, [*UEA, *extra], step, how)
@@ -110,12 +111,25 @@ def test_uea_run_resumes_to_the_uninterrupted_record(uea_fixture, workdir, monke
     assert_same_result(reference, resumed)
 
 
-@pytest.mark.parametrize("step, how", [(3, "SIGTERM"), (5, "crash")])
-def test_step_schedule_resumes_to_the_uninterrupted_record(workdir, monkeypatch, capsys, step, how):
+@pytest.mark.parametrize("extra, step, how, saved", [
+    ([], 3, "SIGTERM", 3),  # the signal's boundary: between evaluations, with training losses not yet read
+    ([], 5, "crash", 4),  # the evaluation's checkpoint
+    (["trainer.checkpoint.every=3"], 5, "crash", 3),  # every 3 optimiser steps
+])
+def test_step_schedule_resumes_to_the_uninterrupted_record(workdir, monkeypatch, capsys, extra, step, how, saved):
     write_listops(workdir / "data" / "lra_generated" / "listops-1000")
-    reference, resumed, left = interrupted_then_resumed(monkeypatch, capsys, LISTOPS, step, how)
-    assert [p["step"] for p in left] == [3 if how == "SIGTERM" else 4]  # the signal's boundary; the evaluation's
+    reference, resumed, left = interrupted_then_resumed(monkeypatch, capsys, [*LISTOPS, *extra], step, how)
+    assert [p["step"] for p in left] == [saved]
     assert_same_result(reference, resumed)
+
+
+def test_resume_must_without_a_checkpoint_is_one_line_before_the_run(uea_fixture, workdir, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", *UEA, "results.path=res.csv", "trainer.resume=must"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "trainer.resume=must: no checkpoint of job " in err and len(err.strip().splitlines()) == 1
+    assert read_records("res.csv") == []
 
 
 def test_resume_false_starts_over_and_keep_final_keeps(uea_fixture, workdir, monkeypatch):
