@@ -109,7 +109,15 @@ def read(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path} is unreadable: {reason[:200]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not an attnbench checkpoint of format {FORMAT}")
+    missing = [k for k in PARTS if k not in state]
+    if missing or not isinstance(state["meta"], dict) or not isinstance(state["position"], dict):
+        raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing) or 'a well-formed meta and position'}")
     return state
+
+
+# what every checkpoint holds (bench_cli.trainer._Loop.state, and the job's identity)
+PARTS = ("job_key", "meta", "sittings", "wall_time_s", "position", "model", "optimizer", "scheduler", "scaler",
+         "selection", "objective", "result", "pending")
 
 
 class CheckpointError(UserError):

@@ -480,18 +480,19 @@ class _Loop:
                 self.sched.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
             t.objective.load_state_dict(state["objective"])
-        except (RuntimeError, KeyError, ValueError, TypeError) as e:
-            raise UserError(f"checkpoint {t.checkpoints.resumed_from} does not fit this run "
-                            f"({str(e).strip().splitlines()[0][:200]}): remove it, or run with trainer.resume=false") from None
-        self.selection.load_state_dict(state["selection"], device)
-        result = state["result"]
-        self.result.history = list(result["history"])
-        self.result.epochs_run, self.result.train_time_s = result["epochs_run"], result["train_time_s"]
-        pending = state["pending"]
-        self.losses = [loss.to(device) for loss in pending["losses"]]
-        self.loss_at = [tuple(a) for a in pending["loss_at"]]
-        self.train_stats = {k: v.to(device) if torch.is_tensor(v) else v for k, v in pending["train_stats"].items()}
-        self.step = state["position"]["step"]
+            self.selection.load_state_dict(state["selection"], device)
+            result = state["result"]
+            self.result.history = list(result["history"])
+            self.result.epochs_run, self.result.train_time_s = result["epochs_run"], result["train_time_s"]
+            pending = state["pending"]
+            self.losses = [loss.to(device) for loss in pending["losses"]]
+            self.loss_at = [tuple(a) for a in pending["loss_at"]]
+            self.train_stats = {k: v.to(device) if torch.is_tensor(v) else v for k, v in pending["train_stats"].items()}
+            self.step = state["position"]["step"]
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as e:
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"checkpoint {t.checkpoints.resumed_from} does not fit this run ({reason}): "
+                            "remove it, or run with trainer.resume=false") from None
         if self.bar is not None:
             done = self.step if self.bar_unit == "steps" else self.result.epochs_run
             t.progress.update(self.bar, completed=done)

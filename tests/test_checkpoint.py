@@ -242,7 +242,8 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypat
     from bench_cli import checkpoint as CK
 
     ck = CK.Checkpoints(workdir / "ck", CK.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
-    first = ck.save({"position": {"step": 1}})
+    parts = {k: {} for k in CK.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
+    first = ck.save({**parts, "position": {"step": 1}})
     before = first.read_bytes()
 
     def dies_midway(obj, f):
@@ -251,6 +252,6 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypat
 
     monkeypatch.setattr(CK.torch, "save", dies_midway)
     with pytest.raises(OSError):
-        ck.save({"position": {"step": 2}})
+        ck.save({**parts, "position": {"step": 2}})
     assert [p.name for p in (workdir / "ck").iterdir()] == [first.name] and first.read_bytes() == before
     assert read(first)["position"] == {"step": 1}
