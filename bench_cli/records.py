@@ -541,8 +541,11 @@ def _this_process() -> dict:
     from datetime import datetime, timezone
 
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
-            "since": now, "heartbeat": now}
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
+          "since": now, "heartbeat": now}
+    if os.environ.get("SLURM_JOB_ID"):  # a requeued Slurm job keeps its id: its earlier claim is its own
+        me["slurm_job"] = os.environ["SLURM_JOB_ID"]
+    return me
 
 
 def heartbeat_age(claim: dict) -> float | None:
@@ -625,11 +628,12 @@ def claim_job(path: str | Path, key: str, ok_rows_from: int = 0, ttl_s: float = 
         me, note = _this_process(), ""
         held = claims.get(key)
         if held and (held.get("pid"), held.get("host")) != (me["pid"], me["host"]):
-            if claim_alive(held, ttl_s):
-                return False, _holder_text(held)
             where = "" if held.get("host") == me["host"] else f" on {held.get('host')}"
+            requeued = held.get("slurm_job") is not None and held.get("slurm_job") == me.get("slurm_job")
+            if not requeued and claim_alive(held, ttl_s):
+                return False, _holder_text(held)
             note = (f"taking over the claim of pid {held.get('pid')}{where} (since {held.get('since', '?')}), "
-                    f"{_dead_reason(held, ttl_s)}")
+                    + (f"the same Slurm job {me['slurm_job']}, requeued" if requeued else _dead_reason(held, ttl_s)))
         claims[key] = me
         _write_claims(path, claims)
     return True, note

@@ -223,11 +223,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     error = None
     try:
         train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers, resolved, checkpoints)
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
+    except (Exception, KeyboardInterrupt, SystemExit) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
         error = e
     finally:
         finish(cfg, row, error, env, run_dir, started, loggers[0] if loggers else None, checkpoints)
-    if isinstance(error, (UserError, KeyboardInterrupt)):
+    if isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         raise error
     row["_error"], row["_rank"] = error, env.rank
     return row
@@ -297,7 +297,7 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
     record: to the run folder first, then appended to ``results.path``; an ok job's checkpoints
     removed (unless kept); the loggers' summary; the processes shut down."""
     row.update(schema.ending(error))
-    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt)):
+    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
         (run_dir / name).write_text("".join(traceback.format_exception(error)))
     earlier = checkpoints.earlier_wall_s if checkpoints is not None else 0.0

@@ -118,6 +118,8 @@ def ending(error: BaseException | None) -> dict:
         return {"status": "ok"}
     if isinstance(error, KeyboardInterrupt):
         return {"status": "interrupted", "error": f"interrupted ({interruption_name(error)})"}
+    if isinstance(error, SystemExit):  # sys.exit inside the run: a launcher's signal handler (submitit's requeue)
+        return {"status": "interrupted", "error": f"interrupted ({getattr(error, 'signal_name', f'exit {error.code}')})"}
     status = "nan" if isinstance(error, DivergedError) else "oom" if is_oom(error) else "failed"
     return {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0][:500]}
 

@@ -30,7 +30,7 @@ from bench_cli import distributed as D
 from bench_cli.core import metrics as M
 from bench_cli import schema
 from bench_cli.checkpoint import Checkpoints, set_rng_state, rng_state
-from bench_cli.core.errors import DivergedError, Interrupted, UserError, pending_signal, signals_deferred, unknown_choice
+from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signals_deferred, unknown_choice
 from bench_cli.objective import Objective
 from bench_cli.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
@@ -452,7 +452,7 @@ class _Loop:
         if self.checkpoints is not None and (due or signum):
             self.checkpoints.save(self.state(epoch, batches, finished))
         if signum:
-            raise Interrupted(signum)
+            hand_on(signum)
 
     def state(self, epoch: int, batches: int, finished: bool) -> dict:
         """What the rest of the fit depends on (bench_cli.checkpoint), at a boundary."""

@@ -255,3 +255,33 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypat
         ck.save({**parts, "position": {"step": 2}})
     assert [p.name for p in (workdir / "ck").iterdir()] == [first.name] and first.read_bytes() == before
     assert read(first)["position"] == {"step": 1}
+
+
+def test_a_launchers_own_handler_gets_the_signal_after_the_checkpoint(uea_fixture, workdir, monkeypatch):
+    """Under submitit, SIGUSR2 is its requeue handler's (it requeues the Slurm job and exits): the
+    run writes its checkpoint at the step boundary first, then hands the signal on; the record says
+    interrupted by that signal, and the requeued job resumes to the uninterrupted record."""
+    from bench_cli.core import errors
+
+    run(*UEA, "results.path=straight/res.csv")
+    called = []
+
+    def requeue_and_exit(signum, frame):  # what submitit's checkpoint_and_try_requeue does, minus scontrol
+        called.append(signum)
+        raise SystemExit(-1)
+
+    previous = signal.signal(signal.SIGUSR2, requeue_and_exit)
+    monkeypatch.setattr(errors, "_previous", {})
+    try:
+        with monkeypatch.context() as m:
+            interrupt_at(m, 6, "SIGUSR2")
+            with pytest.raises(SystemExit):
+                main(["run", *UEA, "results.path=cut/res.csv"])
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert called == [signal.SIGUSR2]
+    first = read_records("cut/res.csv")[-1]
+    assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGUSR2)"
+    assert [read(p)["position"]["step"] for p in Path(first["checkpoint_dir"]).glob("ckpt-*.pt")] == [6]
+    run(*UEA, "results.path=cut/res.csv")
+    assert_same_result(read_records("straight/res.csv")[-1], read_records("cut/res.csv")[-1])

@@ -160,3 +160,16 @@ def test_a_claim_from_another_host_is_respected_while_fresh_and_taken_over_when_
     out = capsys.readouterr().out
     assert f"taking over the claim of pid 4242 on node42 (since 2025-01-01T00:00:00+00:00), last heartbeat {stale}" in out
     assert len(fake_runs) == 1 and "1 ok" in out
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_earlier_claim(tmp_path, monkeypatch):
+    """Slurm requeues a preempted job under the same SLURM_JOB_ID, possibly on another node, while
+    the claim of its first incarnation still has a fresh heartbeat."""
+    path = tmp_path / "runs.csv"
+    claim = {"pid": 4242, "host": "node07", "since": ago(120), "heartbeat": ago(20), "slurm_job": "778"}
+    path.with_name("runs.csv.claims").write_text(json.dumps({"k1": claim}))
+    monkeypatch.setenv("SLURM_JOB_ID", "779")  # another job: the claim is live
+    assert not records.claim_job(path, "k1")[0]
+    monkeypatch.setenv("SLURM_JOB_ID", "778")
+    claimed, note = records.claim_job(path, "k1")
+    assert claimed and note.endswith("the same Slurm job 778, requeued") and "pid 4242 on node07" in note

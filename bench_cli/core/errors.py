@@ -56,17 +56,20 @@ def exit_code_of(err: BaseException) -> int:
 
 
 # What Slurm, torchrun, `timeout` and a closed terminal send: SIGTERM, SIGUSR1 (Slurm's warning
-# before a time limit or a preemption, submitit's requeue signal), SIGHUP.
-TERMINATION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP")
+# before a time limit or a preemption with --signal=USR1), SIGUSR2 (submitit's: it requeues the
+# job), SIGHUP.
+TERMINATION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 _deferring = [False]
 _pending: list[int] = []
+_previous: dict[int, object] = {}  # signal -> the handler a launcher had installed (submitit's requeue)
 
 
 def catch_termination() -> None:
     """Turn the termination signals into ``Interrupted`` in the main thread (a no-op elsewhere,
     where Python cannot install handlers). While ``signals_deferred`` holds (a training loop),
     the first one is only noted, for the loop to stop at its next step boundary after writing a
-    checkpoint (``pending_signal``); a second one stops at once."""
+    checkpoint (``pending_signal``), then hand it on to the handler installed before
+    (``hand_on``: submitit requeues the job there); a second one stops at once."""
     import signal
     import threading
 
@@ -79,9 +82,26 @@ def catch_termination() -> None:
             return
         raise Interrupted(signum)
 
+    handler.attnbench = True
     for name in TERMINATION_SIGNALS:
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), handler)
+            signum = getattr(signal, name)
+            before = signal.signal(signum, handler)
+            if callable(before) and not getattr(before, "attnbench", False):
+                _previous[signum] = before
+
+
+def hand_on(signum: int) -> None:
+    """The signal to the Python handler that was installed before ``catch_termination`` (a
+    launcher's: submitit requeues the job and exits), if any; then ``Interrupted``."""
+    before = _previous.get(signum)
+    if before is not None:
+        try:
+            before(signum, None)
+        except SystemExit as e:  # it ends the process (submitit, after requeuing): the record names the signal
+            e.signal_name = Interrupted(signum).args[0]
+            raise
+    raise Interrupted(signum)
 
 
 class signals_deferred:
