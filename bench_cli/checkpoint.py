@@ -18,6 +18,7 @@ never its result: they are not part of the job key (records.NON_SEMANTIC_KEYS).
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import sys
 import time
@@ -101,8 +102,6 @@ def read(path: Path) -> dict:
     except Exception as e:  # noqa: BLE001 - truncated, corrupt, or a pickle of something else than data
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "Weights only load failed" in str(e):
-            import re
-
             found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand (\S+)", str(e))
             what = f" ({next(g for g in found.groups() if g)})" if found else ""
             reason = f"it holds objects other than tensors and plain data{what}, refused unread (loading could run code)"

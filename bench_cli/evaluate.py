@@ -61,6 +61,8 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
     from bench_cli.trainer import Trainer, seed_everything, select_device
 
     state = read(path)
+    if not isinstance(state["meta"].get("config"), dict):
+        raise UserError(f"checkpoint {path} holds no run config to evaluate it with")
     cfg = OmegaConf.create(state["meta"]["config"])
     for override in overrides:  # where the data is on this machine, its device...
         key, _, value = override.partition("=")
