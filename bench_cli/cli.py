@@ -36,6 +36,8 @@ commands:
                          run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
                          launchers; resumes: jobs with an ok record are skipped
   report NAME            paper vs reproduced table of an experiment (results/reproduced/)
+  evaluate CHECKPOINT [--split test]
+                         evaluate a run's checkpoint (trainer.checkpoint.keep_final=true) on a split
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
   bench --against-reference [--seq-lens ...]
@@ -162,7 +164,9 @@ def cmd_run(args: list[str]) -> None:
     try:
         C.run_job(cfg, _run_job)
     except KeyboardInterrupt as e:
-        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}",
+        resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
+                   != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
+        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
              code=exit_code_of(e))
 
 
@@ -387,6 +391,12 @@ def cmd_smoke(args: list[str]) -> None:
     smoke(args)
 
 
+def cmd_evaluate(args: list[str]) -> None:
+    from bench_cli.evaluate import cmd_evaluate as evaluate  # imports torch: lazily
+
+    evaluate(args)
+
+
 def cmd_bench_overhead(args: list[str]) -> None:
     from bench_cli.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
 
@@ -396,7 +406,7 @@ def cmd_bench_overhead(args: list[str]) -> None:
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
             "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
             "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead,
-            "smoke": cmd_smoke}
+            "smoke": cmd_smoke, "evaluate": cmd_evaluate}
 
 
 def available_commands() -> list[str]:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import distributed as D
 from bench_cli import records, schema
+from bench_cli.checkpoint import Checkpoints
 from bench_cli.core.errors import UserError
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.loggers import LineLogger, Loggers, make_logger
@@ -219,14 +220,16 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     if env.is_main:
         records.write_run_marker(run_dir, row)
     loggers: list = []
+    checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
+                                 | {"config": resolved}, started, distributed=env.world_size > 1)
     error = None
     try:
-        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers, resolved)
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
+        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers, resolved, checkpoints)
+    except (Exception, KeyboardInterrupt, SystemExit) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
         error = e
     finally:
-        finish(cfg, row, error, env, run_dir, started, loggers[0] if loggers else None)
-    if isinstance(error, (UserError, KeyboardInterrupt)):
+        finish(cfg, row, error, env, run_dir, started, loggers[0] if loggers else None, checkpoints)
+    if isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         raise error
     row["_error"], row["_rank"] = error, env.rank
     return row
@@ -269,9 +272,9 @@ def setup_frozen():
 
 
 def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, line_prefix: str, loggers: list,
-                      resolved: dict) -> None:
-    """Set up the task, build the model, train it, measure it: the row's result columns.
-    ``resolved``: the config resolved (the logger's copy)."""
+                      resolved: dict, checkpoints: Checkpoints | None = None) -> None:
+    """Set up the task, build the model, train it (resuming from ``checkpoints``), measure it: the
+    row's result columns. ``resolved``: the config resolved (the logger's copy)."""
     device = D.device_for(env, select_device(str(cfg.trainer.device)))
     row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
     if cfg.trainer.get("num_threads"):
@@ -294,7 +297,7 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
         loggers.append(logger)
     objective = Objective.of(task, cfg.model)
     trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), objective=objective, logger=logger,
-                      progress=progress if env.is_main else None, dist=env)
+                      progress=progress if env.is_main else None, dist=env, checkpoints=checkpoints)
     with setup_frozen(), PHASES("fit"):
         result = trainer.fit(row["protocol"])
     row.update(result.metrics)
@@ -306,14 +309,21 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
     row["status"] = "ok"
 
 
-def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir: Path, started: float, logger) -> None:
-    """How the run ended (status, error, error.txt), its wall time, then the record: to the run
-    folder first, then appended to ``results.path``; the loggers' summary; the processes shut down."""
+def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir: Path, started: float, logger,
+           checkpoints: Checkpoints | None = None) -> None:
+    """How the run ended (status, error, error.txt), its wall time (every sitting's), then the
+    record: to the run folder first, then appended to ``results.path``; an ok job's checkpoints
+    removed (unless kept); the loggers' summary; the processes shut down."""
     row.update(schema.ending(error))
-    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt)):
+    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
         (run_dir / name).write_text("".join(traceback.format_exception(error)))
-    row["wall_time_s"] = round(time.perf_counter() - started, 3)
+    earlier = checkpoints.earlier_wall_s if checkpoints is not None else 0.0
+    row["wall_time_s"] = round(earlier + time.perf_counter() - started, 3)
+    if checkpoints is not None:
+        row.update(checkpoints.columns())
+    else:
+        row.update(sittings=1)
     if env.is_main:
         with PHASES("record"):
             (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
@@ -323,6 +333,8 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else e
                 row["_append_error"] = f"could not append to {cfg.results.path} ({reason}); the record is in {run_dir / 'record.json'}"
         write_phases(run_dir, train_time_s=row.get("train_time_s"))
+    if checkpoints is not None and env.is_main:
+        checkpoints.finish(row["status"])
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])
