@@ -29,7 +29,7 @@ from bench_cli import distributed as D
 from bench_cli.core import metrics as M
 from bench_cli import schema
 from bench_cli.checkpoint import Checkpoints, set_rng_state, rng_state
-from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signals_deferred, unknown_choice
+from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signal_pending, signals_deferred, unknown_choice
 from bench_cli.objective import Objective
 from bench_cli.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
@@ -559,7 +559,7 @@ class _Loop:
                 if stop or self.step >= plan.total_steps:
                     break
                 due = plan.by_steps and (evaluates if not self.checkpoint_every else self.step % self.checkpoint_every == 0)
-                if due or pending_signal():  # the clock paused only then: on CUDA a stop waits for the device
+                if due or signal_pending():  # the clock paused only then: on CUDA a stop waits for the device
                     result.train_time_s += self.clock.stop()  # a checkpoint is not training time
                     self.boundary(due, epoch, i + 1)
                     self.clock.start()
