@@ -68,6 +68,8 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench_cli.core.spread import NOISY_NOTE, NOISY_SPREAD, Spread, quartiles, ratio_spread  # noqa: F401  (re-exported)
+
 __all__ = [
     "Conditions",
     "Spread",
@@ -405,10 +407,6 @@ def process_peak_rss_bytes() -> int:
 # not injectable in tests. Its stopping rule is kept: repeat until IQR / median <= precision
 # (after a minimum number of rounds) or until the time budget is spent.
 
-NOISY_SPREAD = 0.10  # IQR / median above this: the time is noise, not a property of the model
-NOISY_NOTE = "noisy: rerun on an idle machine"
-
-
 def seconds(fn: Callable[[], Any], device: torch.device | None = None, clock: Callable[[], float] = time.perf_counter) -> float:
     """Wall-clock seconds of ``fn()``, the device synchronised before and after (CUDA runs
     asynchronously: without it a timer measures the launch, not the work)."""
@@ -421,66 +419,6 @@ def seconds(fn: Callable[[], Any], device: torch.device | None = None, clock: Ca
     fn()
     sync()
     return clock() - start
-
-
-def quartiles(values: list[float]) -> tuple[float, float]:
-    """(Q1, Q3), inclusive method (one value: itself twice)."""
-    import statistics
-
-    if len(values) < 2:
-        return values[0], values[0]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q3
-
-
-@dataclass(frozen=True)
-class Spread:
-    """The median of ``n`` measurements and their interquartile range [q1, q3]."""
-
-    median: float
-    q1: float
-    q3: float
-    n: int
-
-    @classmethod
-    def of(cls, values: list[float]) -> "Spread":
-        import statistics
-
-        q1, q3 = quartiles(list(values))
-        return cls(statistics.median(values), q1, q3, len(values))
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
-
-    @property
-    def relative(self) -> float:
-        """IQR / median (0 for a zero median)."""
-        return self.iqr / abs(self.median) if self.median else 0.0
-
-    @property
-    def noisy(self) -> bool:
-        return self.relative > NOISY_SPREAD
-
-    def scaled(self, factor: float) -> "Spread":
-        """The spread of ``factor / x`` for a positive factor (a rate from a time: samples/s): its
-        quartiles swap ends."""
-        return Spread(factor / self.median, factor / self.q3, factor / self.q1, self.n)
-
-    def columns(self, name: str, digits: int = 6) -> dict:
-        """``{name: median, name_q1: q1, name_q3: q3}`` for a record or a CSV row."""
-        return {name: round(self.median, digits), f"{name}_q1": round(self.q1, digits),
-                f"{name}_q3": round(self.q3, digits)}
-
-    def text(self, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
-        """'1.23 [1.10-1.31]': the median and its IQR."""
-        return (f"{fmt.format(self.median * scale)} [{fmt.format(self.q1 * scale)}-"
-                f"{fmt.format(self.q3 * scale)}]")
-
-
-def ratio_spread(a: list[float], b: list[float]) -> Spread:
-    """The per-round ratios a / b (rounds measured together) as a median with its IQR."""
-    return Spread.of([x / y for x, y in zip(a, b) if y])
 
 
 def time_rounds(steps: list[Callable[[], float | None]], *, min_rounds: int = 5, max_rounds: int = 200,

@@ -1,0 +1,103 @@
+"""The one timer (bench_cli.measure.time_rounds), the spread it reports and the noise it detects:
+deterministic with a fake clock; the commands' noisy flag with a faked load average."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench_cli.core.spread import NOISY_NOTE, Spread, interval_text, ratio_spread
+from bench_cli.measure import Conditions, time_rounds, timed
+
+
+class FakeClock:
+    """A clock that moves only when a fake step says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls: list[str] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, name: str, durations):
+        durations = iter(durations)
+
+        def run():
+            self.calls.append(name)
+            self.now += next(durations)
+        return timed(run, None, self)
+
+
+def constant(value):
+    while True:
+        yield value
+
+
+def test_steady_steps_stop_after_the_minimum_rounds_with_alternating_order():
+    clock = FakeClock()
+    a, b = time_rounds([clock.step("a", constant(1.0)), clock.step("b", constant(2.0))], min_rounds=4,
+                       budget_s=1e9, warmup=1, clock=clock)
+    assert a == [1.0] * 4 and b == [2.0] * 4  # precise at once: no round beyond the minimum
+    # warm-up (untimed), then a first in even rounds and b first in odd ones
+    assert clock.calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    ratio = ratio_spread(b, a)
+    assert (ratio.median, ratio.q1, ratio.q3, ratio.n) == (2.0, 2.0, 2.0, 4)
+
+
+def test_noisy_steps_run_until_the_budget():
+    clock = FakeClock()
+    noisy = iter([1.0, 3.0] * 100)
+    (times,) = time_rounds([clock.step("a", noisy)], min_rounds=3, budget_s=10.0, warmup=0, clock=clock)
+    assert sum(times[:-1]) < 10.0 <= sum(times)  # stopped by the round that spent the budget
+    assert Spread.of(times).noisy
+
+
+def test_max_rounds_caps_a_noisy_series():
+    clock = FakeClock()
+    (times,) = time_rounds([clock.step("a", iter([1.0, 3.0] * 100))], min_rounds=2, max_rounds=7, budget_s=1e9,
+                           warmup=0, clock=clock)
+    assert len(times) == 7
+
+
+def test_a_step_that_cannot_run_adds_no_time():
+    clock = FakeClock()
+    a, b = time_rounds([clock.step("a", constant(1.0)), lambda: None], min_rounds=3, budget_s=1e9, clock=clock)
+    assert a == [1.0] * 3 and b == []
+
+
+def test_spread_quartiles_rates_and_text():
+    s = Spread.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s.median, s.q1, s.q3, s.n, s.iqr) == (3.0, 2.0, 4.0, 5, 2.0)
+    assert s.noisy and not Spread.of([1.0, 1.01, 1.02]).noisy
+    rate = s.scaled(12.0)  # 12 tokens per step: tokens/s, the quartiles swap ends
+    assert (rate.median, rate.q1, rate.q3) == (4.0, 3.0, 6.0)
+    assert s.text() == "3.00 [2.00-4.00]"
+    assert s.columns("t") == {"t": 3.0, "t_q1": 2.0, "t_q3": 4.0}
+    assert Spread.of([0.7]).q1 == Spread.of([0.7]).q3 == 0.7
+    assert interval_text({"r": "1.5", "r_q1": "1.25", "r_q3": "2"}, "r") == "1.50 [1.25-2.00]"
+    assert interval_text({"r": 1.5}, "r") == "1.50" and interval_text({}, "r") == "-"
+
+
+def test_conditions_say_noisy_when_the_load_exceeds_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    quiet = Conditions.now().done()
+    assert quiet.noise([Spread.of([1.0, 1.0, 1.0])]) == "" and quiet.columns()["load_before"] == 0.2
+    assert "IQR > 10%" in quiet.noise([Spread.of([1.0, 2.0, 3.0])])  # a wide spread alone is noise too
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 7.0, 7.0))
+    busy = Conditions.now().done()
+    assert busy.noise().startswith(NOISY_NOTE) and "load 7.0 on 2 cores" in busy.noise()
+
+
+@pytest.mark.parametrize("load", [0.0, 50.0])
+def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
+    from bench_cli.bench_attention import main
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0",
+                    "--variants", "linear"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(r["timing_noisy"] == (load > 0) for r in results)  # one round: no spread, the load decides
+    assert ("noisy: rerun on an idle machine" in out) == (load > 0)
+    assert f"load average (1 min) before {load:.2f}" in out
