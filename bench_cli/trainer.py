@@ -147,6 +147,7 @@ class TrainResult:
     epochs_run: int = 0
     steps_run: int = 0
     train_time_s: float = 0.0
+    epoch_times_s: list = field(default_factory=list)  # training seconds of each epoch (schema: median, IQR)
     test: dict = field(default_factory=dict)
     test_last: dict = field(default_factory=dict)
     splits: dict = field(default_factory=dict)
@@ -442,7 +443,7 @@ class _Loop:
         """One pass over the training loader (or until the step budget); True when early stopping
         says stop at an evaluation inside the epoch (``eval_every_steps``)."""
         t, plan, result = self.t, self.plan, self.result
-        t0, stop = time.perf_counter(), False
+        t0, stop, before = time.perf_counter(), False, result.train_time_s
         self.opt.zero_grad(set_to_none=True)
         n_batches = len(train_loader)
         for i, batch in enumerate(train_loader):
@@ -458,6 +459,7 @@ class _Loop:
                 if stop or self.step >= plan.total_steps:
                     break
         result.train_time_s += time.perf_counter() - t0
+        result.epoch_times_s.append(result.train_time_s - before)
         return stop
 
     def backward(self, batch: dict, last_micro: bool, epoch: int, i: int) -> None:

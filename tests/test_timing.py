@@ -101,3 +101,24 @@ def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
     assert all(r["timing_noisy"] == (load > 0) for r in results)  # one round: no spread, the load decides
     assert ("noisy: rerun on an idle machine" in out) == (load > 0)
     assert f"load average (1 min) before {load:.2f}" in out
+
+
+def test_a_records_epoch_time_is_the_median_with_its_spread(monkeypatch):
+    from types import SimpleNamespace
+
+    from bench_cli import schema
+
+    assert set(schema.TIMING_COLUMNS) <= set(schema.COLUMNS)
+    slow_first = SimpleNamespace(epoch_times_s=[9.0, 1.0, 1.0, 1.0, 1.0], train_time_s=13.0, epochs_run=5)
+    cols = schema.epoch_time_columns(slow_first)
+    assert cols == {"time_per_epoch_s": 1.0, "time_per_epoch_s_q1": 1.0, "time_per_epoch_s_q3": 1.0}  # not 13 / 5
+    assert schema.epoch_time_columns(SimpleNamespace(train_time_s=4.0, epochs_run=2)) == {"time_per_epoch_s": 2.0}
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    row = {"epochs_run": 5, **cols}
+    quiet = schema.timing_columns(Conditions.now().done(), row)
+    assert quiet["timing_noisy"] == "" and quiet["load_before"] == 0.5 and quiet["threads"] >= 1
+    wide = {"epochs_run": 5, "time_per_epoch_s": 1.0, "time_per_epoch_s_q1": 0.5, "time_per_epoch_s_q3": 2.0}
+    assert schema.timing_columns(Conditions.now().done(), wide)["timing_noisy"].startswith(NOISY_NOTE)
+    few = {**wide, "epochs_run": 3}  # three epochs do not judge the spread
+    assert schema.timing_columns(Conditions.now().done(), few)["timing_noisy"] == ""
