@@ -122,3 +122,19 @@ def test_a_records_epoch_time_is_the_median_with_its_spread(monkeypatch):
     assert schema.timing_columns(Conditions.now().done(), wide)["timing_noisy"].startswith(NOISY_NOTE)
     few = {**wide, "epochs_run": 3}  # three epochs do not judge the spread
     assert schema.timing_columns(Conditions.now().done(), few)["timing_noisy"] == ""
+
+
+def test_an_experiment_reports_time_ratio_carries_its_spread_and_the_flag():
+    from bench_cli.report import render, select, spec, stats
+
+    def cell(times, noisy=""):
+        rows = [{"time_per_epoch_s": t, "timing_noisy": noisy if i == 0 else ""} for i, t in enumerate(times)]
+        return select.Cell("d", "m", rows=rows)
+
+    column = next(c for c in spec.EFFICIENCY if c.column == "time_per_epoch_s")
+    quiet = stats.column_values(column, cell([1.0, 3.0]), cell([2.0, 2.0]))
+    assert quiet["time_ratio"] == 1.0 and quiet["time_ratio_noisy"] == 0
+    assert quiet["time_ratio_sd"] == pytest.approx(2 ** 0.5 / 2)  # std 1.41 of a mean 2, the base's std 0
+    assert render.column_cell(quiet, column) == "1.00 ± 0.71"
+    flagged = stats.column_values(column, cell([1.0, 3.0]), cell([2.0, 2.0], noisy="noisy: rerun"))
+    assert flagged["time_ratio_noisy"] == 1 and render.column_cell(flagged, column).endswith(" noisy")
