@@ -68,7 +68,7 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench_cli.core.spread import NOISY_NOTE, NOISY_SPREAD, Spread, quartiles, ratio_spread  # noqa: F401  (re-exported)
+from bench_cli.core.spread import NOISY_NOTE, NOISY_SPREAD, Spread, ratio_spread
 
 __all__ = [
     "Conditions",
