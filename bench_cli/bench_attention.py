@@ -2,10 +2,14 @@
 
     PYTHONPATH=. .venv/bin/python -m bench_cli.bench_attention --seq-lens 1024 4096
 
-For each sequence length N and variant: a warm-up, then the median over --repeats of
-(a) a forward pass without autograd and (b) a forward + backward pass, the repeats interleaved
-round-robin over the variants; the ratio column is the variant's time over softmax's at the
-same N (< 1 = faster). On a machine shared with other jobs, --threads 1 gives steadier numbers.
+For each sequence length N and variant: a warm-up, then rounds of (a) a forward pass without
+autograd and (b) a forward + backward pass, each round running every variant once (the order
+reversed from round to round): at least --repeats rounds, more until every ratio's IQR is within
+5% of it or --budget seconds are spent. Times are medians; the ratio column is the median of the
+rounds' variant / softmax ratios at the same N (< 1 = faster) with their interquartile range, and
+tok/s the tokens (batch x N) per second. Under the table: the load average before and after and
+the threads, and "noisy: rerun on an idle machine" when the load exceeded the cores or an IQR
+exceeds 10% of its median. On a machine shared with other jobs, --threads 1 gives steadier numbers.
 SH variants use the papers' factors for the head count ([1, 2] for 2 heads), super uses
 max_len = N, conv2d needs a square N (a 32 x 32 or 64 x 64 patch grid at the defaults) and is
 skipped otherwise, and with --causal the variants that cannot be causal are skipped (primal runs
@@ -13,7 +17,6 @@ data-independent, Listing 1); lines under the table say why a variant shows n/a.
 """
 from __future__ import annotations
 
-import statistics
 from types import SimpleNamespace
 
 # torch and the registry are imported where they are used: `attnbench bench --help` answers at once.
@@ -75,20 +78,17 @@ def build_runners(name, n, args):
 
 
 def time_length(names, n, args) -> dict:
-    """Median (forward, fwd+bwd) seconds per variant; repeats are interleaved round-robin over
-    the variants so that load from other processes hits all of them alike."""
-    from bench_cli.measure import seconds
+    """Per variant: the (forward, fwd+bwd) seconds of each round, or None when it cannot run. A round
+    runs every variant once, the order reversed from round to round, so that load from other
+    processes hits all of them alike and each round gives one ratio to softmax (bench_cli.measure)."""
+    from bench_cli.measure import time_rounds, timed
 
     runners = {name: build_runners(name, n, args) for name in names}
     live = {name: r for name, r in runners.items() if r is not None}
-    times = {name: ([], []) for name in live}
-    for mode in (0, 1):
-        for fns in live.values():  # warm-up
-            fns[mode]()
-        for _ in range(args.repeats):
-            for name, fns in live.items():
-                times[name][mode].append(seconds(fns[mode]))  # the one timer (bench_cli.measure)
-    return {name: (tuple(statistics.median(t) for t in times[name]) if name in live else None) for name in names}
+    modes = [time_rounds([timed(fns[mode]) for fns in live.values()], min_rounds=args.repeats, budget_s=args.budget)
+             for mode in (0, 1)]
+    times = {name: (modes[0][i], modes[1][i]) for i, name in enumerate(live)}
+    return {name: times.get(name) for name in names}
 
 
 # --name: (arity for bench_cli.args.parse, type, default); "+" takes one or more values.
@@ -102,18 +102,19 @@ BENCH_OPTIONS = {
     "--causal": (False, bool, False),  # time causal forward passes
     "--variants": ("+", str, None),  # subset of variants (softmax is always timed)
     "--threads": (True, int, None),  # torch.set_num_threads
+    "--budget": (True, float, None),  # seconds of timing per N and mode (per variant with --against-reference)
     "--against-reference": (False, bool, False),  # the baselines against their reference code (bench_reference.py)
 }
-AGAINST_SOFTMAX = {"seq_lens": [1024, 4096], "batch": 1, "repeats": 3, "threads": None}
-AGAINST_REFERENCE = {"seq_lens": [2048, 4096], "batch": 2, "repeats": 5, "threads": 1}
+AGAINST_SOFTMAX = {"seq_lens": [1024, 4096], "batch": 1, "repeats": 5, "threads": None, "budget": 10.0}
+AGAINST_REFERENCE = {"seq_lens": [2048, 4096], "batch": 2, "repeats": 5, "threads": 1, "budget": 3.0}
 
 
 USAGE = ("usage: attnbench bench [--seq-lens N [N ...]] [--d-model D] [--heads H] [--batch B] [--repeats R] "
-         "[--causal] [--variants NAME [NAME ...]] [--threads T]\n"
+         "[--causal] [--variants NAME [NAME ...]] [--threads T] [--budget S]\n"
          "       attnbench bench --against-reference [--seq-lens N [N ...]] [--batch B] [--repeats R] "
-         "[--variants NAME [NAME ...]] [--threads T]\n\n" + __doc__.strip() + "\n\nDefaults: --seq-lens 1024 4096 "
-         "--batch 1 --repeats 3 (all threads); with --against-reference --seq-lens 2048 4096 --batch 2 --repeats 5 "
-         "--threads 1.")
+         "[--variants NAME [NAME ...]] [--threads T] [--budget S]\n\n" + __doc__.strip() + "\n\nDefaults: --seq-lens 1024 4096 "
+         "--batch 1 --repeats 5 --budget 10 (all threads); with --against-reference --seq-lens 2048 4096 --batch 2 "
+         "--repeats 5 --threads 1 --budget 3.")
 
 
 def parse_args(argv=None) -> SimpleNamespace | None:
@@ -148,19 +149,24 @@ def parse_args(argv=None) -> SimpleNamespace | None:
     for key, default in (AGAINST_REFERENCE if values["against_reference"] else AGAINST_SOFTMAX).items():
         if values[key] is None:
             values[key] = default
-    if any(v < 1 for v in values["seq_lens"]) or values["batch"] < 1 or values["repeats"] < 1 or (values["threads"] or 1) < 1:
-        raise UserError("`attnbench bench`: --seq-lens, --batch, --repeats and --threads take positive numbers")
+    if any(v < 1 for v in values["seq_lens"]) or values["batch"] < 1 or values["repeats"] < 1 or (values["threads"] or 1) < 1 \
+            or values["budget"] < 0:
+        raise UserError("`attnbench bench`: --seq-lens, --batch, --repeats and --threads take positive numbers, "
+                        "--budget a number of seconds >= 0")
     if values["against_reference"] and values["causal"]:
         raise UserError("`attnbench bench --against-reference` times the bidirectional ListOps layer; drop --causal")
     return SimpleNamespace(**values)
 
 
+HEADERS = ["variant", "N", "forward ms", "x softmax [IQR]", "fwd+bwd ms", "x softmax [IQR]", "fwd tok/s",
+           "train tok/s"]
+
+
 def render(rows, title: str, notes: list[str] = ()) -> None:
     """The table, then one line per note (why a variant shows n/a, options that differ)."""
-    headers = ["variant", "N", "forward ms", "x softmax", "fwd+bwd ms", "x softmax"]
     from bench_cli.ui import console, show_table
 
-    show_table(title, headers, rows)  # blocks instead of folded numbers at 80 columns
+    show_table(title, HEADERS, rows)  # blocks instead of folded numbers at 80 columns
     for note in notes:
         console.print(note, highlight=False)
 
@@ -199,22 +205,42 @@ def main(argv=None) -> list[tuple]:
         if unknown:
             raise SystemExit(f"unknown variants: {', '.join(unknown)}; valid: {', '.join(names)}")
         names = ["softmax"] + [n for n in names if n in args.variants and n != "softmax"]
-    rows, results = [], []
+    from bench_cli.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
+
+    conditions = Conditions.now()
+    rows, results, spreads = [], [], []
     for n in args.seq_lens:
         timed = time_length(["softmax"] + [v for v in names if v != "softmax"], n, args)
-        ref_fwd, ref_bwd = timed["softmax"]
+        reference = timed["softmax"]
         for name, t in timed.items():
             if t is None:
-                rows.append([name, str(n), "n/a", "", "n/a", ""])
+                rows.append([name, str(n), "n/a", "", "n/a", "", "", ""])
                 continue
-            fwd, bwd = t
-            results.append((name, n, fwd, bwd))
-            rows.append([
-                name, str(n), f"{fwd * 1e3:.1f}", f"{fwd / ref_fwd:.2f}", f"{bwd * 1e3:.1f}", f"{bwd / ref_bwd:.2f}"
-            ])
+            result = {"variant": name, "n": n}
+            cells = []
+            for mode, mine, base in zip(("forward", "fwd_bwd"), t, reference):
+                time_s, ratio = Spread.of(mine), ratio_spread(mine, base)
+                tokens = time_s.scaled(args.batch * n)
+                spreads.append(ratio if name != "softmax" else time_s)
+                result.update({**time_s.columns(f"{mode}_s"), **ratio.columns(f"{mode}_ratio", 4),
+                               f"{mode}_rounds": time_s.n, f"{mode}_samples_per_s": round(args.batch / time_s.median, 3),
+                               f"{mode}_tokens_per_s": round(tokens.median, 1)})
+                cells.append((f"{time_s.median * 1e3:.1f}", ratio.text() + (" !" if ratio.noisy else ""),
+                              f"{tokens.median:.3g}"))
+            results.append(result)
+            (fwd, fwd_x, fwd_tok), (bwd, bwd_x, bwd_tok) = cells
+            rows.append([name, str(n), fwd, fwd_x, bwd, bwd_x, fwd_tok, bwd_tok])
+    conditions.done()
+    noise = conditions.noise(spreads)
+    for r in results:
+        r.update(conditions.columns(), timing_noisy=bool(noise))
     mode = "causal" if args.causal else "bidirectional"
     render(rows, f"attention speed ({mode}, d_model={args.d_model}, heads={args.heads}, batch={args.batch}, "
-                 f"median of {args.repeats}, {torch.get_num_threads()} threads)", notes_for(names, args.seq_lens, args))
+                 f"median of >= {args.repeats} rounds, {conditions.threads} threads)"
+                 + (f" ({NOISY_NOTE})" if noise else ""),
+           [*notes_for(names, args.seq_lens, args),
+            "x softmax: median of the rounds' ratios and, in brackets, their IQR (! wider than 10% of the median); "
+            "tok/s: batch x N tokens per second (samples/s: tok/s / N)", conditions.line(), *([noise] if noise else [])])
     return results
 
 

@@ -6,19 +6,19 @@ the options of conf/model/<name>.yaml at task lra_listops, attention dropout 0 s
 same work) and the reference transcription reads that module's weights; the input is a batch of
 random tokens whose second row is right-padded by a quarter, with its mask. A step is forward +
 backward (the output summed, gradients for the input and every weight), float32. After a 16 MB
-block is allocated and freed (PRIMING_BYTES) and one warm-up of each, the two are timed in --repeats pairs, the order alternating from pair to pair
-(ours first, then the reference first), and each pair gives one ratio ours / reference (< 1:
-ours is faster). The table shows the median times, the median ratio and the interquartile range
+block is allocated and freed (PRIMING_BYTES) and one warm-up of each, the two are timed in at least
+--repeats pairs (more, up to --budget seconds per variant and N, until the pair ratios' IQR is
+within 5% of their median), the order alternating from pair to pair (ours first, then the
+reference first), and each pair gives one ratio ours / reference (< 1: ours is faster). The table shows the median times, the median ratio and the interquartile range
 of the pair ratios; under it, per N, the geometric mean of the median ratios, and the load
-average before and after with the thread count. Before timing, each pair of outputs is compared
+average before and after with the thread count, and "noisy: rerun on an idle machine" when
+the load exceeded the cores or a ratio's IQR exceeds 10% of it. Before timing, each pair of outputs is compared
 (a line says so if they differ by more than float32 rounding). Reformer and Longformer show n/a:
 their transcriptions, written one query at a time to check outputs, are no measure of speed.
 """
 from __future__ import annotations
 
 import math
-import os
-import statistics
 
 VARIANTS = ("linformer", "reformer", "longformer", "performer", "nystromformer", "yoso_e", "cosformer", "soft",
             "flowformer")
@@ -104,28 +104,14 @@ def prime_allocator() -> None:
     del block
 
 
-def time_pairs(ours, theirs, repeats: int) -> tuple[list[float], list[float]]:
-    """Seconds of ``repeats`` alternating pairs (ours first in even pairs), after one warm-up each."""
-    from bench_cli.measure import seconds
+def time_pairs(ours, theirs, args) -> tuple[list[float], list[float]]:
+    """Seconds of alternating pairs (ours first in even pairs), after one warm-up each: at least
+    --repeats pairs, more until the ratio is precise or --budget seconds are spent (bench_cli.measure)."""
+    from bench_cli.measure import time_rounds, timed
 
     prime_allocator()
-    ours(), theirs()
-    a, b = [], []
-    for i in range(repeats):
-        if i % 2 == 0:
-            a.append(seconds(ours))
-            b.append(seconds(theirs))
-        else:
-            b.append(seconds(theirs))
-            a.append(seconds(ours))
+    a, b = time_rounds([timed(ours), timed(theirs)], min_rounds=args.repeats, budget_s=args.budget)
     return a, b
-
-
-def quartiles(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return values[0], values[0]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q3
 
 
 def geometric_mean(values: list[float]) -> float:
@@ -155,47 +141,53 @@ def run(args) -> list[dict]:
 
 
 def _time_and_show(names: list[str], args) -> list[dict]:
-    import torch
-
+    from bench_cli.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
     from bench_cli.ui import console, show_table
 
-    load_before = os.getloadavg()
-    rows, results, notes = [], [], []
+    conditions = Conditions.now()
+    rows, results, notes, spreads = [], [], [], []
     for n in args.seq_lens:
         for name in names:
             if name in LOOP_TRANSCRIPTIONS:
-                rows.append([name, str(n), "n/a", "n/a", "", ""])
+                rows.append([name, str(n), "n/a", "n/a", "", "", ""])
                 continue
             try:
                 ours, theirs, difference = steps(name, n, args)
             except (RuntimeError, ValueError) as e:  # e.g. Nystromformer's code needs N a multiple of its landmarks
-                rows.append([name, str(n), "n/a", "n/a", "", ""])
+                rows.append([name, str(n), "n/a", "n/a", "", "", ""])
                 notes.append(f"n/a: {name} at N={n}: {str(e).splitlines()[0]}")
                 continue
             if difference > 1e-3:
                 notes.append(f"{name} N={n}: outputs differ from the reference by up to {difference:.2g}")
-            a, b = time_pairs(ours, theirs, args.repeats)
-            ratios = [x / y for x, y in zip(a, b)]
-            q1, q3 = quartiles(ratios)
-            result = {"variant": name, "n": n, "ours_s": statistics.median(a), "reference_s": statistics.median(b),
-                      "ratio": statistics.median(ratios), "q1": q1, "q3": q3, "max_difference": difference}
+            a, b = time_pairs(ours, theirs, args)
+            mine, ref, ratio = Spread.of(a), Spread.of(b), ratio_spread(a, b)
+            spreads.append(ratio)
+            tokens = mine.scaled(args.batch * n)
+            result = {"variant": name, "n": n, "ours_s": mine.median, "reference_s": ref.median,
+                      "ratio": ratio.median, "q1": ratio.q1, "q3": ratio.q3, "pairs": ratio.n,
+                      "ours_tokens_per_s": tokens.median, "max_difference": difference}
             results.append(result)
-            rows.append([name, str(n), f"{result['ours_s'] * 1e3:.1f}", f"{result['reference_s'] * 1e3:.1f}",
-                         f"{result['ratio']:.2f}", f"{q1:.2f}-{q3:.2f}"])
-    load_after = os.getloadavg()
-    threads = torch.get_num_threads()
-    show_table(f"vs reference: fwd+bwd float32, batch {args.batch}, {args.repeats} pairs, "
-               f"{threads} thread{'s' if threads > 1 else ''}",
-               ["variant", "N", "ours ms", "ref ms", "ratio", "IQR"], rows)
+            rows.append([name, str(n), f"{mine.median * 1e3:.1f}", f"{ref.median * 1e3:.1f}",
+                         f"{ratio.median:.2f}", f"{ratio.q1:.2f}-{ratio.q3:.2f}" + (" !" if ratio.noisy else ""),
+                         f"{tokens.median:.3g}"])
+    conditions.done()
+    noise = conditions.noise(spreads)
+    for r in results:
+        r.update(conditions.columns(), timing_noisy=bool(noise))
+    threads = conditions.threads
+    show_table(f"vs reference: fwd+bwd float32, batch {args.batch}, >= {args.repeats} pairs, "
+               f"{threads} thread{'s' if threads > 1 else ''}" + (f" ({NOISY_NOTE})" if noise else ""),
+               ["variant", "N", "ours ms", "ref ms", "ratio", "IQR", "ours tok/s"], rows)
     for n in args.seq_lens:
         ratios = [r["ratio"] for r in results if r["n"] == n]
         if ratios:
             console.print(f"N={n}: geometric mean of the ratios {geometric_mean(ratios):.2f} over {len(ratios)} "
                           "variants", highlight=False)
-    console.print("ratio: median of the pairs' ours / reference (< 1: faster); IQR of the pair ratios",
-                  highlight=False)
-    console.print(f"load average (1, 5, 15 min) before {' '.join(f'{v:.2f}' for v in load_before)}, "
-                  f"after {' '.join(f'{v:.2f}' for v in load_after)}; {os.cpu_count()} cores", highlight=False)
+    console.print("ratio: median of the pairs' ours / reference (< 1: faster); IQR of the pair ratios (! wider "
+                  "than 10% of the median); tok/s: tokens of a fwd+bwd step per second", highlight=False)
+    console.print(conditions.line(), highlight=False)
+    if noise:
+        console.print(f"[red]{noise}[/]", highlight=False)
     untimed = [name for name in names if name in LOOP_TRANSCRIPTIONS]
     for note in ([LOOP_NOTE.format(names=", ".join(untimed))] if untimed else []) + notes:
         console.print(note, highlight=False)

@@ -55,9 +55,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -66,7 +68,15 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench_cli.core.spread import NOISY_NOTE, NOISY_SPREAD, Spread, ratio_spread
+
 __all__ = [
+    "Conditions",
+    "Spread",
+    "ratio_spread",
+    "seconds",
+    "time_rounds",
+    "timed",
     "MetaCountingError",
     "ValueReads",
     "attention_parameters",
@@ -385,6 +395,17 @@ def process_peak_rss_bytes() -> int:
 
 
 # --------------------------------------------------------------------------- time
+#
+# One timer for every timing (bench, profile, a run's inference and epochs, bench-overhead's
+# summaries): the median with its interquartile range, never one number. A ratio model / baseline
+# comes from rounds in which each side runs once, the order alternating from round to round, so a
+# burst of load hits both sides of a pair; its interval is the IQR of the per-round ratios.
+#
+# Why not torch.utils.benchmark.Timer.adaptive_autorange: it times one statement alone, block after
+# block, so the baseline would be timed minutes apart from the model (its spread says nothing
+# about the ratio), it cannot run under profile's per-side time budget (SIGALRM) and its clock is
+# not injectable in tests. Its stopping rule is kept: repeat until IQR / median <= precision
+# (after a minimum number of rounds) or until the time budget is spent.
 
 
 class RegionTimer:
@@ -412,21 +433,122 @@ class RegionTimer:
         return self._start.elapsed_time(end) / 1000.0  # milliseconds
 
 
-def seconds(fn: Callable[[], Any], device: torch.device | None = None) -> float:
+def seconds(fn: Callable[[], Any], device: torch.device | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> float:
     """Seconds of ``fn()``: the one timer of a run's inference timing, `attnbench profile` and
-    `make bench`. A :class:`RegionTimer` around the call; on CUDA the device is synchronised once
-    before it, so work queued earlier does not count."""
+    `make bench`. On CUDA two events around the call (a :class:`RegionTimer`), the device
+    synchronised once before it so that work queued earlier does not count; elsewhere ``clock``
+    (a fake one in tests)."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
-    timer = RegionTimer(device)
-    timer.start()
+        timer = RegionTimer(device)
+        timer.start()
+        fn()
+        return timer.stop()
+    start = clock()
     fn()
-    return timer.stop()
+    return clock() - start
 
 
 def timer_name(device: torch.device | None) -> str:
     """The clock ``seconds`` reads on ``device`` (for the records)."""
     return "CUDA events" if device is not None and device.type == "cuda" else "time.perf_counter"
+
+
+def time_rounds(steps: list[Callable[[], float | None]], *, min_rounds: int = 5, max_rounds: int = 200,
+                precision: float = 0.05, budget_s: float = 2.0, warmup: int = 1,
+                clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
+    """Seconds of each of ``steps`` per round: ``warmup`` untimed calls of each, then rounds in
+    which every step runs once, in order in even rounds and reversed in odd ones, until, after
+    ``min_rounds``, the first step's times and every other step's ratios to it have an
+    IQR / median <= ``precision``, or ``budget_s`` seconds were spent, or ``max_rounds`` ran.
+
+    A step runs one measurement and returns its seconds (``timed(fn, device)``), or None when it
+    could not run (profile's failed side): it then adds no time and is not waited for."""
+    for _ in range(warmup):
+        for step in steps:
+            step()
+    times: list[list[float]] = [[] for _ in steps]
+    started = clock()
+    for i in range(max_rounds):
+        order = range(len(steps)) if i % 2 == 0 else reversed(range(len(steps)))
+        for j in order:
+            t = steps[j]()
+            if t is not None:
+                times[j].append(t)
+        if i + 1 >= min_rounds and (clock() - started >= budget_s or _precise(times, precision)):
+            break
+    return times
+
+
+def _precise(times: list[list[float]], precision: float) -> bool:
+    live = [t for t in times if t]
+    if not live:
+        return True
+    base = live[0]
+    return Spread.of(base).relative <= precision and all(
+        ratio_spread(t, base).relative <= precision for t in live[1:] if len(t) == len(base))
+
+
+def timed(fn: Callable[[], Any], device: torch.device | None = None,
+          clock: Callable[[], float] = time.perf_counter) -> Callable[[], float]:
+    """A step for :func:`time_rounds`: runs ``fn`` once and returns its seconds."""
+    return lambda: seconds(fn, device, clock)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+@dataclass
+class Conditions:
+    """What the machine was doing while something was timed: the 1-minute load average before and
+    after, the threads torch used and the cores. ``Conditions.now()`` at the start, ``.done()`` at the end."""
+
+    load_before: float | None
+    threads: int
+    cores: int
+    load_after: float | None = None
+
+    @classmethod
+    def now(cls) -> "Conditions":
+        return cls(load_average(), torch.get_num_threads(), os.cpu_count() or 1)
+
+    def done(self) -> "Conditions":
+        self.load_after = load_average()
+        self.threads = torch.get_num_threads()
+        return self
+
+    @property
+    def overloaded(self) -> bool:
+        """Load beyond the cores: before, or after once our own threads are taken out (the
+        1-minute average counts them)."""
+        before, after = self.load_before or 0.0, (self.load_after or 0.0) - self.threads
+        return max(before, after) > self.cores
+
+    def noise(self, spreads: list[Spread] = ()) -> str:
+        """'' when the timing can be trusted, else why not, ending with NOISY_NOTE."""
+        reasons = []
+        if self.overloaded:
+            reasons.append(f"load {max(self.load_before or 0, self.load_after or 0):.1f} on {self.cores} cores")
+        wide = [s for s in spreads if s.noisy]
+        if wide:
+            reasons.append(f"{len(wide)} time(s) with IQR > {NOISY_SPREAD:.0%} of the median")
+        return f"{NOISY_NOTE} ({'; '.join(reasons)})" if reasons else ""
+
+    def columns(self) -> dict:
+        """The record's columns of the conditions (bench_cli.schema.TIMING_COLUMNS)."""
+        r = lambda v: None if v is None else round(v, 2)  # noqa: E731
+        return {"load_before": r(self.load_before), "load_after": r(self.load_after), "threads": self.threads}
+
+    def line(self) -> str:
+        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        return (f"load average (1 min) before {f(self.load_before)}, after {f(self.load_after)}; "
+                f"{self.threads} thread{'s' if self.threads != 1 else ''}, {self.cores} cores")
 
 
 # --------------------------------------------------------------------------- all measurements

@@ -204,6 +204,7 @@ class ZooPoint:
     metric: float
     train_time_s: float | None
     peak_mem_bytes: float | None
+    train_time_sd: float | None = None  # std over seeds: a horizontal error bar
 
 
 def zoo_figure(points: list[ZooPoint], path: str | Path, title: str, metric: str) -> Path:
@@ -219,12 +220,16 @@ def zoo_figure(points: list[ZooPoint], path: str | Path, title: str, metric: str
         area = 40 + 900 * (p.peak_mem_bytes or 0) / largest
         ax.scatter([p.train_time_s], [p.metric], s=area, alpha=0.55, color=colors(i % 20), edgecolors="black",
                    linewidths=0.5)
+        if p.train_time_sd:  # clipped at a tenth of the time: the axis is logarithmic
+            low = min(p.train_time_sd, 0.9 * p.train_time_s)
+            ax.errorbar([p.train_time_s], [p.metric], xerr=[[low], [p.train_time_sd]], fmt="none",
+                        ecolor=colors(i % 20), elinewidth=1, capsize=3)
     ax.set_xscale("log")
     from matplotlib.ticker import ScalarFormatter
 
     for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):  # 2, 3, 4 s, not 2 x 10^0
         axis(ScalarFormatter())
-    ax.set_xlabel("training time per run (s, mean over seeds; log scale)")
+    ax.set_xlabel("training time per run (s, mean ± std over seeds; log scale)")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     ax.set_title(f"{title}\npoint area: peak training memory (largest {largest / 2**20:.1f} MiB)", fontsize=10)

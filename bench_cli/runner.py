@@ -156,10 +156,11 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
     samples in batches of ``eval_batch_size``, after one warm-up batch; data loading excluded.
     Pay-better-attention Table 4 reports the total over 5,000 samples (on an Apple M2):
     ``infer_time_s`` is that total (scaled to ``samples`` when the test split is smaller),
-    ``infer_time_per_batch_s`` the median batch. Ratios between attentions are what compares."""
+    ``infer_time_per_batch_s`` the median batch, with its quartiles. Ratios between attentions are
+    what compares. Not bench_cli.measure.time_rounds: each batch is new data, timed once."""
     from torch.utils.data import DataLoader
 
-    from bench_cli.measure import seconds
+    from bench_cli.measure import Spread, seconds
     from bench_cli.core.task import to_device
     from bench_cli.trainer import autocast
 
@@ -187,7 +188,7 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
         return {}
     return {"infer_time_s": round(sum(times) * samples / seen, 6), "infer_samples": seen,
             "infer_batch_size": int(cfg.trainer.eval_batch_size),
-            "infer_time_per_batch_s": round(sorted(times)[len(times) // 2], 6)}
+            **Spread.of(times).columns("infer_time_per_batch_s")}
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
@@ -279,6 +280,9 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
     row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(int(cfg.trainer.num_threads))
+    from bench_cli.measure import Conditions
+
+    conditions = Conditions.now()  # the load before and after: a record says what its times were taken under
     with PHASES("data"):
         task = build_task(cfg)
         seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
@@ -305,6 +309,7 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
         with PHASES("measure"):
             row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
             row.update(record_head_diversity(cfg, task, model, device))  # measure.head_diversity (primal-dual Table 4)
+    row.update(schema.timing_columns(conditions.done(), row))
     row["metrics_json"] = {"data": task.describe(), "history": result.history}
     row["status"] = "ok"
 

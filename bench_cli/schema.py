@@ -50,6 +50,15 @@ COLUMNS = [
     # folder and its size when the run ended (an ok job's is then removed unless keep_final)
     "resumed_from", "sittings", "checkpoint_dir", "checkpoint_bytes",
 ]
+# timing (bench_cli.measure, issue 39): the per-epoch time's quartiles over the epochs (its median is
+# time_per_epoch_s) and the inference batches', the 1-minute load average before and after the run,
+# torch's threads, and why the run's times are not to be trusted ('' when they are)
+TIMING_COLUMNS = ["time_per_epoch_s_q1", "time_per_epoch_s_q3", "infer_time_per_batch_s_q1",
+                  "infer_time_per_batch_s_q3", "load_before", "load_after", "threads", "timing_noisy"]
+COLUMNS += TIMING_COLUMNS
+# Fewer epochs (or inference batches) than this do not judge the spread: one slow epoch (the first
+# one's warm-up) moves the IQR of four.
+SPREAD_MIN_N = 5
 IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
 
@@ -86,8 +95,7 @@ def fit_columns(result) -> dict:
            "epochs_planned": result.epochs_planned, "steps_planned": result.steps_planned,
            "steps_run": result.steps_run, "step_budget": result.step_budget,
            "train_metrics_source": result.train_metrics_source,
-           "train_time_s": round(result.train_time_s, 3),
-           "time_per_epoch_s": round(result.train_time_s / max(result.epochs_run, 1), 4)}
+           "train_time_s": round(result.train_time_s, 3), **epoch_time_columns(result)}
     if result.by_steps:
         row["best_step"] = result.best_step
     if proto.holds_out:
@@ -101,6 +109,29 @@ def fit_columns(result) -> dict:
     if result.train_metrics_source == "batches":  # the training metrics of the reported evaluation
         row.update({k: v for k, v in chosen.items() if k.startswith("train_")})
     return row
+
+
+def epoch_time_columns(result) -> dict:
+    """``time_per_epoch_s``: the median of the epochs' training seconds, with its quartiles (one
+    slow epoch is spread, not a slower model); total / epochs for a result without them."""
+    from bench_cli.core.spread import Spread
+
+    times = getattr(result, "epoch_times_s", None)
+    if not times:
+        return {"time_per_epoch_s": round(result.train_time_s / max(result.epochs_run, 1), 4)}
+    return Spread.of(times).columns("time_per_epoch_s", 4)
+
+
+def timing_columns(conditions, row: dict) -> dict:
+    """The load, threads and ``timing_noisy`` of a run (``conditions``: bench_cli.measure.Conditions,
+    done): noisy when the load exceeded the cores or the epochs' or inference batches' IQR is wide."""
+    from bench_cli.core.spread import Spread
+
+    counts = {"time_per_epoch_s": row.get("epochs_run") or 0,
+              "infer_time_per_batch_s": -(-(row.get("infer_samples") or 0) // (row.get("infer_batch_size") or 1))}
+    spreads = [Spread(row[k], row[f"{k}_q1"], row[f"{k}_q3"], n) for k, n in counts.items()
+               if n >= SPREAD_MIN_N and row.get(k) is not None and row.get(f"{k}_q1") is not None]
+    return {**conditions.columns(), "timing_noisy": conditions.noise(spreads)}
 
 
 def measurement_columns(measured: dict) -> dict:

@@ -149,6 +149,7 @@ class TrainResult:
     epochs_run: int = 0
     steps_run: int = 0
     train_time_s: float = 0.0
+    epoch_times_s: list = field(default_factory=list)  # training seconds of each epoch (schema: median, IQR)
     test: dict = field(default_factory=dict)
     test_last: dict = field(default_factory=dict)
     splits: dict = field(default_factory=dict)
@@ -467,7 +468,7 @@ class _Loop:
                 "scaler": self.scaler.state_dict(), "selection": self.selection.state_dict(),
                 "objective": self.t.objective.state_dict(),
                 "result": {"history": self.result.history, "epochs_run": self.result.epochs_run,
-                           "train_time_s": self.result.train_time_s},
+                           "train_time_s": self.result.train_time_s, "epoch_times_s": list(self.result.epoch_times_s)},
                 "pending": {"losses": list(self.losses), "loss_at": [list(a) for a in self.loss_at],
                             "train_stats": dict(self.train_stats)}}
 
@@ -487,6 +488,7 @@ class _Loop:
             result = state["result"]
             self.result.history = list(result["history"])
             self.result.epochs_run, self.result.train_time_s = result["epochs_run"], result["train_time_s"]
+            self.result.epoch_times_s = list(result.get("epoch_times_s", []))
             pending = state["pending"]
             self.losses = [loss.to(device) for loss in pending["losses"]]
             self.loss_at = [tuple(a) for a in pending["loss_at"]]
@@ -535,7 +537,7 @@ class _Loop:
         checkpoint's, inside this epoch: its batches are drawn again (the same, from the loader
         generator's state at the epoch's start) and skipped, then the random states are restored."""
         t, plan, result = self.t, self.plan, self.result
-        stop = False
+        stop, before = False, result.train_time_s
         self.opt.zero_grad(set_to_none=True)
         n_batches = len(train_loader)
         generator = train_loader.generator
@@ -567,6 +569,7 @@ class _Loop:
                     self.boundary(due, epoch, i + 1)
                     self.clock.start()
         result.train_time_s += self.clock.stop()
+        result.epoch_times_s.append(result.train_time_s - before)
         return stop
 
     def backward(self, batch: dict, last_micro: bool, epoch: int, i: int) -> None:

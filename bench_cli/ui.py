@@ -95,6 +95,8 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
     others = [k[len("test_"):] for k in row if k.startswith("test_") and k not in
               ("test_score", "test_score_last", f"test_{metric}", f"test_{metric}_last")
               and not k.endswith("_last") and row.get(k) not in (None, "")]
+    from bench_cli.core.spread import interval_text
+
     fields = [
         ("task / dataset", f"{row['task']} / {row['dataset']}"),
         ("model (attention)", f"{row['model']} ({row['attention']})"),
@@ -106,7 +108,8 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
         ("params (attention per layer)", f"{human(row.get('params'))} ({human(row.get('attn_params_per_layer'))})"),
         ("FLOPs/sample fwd | train step", f"{human(row.get('flops_forward'))} | {human(row.get('flops_train_step'))}"),
         ("peak mem train | infer", f"{human(row.get('peak_mem_train_bytes'), 'B')} | {human(row.get('peak_mem_infer_bytes'), 'B')}"),
-        ("train time (per epoch)", f"{row.get('train_time_s', '-')} s ({row.get('time_per_epoch_s', '-')} s)"),
+        ("train time (median epoch [IQR])", f"{row.get('train_time_s', '-')} s ({interval_text(row, 'time_per_epoch_s', '{:.4g}')} s)"
+         + (f"  [red]{row['timing_noisy']}[/]" if row.get("timing_noisy") else "")),
         ("device", row.get("device", "-")),
     ]
     if row.get("error"):

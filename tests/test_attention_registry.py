@@ -155,11 +155,14 @@ def test_common_options_accepted_everywhere():
 def test_speed_benchmark_runs_every_variant(capsys):
     from bench_cli.bench_attention import main
 
-    results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1"])
-    timed = {name for name, n, fwd, bwd in results}
+    results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0"])
+    timed = {r["variant"] for r in results}
     assert timed == EXPECTED  # 16 is a 4 x 4 grid, so conv2d runs too
-    assert all(fwd > 0 and bwd > 0 for _, _, fwd, bwd in results)
-    assert "x softmax" in capsys.readouterr().out
+    assert all(r["forward_s"] > 0 and r["fwd_bwd_s"] > 0 for r in results)
+    assert all(r["forward_ratio_q1"] <= r["forward_ratio"] <= r["forward_ratio_q3"] for r in results)
+    assert all(r["fwd_bwd_tokens_per_s"] > 0 and "load_before" in r and "timing_noisy" in r for r in results)
+    out = capsys.readouterr().out
+    assert "x softmax" in out and "load average" in out
     with pytest.raises(SystemExit):
         main(["--variants", "nope"])
 
@@ -167,12 +170,14 @@ def test_speed_benchmark_runs_every_variant(capsys):
 def test_speed_benchmark_says_why_a_variant_is_not_timed(capsys):
     from bench_cli.bench_attention import main
 
-    args = ["--seq-lens", "15", "--d-model", "8", "--heads", "2", "--repeats", "1", "--variants", "conv2d", "linear"]
+    args = ["--seq-lens", "15", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0", "--variants",
+            "conv2d", "linear"]
     results = main([*args, "--causal"])
-    assert {name for name, *_ in results} == {"softmax", "linear"}
+    assert {r["variant"] for r in results} == {"softmax", "linear"}
     out = capsys.readouterr().out
     assert "n/a: conv2d: not causal" in out
     main(args)  # bidirectional: conv2d is skipped for the length, not for causality
     assert "n/a: conv2d: needs a square N (a patch grid), N=15" in capsys.readouterr().out
-    main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--variants", "primal", "--causal"])
+    main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0", "--variants", "primal",
+          "--causal"])
     assert "primal: causal with data_dependent=false" in capsys.readouterr().out

@@ -44,6 +44,9 @@ def test_run_end_to_end_writes_a_complete_record(uea_fixture, workdir):
         assert float(row[k]) > 0, k
     assert int(row["flops_train_step"]) > 2 * int(row["flops_forward"])
     assert int(row["peak_mem_train_bytes"]) > int(row["peak_mem_infer_bytes"])
+    # the median epoch with its IQR (not total / epochs), and what the machine was doing
+    assert float(row["time_per_epoch_s_q1"]) <= float(row["time_per_epoch_s"]) <= float(row["time_per_epoch_s_q3"])
+    assert row["load_before"] != "" and int(row["threads"]) >= 1 and "timing_noisy" in row
     assert len(row["git_commit"]) in (40, 7) or row["git_commit"] == "unknown"
     assert row["torch_version"] and row["attnbench_version"] and len(row["config_hash"]) == 16
     cfg_path = Path(row["config_path"])

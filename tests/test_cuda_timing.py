@@ -76,4 +76,4 @@ def test_the_trainer_times_its_segments_with_the_region_timer():
     from bench_cli import trainer
 
     source = inspect.getsource(trainer)
-    assert "RegionTimer(t.device)" in source and "perf_counter" not in source
+    assert "RegionTimer(trainer.device)" in source and "perf_counter" not in source

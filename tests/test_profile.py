@@ -15,7 +15,7 @@ from bench_cli.cli import main
 # A tiny UEA model (synthetic shapes: 12 channels, 9 classes; no data read).
 TINY = ["task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1", "task.backbone.d_ff=32",
         "task.backbone.dropout=0.0", "trainer.progress=false", "profile.timing.warmup=0", "profile.timing.repeats=1",
-        "profile.plot=null"]
+        "profile.timing.budget_s=0", "profile.plot=null"]
 # Switch off what a test does not look at (the tracker and fake tensors cost ~0.5 s per call).
 NO_FLOPS = ["profile.flops=off"]
 NO_MEMORY = ["profile.memory=off", "profile.memory_budget_gb=null"]
@@ -138,6 +138,14 @@ def test_profile_csv_columns_ratios_and_plot(workdir):
         assert float(r["reduction_pct_flops_forward"]) == pytest.approx(100 * (1 - float(r["ratio_flops_forward"])))
         assert r["git_commit"] and r["torch_version"] and "profile.seq_lens=[8]" in r["command"]
         assert r["flops_method"] == "FlopCounterMode on fake tensors" and r["timing_method"].startswith("warmup=0")
+        for m in grid.TIMED:  # the ratio's interval and each side's
+            assert float(r[f"ratio_{m}_q1"]) <= float(r[f"ratio_{m}"]) <= float(r[f"ratio_{m}_q3"]), m
+            assert float(r[f"model_{m}_q1"]) <= float(r[f"model_{m}"]) <= float(r[f"model_{m}_q3"]), m
+        tokens = int(r["batch_size"]) * int(r["seq_len"])
+        assert float(r["model_tokens_per_s_train"]) == pytest.approx(tokens / float(r["model_time_train_s"]))
+        assert float(r["baseline_samples_per_s_infer"]) == pytest.approx(
+            int(r["batch_size"]) / float(r["baseline_time_infer_s"]))
+        assert r["load_before"] != "" and int(r["threads"]) >= 1 and "timing_noisy" in r
     assert rows[1]["n_heads"] == "2" and int(rows[1]["model_params"]) > int(rows[0]["model_params"])
     assert (workdir / "prof.png").stat().st_size > 10_000
     # append: a second run adds rows; append=false starts afresh
@@ -306,7 +314,7 @@ def test_profile_runs_on_a_task_with_encoder_and_decoder_stacks(workdir):
     """Translation has n_encoder_layers + n_decoder_layers, no n_layers: the row counts both."""
     main(["profile", "task=nmt", "model=efficient", "task.backbone.d_model=16", "task.backbone.d_ff=32",
           "task.vocab_size=32", "task.backbone.n_heads=2", "profile.timing.warmup=0", "profile.timing.repeats=1",
-          "profile.plot=null", *NO_MEMORY, "trainer.progress=false", "profile.seq_lens=[8]",
+          "profile.timing.budget_s=0", "profile.plot=null", *NO_MEMORY, "trainer.progress=false", "profile.seq_lens=[8]",
           "profile.output=prof.csv"])
     rows = read_csv(workdir / "prof.csv")
     assert rows and {r["status"] for r in rows} == {"ok"} and {r["n_layers"] for r in rows} == {"3"}
@@ -401,3 +409,14 @@ def test_several_models_and_paper_mistakes_are_one_line(workdir, capsys):
     assert "eval_batches_per_1k_steps" in fail_line(capsys, "profile.timing.eval_batches_per_1k_steps=-1")
     bad_metric = "profile.paper={csv:x.csv,table:4,baseline:t,models:{},datasets:{a:b},metrics:{flops:x}}"
     assert "profile.paper.metrics" in fail_line(capsys, bad_metric)
+
+
+def test_a_point_timed_under_a_high_load_is_flagged_noisy(workdir, capsys, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (40.0, 40.0, 40.0))
+    run_profile("profile.seq_lens=[8]", "profile.output=prof.csv", *NO_FLOPS, *NO_MEMORY)
+    (row,) = read_csv(workdir / "prof.csv")
+    assert row["timing_noisy"].startswith("noisy: rerun on an idle machine") and row["load_before"] == "40.0"
+    out = " ".join(capsys.readouterr().out.split())
+    assert "noisy: rerun on an idle machine" in out and "load 40.0" in out

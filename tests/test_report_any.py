@@ -48,13 +48,25 @@ def test_a_plain_sweep_is_grouped_by_model_with_mean_and_std_over_seeds(workdir,
     assert "| model | n | test accuracy | epochs | params | time/epoch (s) |" in md
     for m, values in accs.items():
         mean, std = statistics.fmean(values), statistics.stdev(values)
-        assert f"| {m} | 2 | {mean:.2f} ± {std:.2f} | 2 | 2,722 | 0.0300 |" in md
+        assert f"| {m} | 2 | {mean:.2f} ± {std:.2f} | 2 | 2,722 | 0.0300 ± 0.0000 |" in md
         (row,) = [r for r in rows if r["model"] == m]
         assert float(row["mean"]) == pytest.approx(mean) and float(row["std"]) == pytest.approx(std, abs=1e-4)
         assert row["seeds"] == "0 1"
     assert [r["model"] for r in rows] == ["softmax", "attention_bn"]  # the sweep's order
     assert f"report: `attnbench report --records {workdir / 'r.csv'} --out {workdir / 'rep'}`" in md
     assert "grouped by: model" in capsys.readouterr().out
+
+
+def test_a_time_taken_on_a_busy_machine_is_shown_with_its_flag(workdir):
+    append_record(workdir / "r.csv", plain("softmax", 0, 50.0, time_per_epoch_s=0.02))
+    append_record(workdir / "r.csv", plain("softmax", 1, 60.0, time_per_epoch_s=0.06,
+                                           timing_noisy="noisy: rerun on an idle machine (load 9.0 on 2 cores)"))
+    append_record(workdir / "r.csv", plain("attention_bn", 0, 50.0))
+    md, rows = report(workdir)
+    assert "| softmax | 2 | 55.00 ± 7.07 | 2 | 2,722 | 0.0400 ± 0.0283 noisy |" in md
+    assert "| attention_bn | 1 | 50.00 | 2 | 2,722 | 0.0300 |" in md
+    assert "noisy: rerun on an idle machine: 1 run(s)" in md
+    assert [r["timing_noisy"] for r in rows] == ["1", "0"] and rows[0]["time_per_epoch_s_std"] != ""
 
 
 def test_swept_overrides_are_axes_and_failed_seeds_are_gaps_not_zeros(workdir):

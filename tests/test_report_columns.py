@@ -94,8 +94,9 @@ def test_inline_columns_label_digits_and_ratios(toy_report):
     header = line(md, "| dataset")
     assert header.endswith("| time × | attn × | test loss (paper) | time per epoch × (paper) |")
     # test loss: digits 3, ours then the paper's; time: ratios to base on both sides, 1.0/2.0 and 6/10
-    assert line(md, "| toy | fast |").endswith("| 0.25 | 0.450 (0.400) | 0.50 (0.60) |")
-    assert line(md, "| toy | base |").endswith("| 1.00 | 0.500 (0.500) | 1.00 (1.00) |")
+    # times: ± the spread over the runs (a ratio's propagated from both means), 0 here
+    assert line(md, "| toy | fast |").endswith("| 0.25 | 0.450 (0.400) | 0.50 ± 0.00 (0.60) |")
+    assert line(md, "| toy | base |").endswith("| 1.00 | 0.500 (0.500) | 1.00 ± 0.00 (1.00) |")
     assert "time per epoch ×: ratio to base, ours `time_per_epoch_s` (mean over the runs)" in md
     # the own table has the every-table columns, not the inline ones
     own = line(md, "| dataset", "train_accuracy")
@@ -112,6 +113,7 @@ def test_csv_columns_and_the_atomic_writer(toy_report, workdir):
     assert fast["attn_params"] == "100.0000" and fast["attn ×"] == "0.2500"  # every: plain mean, then the ratio
     assert fast["test loss"] == "0.4500" and fast["paper_test loss"] == "0.4000"
     assert fast["time per epoch ×"] == "0.5000" and fast["paper_time per epoch ×"] == "0.6000"
+    assert fast["time per epoch ×_sd"] == "0.0000" and fast["time per epoch ×_noisy"] == "0"
     with open(own_csv, newline="") as f:
         own = {r["model"]: r for r in csv.DictReader(f) if r["dataset"] == "toy"}
     assert own["fast"]["paper_mean"] == "98.0000" and "test loss" not in own["fast"]

@@ -64,9 +64,12 @@ def test_a_new_attention_joins_the_zoo_and_incapable_pairs_are_left_out_with_the
 def test_a_tiny_zoo_sweep_gives_records_the_report_and_a_plot(workdir, monkeypatch, capsys):
     records = workdir / "zoo.records.csv"
     profile = workdir / "profile.csv"  # two rows of `attnbench profile`'s CSV
-    profile.write_text("model,seq_len,model_status,ratio_time_train_s,ratio_peak_mem_train_bytes\n"
-                       "linear,1024,ok,0.5,0.25\nlinear,4096,oom,,\n")
+    profile.write_text("model,seq_len,model_status,ratio_time_train_s,ratio_peak_mem_train_bytes,ratio_time_train_s_q1,"
+                       "ratio_time_train_s_q3,timing_noisy\n"
+                       "linear,1024,ok,0.5,0.25,0.4,0.6,noisy: rerun on an idle machine (load 9 on 2 cores)\n"
+                       "linear,4096,oom,,,,,\n")
     monkeypatch.delenv("ATTNBENCH_DATA")  # BasicMotions comes from sktime's copy
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine: the runs' times are not flagged
     toy = ["trainer.max_epochs=1", f"paths.output_dir={workdir / 'outputs'}", f"results.path={records}"]
     try:
         main(["sweep", "experiment=zoo/offline", "experiment/zoo/_case=basic_motions", "model=softmax,linear",
@@ -82,7 +85,8 @@ def test_a_tiny_zoo_sweep_gives_records_the_report_and_a_plot(workdir, monkeypat
     assert "| softmax | 1 |" in section and "| linear | 1 |" in section and "1.00 | 1.00 | 1.00 |" in section
     assert "![uea/BasicMotions](uea_BasicMotions.png)" in section
     assert (out / "uea_BasicMotions.png").stat().st_size > 10_000
-    assert "| linear | 0.50 | — | oom | 0.25 | — | oom |" in md  # the profile's ratios at 1K/2K/4K
+    # the profile's ratios at 1K/2K/4K, a time's with its IQR and the flag of the busy machine it was taken on
+    assert "| linear | 0.50 [0.40-0.60] noisy | — | oom | 0.25 | — | oom |" in md
     assert "budget uea/BasicMotions: 1 layer, d_model 32" in md
     prose = [line for line in md.splitlines() if not line.startswith(("|", "!["))]
     assert all(len(line) <= 80 or " " not in line.strip() for line in prose)  # a long path keeps its own line

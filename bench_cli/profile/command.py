@@ -2,7 +2,6 @@
 and the plot, log (``logger=``)."""
 from __future__ import annotations
 
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -74,7 +73,9 @@ def cmd_profile(args: list[str]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     if not bool(p.append) and output.exists():
         output.unlink()
-    load_before = _load_average()
+    from bench_cli.measure import Conditions
+
+    conditions = Conditions.now()
     rows, images = [], []
     with progress_bar(bool(cfg.trainer.get("progress", True))) as progress:
         for task_overrides in _task_overrides(p):
@@ -85,7 +86,7 @@ def cmd_profile(args: list[str]) -> None:
     if p.get("report") and p.get("paper") is not None:
         from bench_cli.profile.paper_table import markdown
 
-        notes = f"{p.report_notes or ''}\n\nLoad average (1 min) of this machine: {load_before} before, {_load_average()} after."
+        notes = f"{p.report_notes or ''}\n\nMeasured under: {conditions.done().line()}."
         report = Path(str(p.report))
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}", notes))
@@ -94,9 +95,6 @@ def cmd_profile(args: list[str]) -> None:
                   + f" ({time.perf_counter() - started:.0f} s)")
     _log(cfg, run_dir, {"profile": rows}, [i for i in images if Path(i).suffix == ".png"])
 
-
-def _load_average() -> str:
-    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
 
 
 def _override_value(value) -> str:

@@ -92,6 +92,9 @@ def validate(cfg: DictConfig) -> None:
             raise unknown_choice("profile.timing.sdpa_backends entry", str(b), SDPA_BACKENDS)
     if not isinstance(t.get("optimizer"), bool):
         raise UserError(f"profile.timing.optimizer must be true or false, got {t.get('optimizer')!r}")
+    budget_s = t.get("budget_s", 0)
+    if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s < 0:
+        raise UserError(f"profile.timing.budget_s must be a number of seconds >= 0, got {budget_s!r}")
     eval_batches = t.get("eval_batches_per_1k_steps")
     if not isinstance(eval_batches, int) or isinstance(eval_batches, bool) or eval_batches < 0:
         raise UserError(f"profile.timing.eval_batches_per_1k_steps must be an integer >= 0, got {eval_batches!r}")

@@ -23,6 +23,12 @@ METRICS = (
     "peak_mem_infer_bytes", "time_train_s", "time_infer_s", "rss_train_bytes",
     "time_per_1k_steps_s",  # 1000 train steps + profile.timing.eval_batches_per_1k_steps inference batches
 )
+# Timed metrics: each side's median comes with its quartiles (<metric>_q1, _q3), and the ratio is the
+# median of the rounds' ratios with their quartiles (ratio_<metric>_q1, _q3; bench_cli.measure).
+TIMED = ("time_train_s", "time_infer_s", "time_per_1k_steps_s")
+QUARTILES = ("q1", "q3")
+# Throughput of each side, from the median step times: samples (batch_size) and tokens (x seq_len) per second.
+THROUGHPUT = ("samples_per_s_train", "tokens_per_s_train", "samples_per_s_infer", "tokens_per_s_infer")
 
 PROFILE_COLUMNS = [
     # identity of the point
@@ -31,6 +37,11 @@ PROFILE_COLUMNS = [
     # measurements of each side, then the ratios model / baseline
     *[f"{side}_{m}" for side in SIDES for m in METRICS],
     *[f"ratio_{m}" for m in METRICS],
+    # spreads of the times and their ratios, throughput, and what the machine was doing (noisy: why)
+    *[f"{side}_{m}_{q}" for side in SIDES for m in TIMED for q in QUARTILES],
+    *[f"ratio_{m}_{q}" for m in TIMED for q in QUARTILES],
+    *[f"{side}_{m}" for side in SIDES for m in THROUGHPUT],
+    "load_before", "load_after", "threads", "timing_noisy",
     # reductions (100 * (1 - ratio)) next to the paper's
     *[f"reduction_pct_{m}" for m in REDUCTIONS],
     *PAPER_COLUMNS,
@@ -163,13 +174,18 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
                 H.guarded(side, "measure", lambda side=side: H.measure_static(
                     side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
         timed = _timed_point(cfg, backend, d_model, seq_len, d_default)
+        conditions = M.Conditions.now()
         if timed:
             with H.sdpa_backend(backend):
                 H.time_sides([s for s in sides if s.ok], int(p.timing.warmup), int(p.timing.repeats), device,
-                             p.get("timeout_s"), int(p.timing.get("eval_batches_per_1k_steps") or 0))
+                             p.get("timeout_s"), int(p.timing.get("eval_batches_per_1k_steps") or 0),
+                             float(p.timing.get("budget_s") or 0))
+        conditions.done()
         baseline = sides[-1] if sides[-1].role == "baseline" else None
         for side in (s for s in sides if s.role == "model"):
             row = _row(cfg, pcfg, side, baseline, backend, seq_len, device, prov, run_id, command, timed)
+            if timed:
+                row.update(_timing_columns(side, baseline, int(p.batch_size) * seq_len, int(p.batch_size), conditions))
             row.update(paper_columns(reference, row["d_model"], seq_len, backend))
             row.update(paper.columns(row))
             row["process_peak_rss_bytes"] = M.process_peak_rss_bytes()
@@ -184,6 +200,28 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
         if progress:
             progress.advance(bar)
     return rows
+
+
+def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples: int, conditions) -> dict:
+    """Quartiles of the timed metrics and of their round-by-round ratios, throughput, the load and
+    threads, and ``timing_noisy`` (why the times are not to be trusted; empty when they are)."""
+    from bench_cli.measure import ratio_spread
+
+    out, spreads = {}, []
+    sides = [s for s in (model, baseline) if s is not None and s.ok]
+    for side in sides:
+        for q in QUARTILES:
+            out.update({f"{side.role}_{m}_{q}": side.metrics.get(f"{m}_{q}") for m in TIMED})
+        for step in ("train", "infer"):
+            t = side.metrics.get(f"time_{step}_s")
+            out[f"{side.role}_samples_per_s_{step}"] = samples / t if t else None
+            out[f"{side.role}_tokens_per_s_{step}"] = tokens / t if t else None
+    if len(sides) == 2 and model.rounds.get("time_train_s") and baseline.rounds.get("time_train_s"):
+        for m in TIMED:
+            ratio = ratio_spread(model.rounds[m], baseline.rounds[m])
+            spreads.append(ratio)
+            out.update({f"ratio_{m}": ratio.median, f"ratio_{m}_q1": ratio.q1, f"ratio_{m}_q3": ratio.q3})
+    return {**out, **conditions.columns(), "timing_noisy": conditions.noise(spreads)}
 
 
 def _ratio(a, b):
@@ -209,7 +247,8 @@ def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, de
         "baseline_attention": str(baseline.model_cfg.attention.name) if baseline is not None else "",
         "sdpa_backend": backend, "d_model": int(b.d_model), "n_heads": int(b.n_heads), "n_layers": _layers(b),
         "seq_len": seq_len, "batch_size": int(p.batch_size), "device": str(device),
-        "timing_method": (f"warmup={t.warmup}, median of {t.repeats} interleaved repeats, "
+        "timing_method": (f"warmup={t.warmup}, median of >= {t.repeats} alternating rounds (until IQR <= 5% or "
+                          f"{t.get('budget_s') or 0} s), ratios: median of the rounds' ratios, "
                           f"{torch.get_num_threads()} thread(s), {M.timer_name(device)}"
                           + (f", train step with {cfg.trainer.optimizer.name} step" if t.get("optimizer") else "")
                           + (f", per 1K steps: 1000 train steps + {t.eval_batches_per_1k_steps} inference batches"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -111,6 +110,7 @@ class Side:
     loss_fn: Callable | None = None
     optimizer: Any = None          # stepped by train_step when profile.timing.optimizer (the run's optimiser)
     metrics: dict = field(default_factory=dict)
+    rounds: dict = field(default_factory=dict)  # seconds of each timing round per timed metric (time_sides)
     status: str = "ok"
     error: str = ""
 
@@ -192,18 +192,18 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _timed(fn: Callable[[], None], device) -> float:
-    from bench_cli.measure import seconds
-
-    return seconds(fn, device)
-
-
-def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, eval_batches_per_1k: int = 0) -> None:
+def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, eval_batches_per_1k: int = 0,
+               budget_s: float = 0.0) -> None:
     """Warm-up steps of each side (the first one also gives ``rss_train_bytes`` on Linux), then
-    ``repeats`` rounds in which every side runs one timed train step and one timed inference
-    step in turn; medians are reported, and ``time_per_1k_steps_s`` = 1000 train steps plus
+    rounds in which every side runs one timed train step and one timed inference step, the order
+    reversed from round to round: at least ``repeats`` rounds, more until the times and their
+    ratios are precise or ``budget_s`` is spent (bench_cli.measure.time_rounds). Each side keeps
+    the seconds of every round in ``side.rounds`` (ratios are taken round by round) and reports
+    medians with their quartiles; ``time_per_1k_steps_s`` = 1000 train steps plus
     ``eval_batches_per_1k`` inference batches (the evaluations a training script makes meanwhile)."""
     import gc
+
+    from bench_cli.measure import Spread, seconds, time_rounds
 
     for side in sides:
         def warm(side=side):
@@ -216,20 +216,17 @@ def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, 
                     side.metrics["rss_train_bytes"] = max(0, peak - before) if peak is not None else None
                 infer_step(side)
         guarded(side, "warm-up", warm, timeout_s)
-    times = {id(s): ([], []) for s in sides}
-    for _ in range(repeats):
-        for side in sides:
-            def one(side=side):
-                times[id(side)][0].append(_timed(lambda: train_step(side), device))
-                times[id(side)][1].append(_timed(lambda: infer_step(side), device))
-            guarded(side, "timing", one, timeout_s)
-    for side in sides:
-        train, infer = times[id(side)]
-        if side.ok and train:
-            side.metrics["time_train_s"] = statistics.median(train)
-            side.metrics["time_infer_s"] = statistics.median(infer)
-            side.metrics["time_per_1k_steps_s"] = (1000 * side.metrics["time_train_s"]
-                                                   + eval_batches_per_1k * side.metrics["time_infer_s"])
+    steps = [lambda side=side, step=step: guarded(side, "timing", lambda: seconds(lambda: step(side), device), timeout_s)
+             for side in sides for step in (train_step, infer_step)]
+    times = time_rounds(steps, min_rounds=repeats, budget_s=budget_s, warmup=0)
+    for i, side in enumerate(sides):
+        train, infer = times[2 * i], times[2 * i + 1]
+        side.rounds = {"time_train_s": train, "time_infer_s": infer,
+                       "time_per_1k_steps_s": [1000 * a + eval_batches_per_1k * b for a, b in zip(train, infer)]}
+        if side.ok and train and infer:
+            for key, values in side.rounds.items():
+                spread = Spread.of(values)
+                side.metrics.update({key: spread.median, f"{key}_q1": spread.q1, f"{key}_q3": spread.q3})
         side.module.zero_grad(set_to_none=True)
 
 

@@ -336,6 +336,7 @@ def measure_case(name: str, overrides: list[str], repeats: int, workdir: Path) -
 
 
 def render(rows: list[dict], load: tuple[tuple, tuple]) -> None:
+    from bench_cli.core.spread import NOISY_NOTE
     from bench_cli.ui import console, show_table
 
     show_table("attnbench run vs a bare loop of the same config, whole processes (median of the pairs)",
@@ -361,7 +362,7 @@ def render(rows: list[dict], load: tuple[tuple, tuple]) -> None:
                   "checkpoint = writing them; measure = FLOPs, memory (cached per shapes); "
                   "record = record.json and the CSV append; exit = after the last stage", soft_wrap=False)
     console.print(f"load average (1 min) {load[0][0]:.2f} before, {load[1][0]:.2f} after, on {os.cpu_count()} cores"
-                  + ("  [bold red]noisy: rerun on an idle machine[/]" if max(load[0][0], load[1][0]) > (os.cpu_count() or 1)
+                  + (f"  [bold red]{NOISY_NOTE}[/]" if max(load[0][0], load[1][0]) > (os.cpu_count() or 1)
                      else ""))
 
 

@@ -96,6 +96,12 @@ def _ratio_cell(v) -> str:
     return f"{v:.2f} ({1 / v:.1f}x)" if v > 0 else f"{v:.2f}"
 
 
+def _iqr(row: dict, key: str) -> str:
+    """' [0.31-0.40]': the IQR of the rounds' ratios, when the row has it."""
+    q1, q3 = _num(row.get(f"{key}_q1")), _num(row.get(f"{key}_q3"))
+    return "" if q1 is None or q3 is None else f" [{q1:.2f}-{q3:.2f}]"
+
+
 def _mb(v) -> str:
     v = _num(v)
     return "-" if v is None else f"{v / 2**20:,.1f}"
@@ -127,9 +133,9 @@ def markdown(rows: list[dict], paper: DictConfig, title: str, notes: str = "") -
                      f"| 1.00 | 1.00 | {_mb(first.get('baseline_peak_mem_train_bytes'))} | 1.00 | 1.00 "
                      f"| {first.get('baseline_status') or '-'} |")
         for r in task_rows:
-            status = r.get("model_status") or r["status"]
+            status = (r.get("model_status") or r["status"]) + (" **noisy**" if r.get("timing_noisy") else "")
             lines.append(f"| {r['model']} | {_seconds(r.get('model_time_per_1k_steps_s'))} "
-                         f"| {_ratio_cell(r.get('ratio_time_per_1k_steps_s'))} "
+                         f"| {_ratio_cell(r.get('ratio_time_per_1k_steps_s'))}{_iqr(r, 'ratio_time_per_1k_steps_s')} "
                          f"| {_ratio_cell(r.get('paper_ratio_time_per_1k_steps_s'))} "
                          f"| {_mb(r.get('model_peak_mem_train_bytes'))} | {_ratio_cell(r.get('ratio_peak_mem_train_bytes'))} "
                          f"| {_ratio_cell(r.get('paper_ratio_peak_mem_train_bytes'))} | {status} |")
@@ -141,5 +147,12 @@ def markdown(rows: list[dict], paper: DictConfig, title: str, notes: str = "") -
     first = rows[0] if rows else {}
     lines += [f"Measured on {first.get('device', '-')}, torch {first.get('torch_version', '-')}, commit "
               f"{first.get('git_commit', '-')}. Memory: " + "; ".join(f"{m} ({', '.join(models)})" for m, models in methods.items())
-              + ". Ratios are model / baseline, (Nx) = baseline / model as the paper prints them.", ""]
+              + ". Ratios are model / baseline, (Nx) = baseline / model as the paper prints them; a time ratio is "
+              "the median of the timing rounds' ratios, [its IQR] after it.", ""]
+    noisy = [r for r in rows if r.get("timing_noisy")]
+    if noisy:
+        from bench_cli.core.spread import NOISY_NOTE
+
+        lines += [f"**{NOISY_NOTE}**: the times of {len(noisy)} row(s) marked noisy were taken on a busy machine or "
+                  "spread widely (" + "; ".join(sorted({str(r['timing_noisy']) for r in noisy})) + ").", ""]
     return "\n".join(lines)

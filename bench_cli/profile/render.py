@@ -46,19 +46,35 @@ def print_task_table(rows: list[dict], title: str) -> None:
             ("mem infer", "peak_mem_infer_bytes"), ("time train", "time_train_s"), ("time infer", "time_infer_s"),
             ("params", "params"))
     cols += (("time / 1K steps", "time_per_1k_steps_s"),) if any(r.get("ratio_time_per_1k_steps_s") for r in rows) else ()
+    from bench_cli.core.spread import NOISY_NOTE, interval_text
+
     several = len({r["model"] for r in rows}) > 1
     headers = [*(["model"] if several else []), "sdpa", "D", "N", "status", *[c for c, _ in cols], "model FLOPs train",
-               "model mem train"]
+               "model mem train", "model tok/s train", "model tok/s infer"]
     table = []
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/]"
+        if r.get("timing_noisy"):
+            status += " [red]noisy[/]"
         table.append([*([r["model"]] if several else []), r["sdpa_backend"], str(r["d_model"]), str(r["seq_len"]), status,
-                      *[fmt(r.get(f"ratio_{m}"), "ratio") for _, m in cols],
+                      *[interval_text(r, f"ratio_{m}", "{:.3f}") if m.startswith("time") else fmt(r.get(f"ratio_{m}"), "ratio")
+                        for _, m in cols],
                       human(r.get("model_flops_train_step")) if r.get("model_flops_train_step") is not None else "-",
-                      human(r.get("model_peak_mem_train_bytes"), "B") if r.get("model_peak_mem_train_bytes") is not None else "-"])
+                      human(r.get("model_peak_mem_train_bytes"), "B") if r.get("model_peak_mem_train_bytes") is not None else "-",
+                      fmt(r.get("model_tokens_per_s_train"), "num"), fmt(r.get("model_tokens_per_s_infer"), "num")])
     # as wide as the numbers need, or one block per point when the console is narrower: never folded digits
     show_table(title, headers, table,
-               caption="ratio model / baseline (FLOPs per sample, memory per batch); values in the CSV")
+               caption="ratio model / baseline (FLOPs per sample, memory per batch); times: median of the rounds' "
+                       "ratios and, in brackets, their IQR; tok/s: batch x N tokens per second; values in the CSV")
+    timed = [r for r in rows if r.get("load_before") not in (None, "")]
+    if timed:
+        r = timed[-1]
+        console.print(f"load average (1 min) before {r['load_before']}, after {r['load_after']} (last timed point); "
+                      f"{r['threads']} thread(s)", highlight=False)
+    for r in rows:
+        if r.get("timing_noisy"):
+            console.print(f"[red]{NOISY_NOTE}[/] {r['model']} D={r['d_model']} N={r['seq_len']}: "
+                          f"{str(r['timing_noisy']).removeprefix(NOISY_NOTE).strip(' ()')}", highlight=False)
     for line in comparison_lines(rows, fmt):
         console.print(line, highlight=False)
     for r in rows:

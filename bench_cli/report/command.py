@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from bench_cli import compose as C
 from bench_cli import records
 from bench_cli.core.errors import UserError, unknown_choice
+from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.report import render, select, spec, stats
 from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
@@ -371,6 +372,10 @@ def notes(report: Report) -> list[str]:
     if single:
         out.append(f"No Welch test for {', '.join(single)}: the paper's number there is one run (report.paper_n), "
                    "which has no spread to test against.")
+    noisy = sum(v for r in headline.rows for k, v in r.items() if k.endswith("_noisy") and v)
+    if noisy:
+        out.append(f"{NOISY_NOTE}: times marked noisy come from runs timed while the load exceeded the cores or "
+                   f"whose epochs' times spread widely ({noisy} run(s), record column timing_noisy).")
     extra = report.settings.get("notes") or []  # a mapping: an experiment drops a parent's note with `name: null`
     out += [str(n) for n in (extra.values() if hasattr(extra, "values") else extra) if n is not None]
     return out + [inline_note(report, c) for c in report.layout.inline]

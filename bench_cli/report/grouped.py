@@ -12,6 +12,7 @@ from pathlib import Path
 from bench_cli import compose as C
 from bench_cli import records
 from bench_cli.core.errors import UserError
+from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.report import render, select
 from bench_cli.report.command import direction_note, made_by, records_line, rerun_command, wall_clock
 from bench_cli.ui import DASH, csv_value, fixed, mean_pm
@@ -75,14 +76,17 @@ def group_rows(cells: dict, axis_names: list[str]) -> list[dict]:
                     "seeds": " ".join(sorted(cell.values, key=lambda s: (len(s), s))),
                     "epochs": "/".join(str(e) for e in sorted(cell.epochs)), "mean": cell.mean, "std": cell.std,
                     "params": select.column_mean(cell, "params"),
-                    "time_per_epoch_s": select.column_mean(cell, "time_per_epoch_s")})
+                    "time_per_epoch_s": select.column_mean(cell, "time_per_epoch_s"),
+                    "time_per_epoch_s_std": select.column_std(cell, "time_per_epoch_s"),
+                    "timing_noisy": select.noisy_count(cell)})
     return out
 
 
 def display(rows: list[dict], axis_names: list[str]) -> list[list[str]]:
     return [[*(r[a] for a in axis_names), str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else ""),
              mean_pm(r["mean"], r["std"]), r["epochs"] or DASH, fixed(r["params"], 0),
-             mean_pm(r["time_per_epoch_s"], None)] for r in rows]
+             mean_pm(r["time_per_epoch_s"], r["time_per_epoch_s_std"]) + (" noisy" if r["timing_noisy"] else "")]
+            for r in rows]
 
 
 def header(path: Path, used: list[dict], axis_names: list[str], shared: list[str], command: str) -> list[str]:
@@ -91,7 +95,8 @@ def header(path: Path, used: list[dict], axis_names: list[str], shared: list[str
     span = wall_clock(used)
     return [
         f"grouped by: {', '.join(axis_names) or 'nothing (no column differs between the rows but the seed)'}; "
-        f"mean ± sample std over seeds ({len(seeds)}: {', '.join(map(str, seeds))})",
+        f"mean ± sample std over seeds ({len(seeds)}: {', '.join(map(str, seeds))}), the score's and the "
+        "time per epoch's (each run's: its median epoch)",
         f"metric: {SCORE} = test {metric_name(used)}{direction_note(used, {})}",
         *([f"same in every row: {', '.join(shared)}"] if shared else []),
         records_line(path, used),
@@ -104,7 +109,10 @@ def header(path: Path, used: list[dict], axis_names: list[str], shared: list[str
 def notes(cells: dict, dropped: int) -> list[str]:
     ignored = sum(c.ignored for c in cells.values())
     gaps = sum(1 for c in cells.values() if not c.n)
+    noisy = sum(select.noisy_count(c) for c in cells.values())
     return (select.duplicates_note(dropped)
+            + ([f"{NOISY_NOTE}: {noisy} run(s) were timed while the load exceeded the cores or their epochs' times "
+                "spread widely (record column timing_noisy); their groups' time/epoch says noisy."] if noisy else [])
             + ([f"{ignored} older records of other configurations of the same groups were ignored "
                 "(newest variant shown)."] if ignored else [])
             + ([f"{gaps} group(s) without an ok run (n 0): their score is a gap, never a 0."] if gaps else []))
@@ -138,6 +146,7 @@ def report_records(overrides: list[str], opts: dict) -> None:
         md, csv = out_dir / f"{path.stem}.md", out_dir / f"{path.stem}.csv"
         out_dir.mkdir(parents=True, exist_ok=True)
         md.write_text(render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols))
-        columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s"]
+        columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
+                   "time_per_epoch_s_std", "timing_noisy"]
         records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
         render.print_lines(screen, [f"wrote {md}, {csv}"])

@@ -6,7 +6,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from bench_cli.report.spec import EFFICIENCY
+from bench_cli.report.spec import EFFICIENCY, TIMED_COLUMNS
 from bench_cli.ui import DASH, csv_value, fixed, mean_pm, signed
 
 # The width of a report printed to a pipe or a file with COLUMNS unset (and no --width): the
@@ -27,7 +27,13 @@ def headers(floor: float = 1.0, columns=EFFICIENCY) -> list[str]:
 
 
 def column_cell(row: dict, column) -> str:
+    """The value (± its spread over the runs for a time; 'noisy' when a run behind it was flagged),
+    then the paper's in brackets when the column has one."""
     shown = fixed(row.get(column.csv_name), column.digits)
+    if row.get(f"{column.csv_name}_sd") is not None and shown != DASH:
+        shown += f" ± {fixed(row[f'{column.csv_name}_sd'], column.digits)}"
+    if row.get(f"{column.csv_name}_noisy"):
+        shown += " noisy"
     return f"{shown} ({fixed(row.get(f'paper_{column.csv_name}'), column.digits)})" if column.paper_metric else shown
 
 
@@ -77,7 +83,8 @@ def csv_columns(columns=EFFICIENCY) -> list[str]:
     then their shown values; ours and the paper's of the others."""
     plain = [c for c in columns if not c.paper_metric]
     return (CSV_COLUMNS + [c.column for c in plain] + [c.csv_name for c in plain]
-            + [n for c in columns if c.paper_metric for n in (c.csv_name, f"paper_{c.csv_name}")])
+            + [n for c in columns if c.paper_metric for n in (c.csv_name, f"paper_{c.csv_name}")]
+            + [f"{c.csv_name}_{k}" for c in columns if c.column in TIMED_COLUMNS for k in ("sd", "noisy")])
 
 
 def csv_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> list[dict]:

@@ -67,6 +67,17 @@ def column_mean(cell: Cell | None, column: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def column_std(cell: Cell | None, column: str) -> float | None:
+    """The sample standard deviation of ``column`` over the records a cell uses (None: fewer than 2)."""
+    values = [v for v in (number(r.get(column)) for r in (cell.rows if cell else [])) if v is not None]
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def noisy_count(cell: Cell | None) -> int:
+    """How many of the records a cell uses were timed on a busy machine or spread widely (``timing_noisy``)."""
+    return sum(1 for r in (cell.rows if cell else []) if r.get("timing_noisy"))
+
+
 def _cell(ds: str, label: str, records: list[dict], column: str) -> Cell:
     newest = max(records, key=lambda r: (r.get("time", ""), records.index(r)))
     variant = newest.get("variant_key", "")

@@ -73,6 +73,10 @@ class Column:
         return f"{self.column} (paper: {', '.join(shown)})"
 
 
+# Record columns that are times: a report shows their spread over the runs and, when a run was
+# flagged ``timing_noisy`` (bench_cli.measure.Conditions), says so next to the value.
+TIMED_COLUMNS = frozenset({"time_per_epoch_s", "train_time_s", "wall_time_s", "infer_time_s", "infer_time_per_batch_s"})
+
 EFFICIENCY = (
     Column("params", ratio=True, table="every", label="params ×", csv="params_ratio", what="parameters"),
     Column("flops_forward", ratio=True, table="every", label="FLOPs ×", csv="flops_ratio",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from bench_cli.report.select import column_mean
-from bench_cli.report.spec import EFFICIENCY
+from bench_cli.report.select import column_mean, column_std, noisy_count
+from bench_cli.report.spec import EFFICIENCY, TIMED_COLUMNS
 
 ALPHA = 0.05
 
@@ -73,16 +73,30 @@ def column_values(column, cell, base_cell, paper=None, base_paper=None) -> dict:
     """One spec column of one row: ours (the mean over the cell's runs) and the paper's, as ratios to
     the baseline's when ``column.ratio``. Keys: the shown value under ``csv_name``; the paper's
     under ``paper_<csv_name>`` when the column has a paper metric, else our plain mean under
-    ``column``."""
+    ``column``. A time also gets its spread over the runs (``<csv_name>_sd``: the sample std, of a
+    ratio propagated from both means' relative stds) and ``<csv_name>_noisy``: how many of the runs
+    behind it (the baseline's too, for a ratio) were flagged ``timing_noisy``."""
     mine = column_mean(cell, column.column)
     printed = paper.mean if paper else None
     out = {}
     if not column.paper_metric:
         out[column.column] = mine
+    timed = column.column in TIMED_COLUMNS
+    sd = column_std(cell, column.column) if timed else None
     if column.ratio:
-        mine = _ratio(mine, column_mean(base_cell, column.column))
+        base = column_mean(base_cell, column.column)
+        base_sd = column_std(base_cell, column.column) if timed else None
+        ratio = _ratio(mine, base)
+        if ratio is not None and sd is not None and base_sd is not None:
+            sd = ratio * math.hypot(sd / mine if mine else 0.0, base_sd / base)
+        else:
+            sd = None
+        mine = ratio
         printed = _ratio(printed, base_paper.mean if base_paper else None)
     out[column.csv_name] = mine
+    if timed:
+        out[f"{column.csv_name}_sd"] = sd
+        out[f"{column.csv_name}_noisy"] = noisy_count(cell) + (noisy_count(base_cell) if column.ratio else 0)
     if column.paper_metric:
         out[f"paper_{column.csv_name}"] = printed
     return out

@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_cli import compose as C
+from bench_cli.core.spread import interval_text
 from bench_cli.report import render, select
 from bench_cli.report.paper import number
 from bench_cli.ui import DASH, fixed, mean_pm
@@ -125,6 +126,8 @@ class Entry:
     cell: select.Cell | None
     ratios: dict[str, float | None]
     means: dict[str, float | None]    # the absolute means behind the ratios (the plot's axes)
+    time_sd: float | None = None      # the training time's std over seeds (the plot's error bar)
+    noisy: int = 0                    # runs behind the time ratio (its and the baseline's) flagged timing_noisy
 
 
 def case_entries(case: Case, rows: list[dict], models: list[str], baseline: str) -> list[Entry]:
@@ -139,7 +142,8 @@ def case_entries(case: Case, rows: list[dict], models: list[str], baseline: str)
             continue
         means = {col: select.column_mean(cell, col) for _, col in RATIOS}
         ratios = {col: _ratio(means[col], select.column_mean(base, col)) for _, col in RATIOS}
-        entries.append(Entry(model, cell, ratios, means))
+        entries.append(Entry(model, cell, ratios, means, select.column_std(cell, "train_time_s"),
+                             select.noisy_count(cell) + select.noisy_count(base)))
     higher = _higher_is_better(mine)
     return sorted(entries, key=lambda e: (e.cell.mean is None, -(e.cell.mean or 0) if higher else (e.cell.mean or 0)))
 
@@ -162,7 +166,8 @@ def case_table(entries: list[Entry]) -> list[list[str]]:
     out = []
     for e in entries:
         n = str(e.cell.n) + (f" ({len(e.cell.failed)} failed)" if e.cell.failed else "")
-        out.append([e.model, n, mean_pm(e.cell.mean, e.cell.std), *(fixed(e.ratios[c]) for _, c in RATIOS)])
+        out.append([e.model, n, mean_pm(e.cell.mean, e.cell.std),
+                    *(fixed(e.ratios[c]) + (" noisy" if c == "train_time_s" and e.noisy else "") for _, c in RATIOS)])
     return out
 
 
@@ -183,6 +188,8 @@ def _profile_cell(row: dict | None, column: str) -> str:
         return DASH
     if row.get("model_status", "ok") not in ("ok", ""):
         return str(row["model_status"])
+    if column.startswith("time"):  # the rounds' median ratio [their IQR], and the flag of a busy machine
+        return interval_text(row, f"ratio_{column}") + (" noisy" if row.get("timing_noisy") else "")
     return fixed(number(row.get(f"ratio_{column}")))
 
 
@@ -284,7 +291,8 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
         png = out_dir / f"{case.task}_{case.dataset}.png" if entries and opts.get("write", True) else None
         if png:
             plots.zoo_figure([plots.ZooPoint(e.model, e.cell.mean, e.means["train_time_s"],
-                                             e.means["peak_mem_train_bytes"]) for e in entries if e.cell.mean is not None],
+                                             e.means["peak_mem_train_bytes"], e.time_sd)
+                              for e in entries if e.cell.mean is not None],
                              png, f"{case.label}: {metric} against training time", metric)
         sections.append(Section(case, metric, entries, png))
     profile = profile_table(plan.models, profile_ratios(profile_path), baseline)

@@ -1,0 +1,140 @@
+"""The one timer (bench_cli.measure.time_rounds), the spread it reports and the noise it detects:
+deterministic with a fake clock; the commands' noisy flag with a faked load average."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench_cli.core.spread import NOISY_NOTE, Spread, interval_text, ratio_spread
+from bench_cli.measure import Conditions, time_rounds, timed
+
+
+class FakeClock:
+    """A clock that moves only when a fake step says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls: list[str] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, name: str, durations):
+        durations = iter(durations)
+
+        def run():
+            self.calls.append(name)
+            self.now += next(durations)
+        return timed(run, None, self)
+
+
+def constant(value):
+    while True:
+        yield value
+
+
+def test_steady_steps_stop_after_the_minimum_rounds_with_alternating_order():
+    clock = FakeClock()
+    a, b = time_rounds([clock.step("a", constant(1.0)), clock.step("b", constant(2.0))], min_rounds=4,
+                       budget_s=1e9, warmup=1, clock=clock)
+    assert a == [1.0] * 4 and b == [2.0] * 4  # precise at once: no round beyond the minimum
+    # warm-up (untimed), then a first in even rounds and b first in odd ones
+    assert clock.calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    ratio = ratio_spread(b, a)
+    assert (ratio.median, ratio.q1, ratio.q3, ratio.n) == (2.0, 2.0, 2.0, 4)
+
+
+def test_noisy_steps_run_until_the_budget():
+    clock = FakeClock()
+    noisy = iter([1.0, 3.0] * 100)
+    (times,) = time_rounds([clock.step("a", noisy)], min_rounds=3, budget_s=10.0, warmup=0, clock=clock)
+    assert sum(times[:-1]) < 10.0 <= sum(times)  # stopped by the round that spent the budget
+    assert Spread.of(times).noisy
+
+
+def test_max_rounds_caps_a_noisy_series():
+    clock = FakeClock()
+    (times,) = time_rounds([clock.step("a", iter([1.0, 3.0] * 100))], min_rounds=2, max_rounds=7, budget_s=1e9,
+                           warmup=0, clock=clock)
+    assert len(times) == 7
+
+
+def test_a_step_that_cannot_run_adds_no_time():
+    clock = FakeClock()
+    a, b = time_rounds([clock.step("a", constant(1.0)), lambda: None], min_rounds=3, budget_s=1e9, clock=clock)
+    assert a == [1.0] * 3 and b == []
+
+
+def test_spread_quartiles_rates_and_text():
+    s = Spread.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (s.median, s.q1, s.q3, s.n, s.iqr) == (3.0, 2.0, 4.0, 5, 2.0)
+    assert s.noisy and not Spread.of([1.0, 1.01, 1.02]).noisy
+    rate = s.scaled(12.0)  # 12 tokens per step: tokens/s, the quartiles swap ends
+    assert (rate.median, rate.q1, rate.q3) == (4.0, 3.0, 6.0)
+    assert s.text() == "3.00 [2.00-4.00]"
+    assert s.columns("t") == {"t": 3.0, "t_q1": 2.0, "t_q3": 4.0}
+    assert Spread.of([0.7]).q1 == Spread.of([0.7]).q3 == 0.7
+    assert interval_text({"r": "1.5", "r_q1": "1.25", "r_q3": "2"}, "r") == "1.50 [1.25-2.00]"
+    assert interval_text({"r": 1.5}, "r") == "1.50" and interval_text({}, "r") == "-"
+
+
+def test_conditions_say_noisy_when_the_load_exceeds_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    quiet = Conditions.now().done()
+    assert quiet.noise([Spread.of([1.0, 1.0, 1.0])]) == "" and quiet.columns()["load_before"] == 0.2
+    assert "IQR > 10%" in quiet.noise([Spread.of([1.0, 2.0, 3.0])])  # a wide spread alone is noise too
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 7.0, 7.0))
+    busy = Conditions.now().done()
+    assert busy.noise().startswith(NOISY_NOTE) and "load 7.0 on 2 cores" in busy.noise()
+
+
+@pytest.mark.parametrize("load", [0.0, 50.0])
+def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
+    from bench_cli.bench_attention import main
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0",
+                    "--variants", "linear"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(r["timing_noisy"] == (load > 0) for r in results)  # one round: no spread, the load decides
+    assert ("noisy: rerun on an idle machine" in out) == (load > 0)
+    assert f"load average (1 min) before {load:.2f}" in out
+
+
+def test_a_records_epoch_time_is_the_median_with_its_spread(monkeypatch):
+    from types import SimpleNamespace
+
+    from bench_cli import schema
+
+    assert set(schema.TIMING_COLUMNS) <= set(schema.COLUMNS)
+    slow_first = SimpleNamespace(epoch_times_s=[9.0, 1.0, 1.0, 1.0, 1.0], train_time_s=13.0, epochs_run=5)
+    cols = schema.epoch_time_columns(slow_first)
+    assert cols == {"time_per_epoch_s": 1.0, "time_per_epoch_s_q1": 1.0, "time_per_epoch_s_q3": 1.0}  # not 13 / 5
+    assert schema.epoch_time_columns(SimpleNamespace(train_time_s=4.0, epochs_run=2)) == {"time_per_epoch_s": 2.0}
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    row = {"epochs_run": 5, **cols}
+    quiet = schema.timing_columns(Conditions.now().done(), row)
+    assert quiet["timing_noisy"] == "" and quiet["load_before"] == 0.5 and quiet["threads"] >= 1
+    wide = {"epochs_run": 5, "time_per_epoch_s": 1.0, "time_per_epoch_s_q1": 0.5, "time_per_epoch_s_q3": 2.0}
+    assert schema.timing_columns(Conditions.now().done(), wide)["timing_noisy"].startswith(NOISY_NOTE)
+    few = {**wide, "epochs_run": 3}  # three epochs do not judge the spread
+    assert schema.timing_columns(Conditions.now().done(), few)["timing_noisy"] == ""
+
+
+def test_an_experiment_reports_time_ratio_carries_its_spread_and_the_flag():
+    from bench_cli.report import render, select, spec, stats
+
+    def cell(times, noisy=""):
+        rows = [{"time_per_epoch_s": t, "timing_noisy": noisy if i == 0 else ""} for i, t in enumerate(times)]
+        return select.Cell("d", "m", rows=rows)
+
+    column = next(c for c in spec.EFFICIENCY if c.column == "time_per_epoch_s")
+    quiet = stats.column_values(column, cell([1.0, 3.0]), cell([2.0, 2.0]))
+    assert quiet["time_ratio"] == 1.0 and quiet["time_ratio_noisy"] == 0
+    assert quiet["time_ratio_sd"] == pytest.approx(2 ** 0.5 / 2)  # std 1.41 of a mean 2, the base's std 0
+    assert render.column_cell(quiet, column) == "1.00 ± 0.71"
+    flagged = stats.column_values(column, cell([1.0, 3.0]), cell([2.0, 2.0], noisy="noisy: rerun"))
+    assert flagged["time_ratio_noisy"] == 1 and render.column_cell(flagged, column).endswith(" noisy")
