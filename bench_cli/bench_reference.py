@@ -121,9 +121,12 @@ def transformers_longformer(module, n: int):
 def reference_forward(name: str, module, n: int):
     """f(x, mask) -> output of the reference code of ``name`` on ``module``'s weights: the transcription,
     or for PACKAGE_REFERENCES the package's module (transformers must be importable)."""
+    from bench_cli.core.extras import install_hint
     from models.attention.reference import cosformer, flowformer, linformer, nystromformer, performer, soft, yoso
 
     if name in PACKAGE_REFERENCES:
+        if import_transformers() is None:
+            raise ModuleNotFoundError(f"{name}'s reference is transformers' module: {install_hint('bench')}")
         return {"reformer": transformers_reformer, "longformer": transformers_longformer}[name](module, n)
     code = {
         "linformer": linformer.code_attention,
