@@ -56,7 +56,7 @@ def test_spread_and_mean_helpers():
 @pytest.mark.parametrize("name", PACKAGE_REFERENCES)
 def test_transformers_module_on_copied_weights_gives_our_outputs(name):
     """transformers' LSHSelfAttention / LongformerSelfAttention, built and tied as the LRA wrappers do,
-    give our outputs and input gradients on a right-padded batch (Reformer: the same global RNG state,
+    give our outputs and gradients on a right-padded batch (Reformer: the same global RNG state,
     from which both draw the random rotations; another state gives other buckets, so the seeding is
     what makes them agree)."""
     pytest.importorskip("transformers")
@@ -71,15 +71,20 @@ def test_transformers_module_on_copied_weights_gives_our_outputs(name):
     x, mask = bench_reference.listops_batch(2, n, 16)
 
     def output_and_grad(forward, seed):
+        """The real rows of the output; the gradients of the input and of the (tied) weights."""
         xg = x.clone().requires_grad_()
         out = bench_reference.seeded(lambda: forward(xg, mask), seed)
         (out[mask] ** 2).sum().backward()
-        return out[mask].detach(), xg.grad[mask]
+        grads = [xg.grad[mask]] + [p.grad for p in module.parameters() if p.grad is not None]
+        module.zero_grad(set_to_none=True)
+        return out[mask].detach(), grads
 
-    ours, ours_grad = output_and_grad(module, 3)
-    theirs, theirs_grad = output_and_grad(reference, 3)
+    ours, ours_grads = output_and_grad(module, 3)
+    theirs, theirs_grads = output_and_grad(reference, 3)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(theirs_grad, ours_grad, rtol=1e-4, atol=1e-5)
+    assert len(theirs_grads) == len(ours_grads) == (5 if name == "reformer" else 9)  # x; W_q, W_v, W_o (W_k), biases
+    for their_grad, our_grad in zip(theirs_grads, ours_grads):
+        torch.testing.assert_close(their_grad, our_grad, rtol=1e-4, atol=1e-5)
     if name == "reformer":
         assert not torch.allclose(output_and_grad(reference, 4)[0], ours, rtol=1e-4, atol=1e-5)
 
