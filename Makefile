@@ -19,7 +19,7 @@ install: $(STAMP) ## Create .venv and install attnbench with every extra (torch 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -qq torch==2.13.0
-	$(BIN)/pip install -qq -c constraints.txt -e '.[all,test]'
+	$(BIN)/pip install -qq -c constraints.txt -e '.[all,bench,test]'
 	@touch $(STAMP)
 
 run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides

@@ -74,6 +74,57 @@ def _rms_normalised(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+class _GatherRows(torch.autograd.Function):
+    """x (B, H, L, d) -> its rows ``rows`` of x viewed as (B*H*L, d), shaped (B, H, len(rows) / (B*H), d):
+    the sort of tokens into hash slots (each token once per round) and its undoing. ``rows`` is a
+    permutation repeated ``copies`` times, so the gradient is a gather too, by the inverse rows
+    ``inverse`` then summed over the copies (laid out copy-major per (B, H)), where torch.gather's
+    backward scatters with atomic adds into zeros (twice as slow here)."""
+
+    @staticmethod
+    def forward(ctx, x, rows, inverse, copies):
+        b, h, length, d = x.shape
+        ctx.save_for_backward(inverse)
+        ctx.copies, ctx.shape = copies, x.shape
+        return x.reshape(-1, d).index_select(0, rows).view(b, h, -1, d)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        b, h, length, d = ctx.shape
+        grad = grad.reshape(-1, d).index_select(0, inverse).view(b, h, ctx.copies, length, d)
+        return grad.sum(2) if ctx.copies > 1 else grad.squeeze(2), None, None, None
+
+
+class _MaskedSoftmax(torch.autograd.Function):
+    """(softmax, logsumexp) over the last axis of logits masked as transformers masks them: ``blocked``
+    (padded or, causally, later keys) -> mask_value, then ``is_self`` -> self_value.
+
+    One function rather than masked_fill + logsumexp + softmax under autograd, which spent more time
+    than the rest of the layer: the masks go in place into the product (only this function holds it),
+    so nothing is cloned for their backward; the logsumexp is max(s) - log(max(p)) (the softmax is
+    1 / sum exp(s - max(s)) at its maximum); and the backward is one expression,
+    ds = p * (g_p - sum(g_p p) + g_lse), zero at self positions (a constant there, so no gradient;
+    at blocked ones p is exactly 0, as exp(-1e9 - lse) is, the self logit keeping lse >= -1e5)."""
+
+    @staticmethod
+    def forward(ctx, dots, blocked, is_self, mask_value, self_value):
+        if blocked is not None:
+            dots.masked_fill_(blocked, mask_value)
+        dots.masked_fill_(is_self, self_value)
+        probs = torch.softmax(dots, dim=-1)
+        logits = dots.amax(-1) - probs.amax(-1).log()
+        ctx.save_for_backward(probs, is_self)
+        return probs, logits
+
+    @staticmethod
+    def backward(ctx, grad_probs, grad_logits):
+        probs, is_self = ctx.saved_tensors
+        grad = grad_probs * probs
+        grad.addcmul_(probs, grad_logits.unsqueeze(-1) - grad.sum(-1, keepdim=True))
+        return grad.masked_fill_(is_self, 0), None, None, None, None
+
+
 class ReformerAttention(ProjectedAttention):
     """LSH attention with shared QK, hashed into buckets, chunked, several hash rounds (Reformer)."""
 
@@ -160,23 +211,16 @@ class ReformerAttention(ProjectedAttention):
 
         q (..., Lq, d), keys/values (..., Lk, d); q_pos (..., Lq), k_pos (..., Lk) token positions;
         key_valid (..., Lk) bool or None."""
-        mask_value, self_value = self._mask_values(q.dtype)
-        dots = q @ keys.transpose(-1, -2)
-        allowed = None
-        if key_valid is not None:
-            allowed = key_valid[..., None, :].expand(dots.shape)
+        blocked = None if key_valid is None else ~key_valid[..., None, :]  # broadcast over the queries
         if causal:
-            later = q_pos[..., :, None] >= k_pos[..., None, :]
-            allowed = later if allowed is None else allowed & later
-        # masks in place in the product, which autograd does not keep (the matmul saves its inputs)
-        if allowed is not None:
-            dots.masked_fill_(~allowed, mask_value)
+            later = q_pos[..., :, None] < k_pos[..., None, :]
+            blocked = later if blocked is None else blocked | later
         # no attention to itself unless nothing else is available (Sec. 2.2 "shared-QK")
-        dots.masked_fill_(q_pos[..., :, None] == k_pos[..., None, :], self_value)
-        logits = torch.logsumexp(dots, dim=-1, keepdim=True)
-        probs = torch.softmax(dots, dim=-1)  # exp(dots - logits), fused
+        is_self = q_pos[..., :, None] == k_pos[..., None, :]
+        probs, logits = _MaskedSoftmax.apply(q @ keys.transpose(-1, -2), blocked, is_self,
+                                             *self._mask_values(q.dtype))
         probs = F.dropout(probs, p=self.attention_dropout())
-        return probs @ values, logits.squeeze(-1)
+        return probs @ values, logits
 
     def lsh_attention(self, qk: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, causal: bool):
         """Multi-round chunked LSH attention over (B, H, N, d) shared query-keys and values."""
@@ -196,11 +240,17 @@ class ReformerAttention(ProjectedAttention):
         buckets = (buckets + offsets).reshape(b, h, rounds * n)
         # stable sort: within a bucket, tokens keep their order (rounds are kept apart by the offsets)
         order = torch.sort(buckets, dim=-1, stable=True).indices  # (B, H, rounds*N)
-        undo = torch.argsort(order, dim=-1)
+        slots = torch.arange(rounds * n, device=qk.device).expand_as(order)
+        undo = torch.empty_like(order).scatter_(-1, order, slots)  # the inverse permutation
         token = order % n  # position of each sorted slot
+        # row indices into (B*H*N, d) tokens and (B*H*rounds*N, d) slots, for _GatherRows
+        heads = torch.arange(b * h, device=qk.device).view(b, h, 1)
+        token_rows = (token + heads * n).flatten()
+        sorted_rows = (order + heads * (rounds * n)).flatten()  # slot order[s] of each sorted slot s
+        unsorted_rows = (undo + heads * (rounds * n)).flatten()  # where each (round, token) was sorted to
 
-        def gather(t):  # (B, H, N, d) -> sorted slots (B, H, rounds*N, d)
-            return torch.gather(t, 2, token[..., None].expand(-1, -1, -1, d))
+        def gather(t):  # (B, H, N, d) -> sorted slots (B, H, rounds*N, d); the gradient sums the rounds
+            return _GatherRows.apply(t, token_rows, unsorted_rows, rounds)
 
         chunk = self.chunk_length
         n_chunks = rounds * n // chunk
@@ -216,8 +266,8 @@ class ReformerAttention(ProjectedAttention):
             key_valid = torch.gather(valid[:, None, :].expand(b, h, n), 2, k_pos.flatten(2)).view(k_pos.shape)
         out, logits = self._attend(qk_sorted, keys, values, q_pos, k_pos, key_valid, causal)
 
-        out = torch.gather(out.reshape(b, h, rounds * n, d), 2, undo[..., None].expand(-1, -1, -1, d))
-        logits = torch.gather(logits.reshape(b, h, rounds * n), 2, undo)
+        out = _GatherRows.apply(out.reshape(b, h, rounds * n, d), unsorted_rows, sorted_rows, 1)
+        logits = _GatherRows.apply(logits.reshape(b, h, rounds * n, 1), unsorted_rows, sorted_rows, 1)
         if rounds == 1:
             return out
         out = out.view(b, h, rounds, n, d)
