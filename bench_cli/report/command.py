@@ -473,7 +473,8 @@ def cmd_report(args: list[str]) -> None:
 
         return report_records(overrides, opts)
     name, cfg, sources = _load(names, overrides, opts)
-    path = sources.paths[0]
+    path, screen = sources.paths[0], render.sized(console, opts["width"])
+    render.print_lines(screen, sources.lines(name))
     if cfg.report.get("kind") == "zoo":  # no paper: the leaderboard of every attention (bench_cli/report/zoo.py)
         from bench_cli.report.zoo import write_zoo_report
 
@@ -494,8 +495,6 @@ def cmd_report(args: list[str]) -> None:
     tables = [(t, render.display_rows(t.rows, t.average, report.labels, t.columns, committed),
                render.headers(report.floor, t.columns, committed)) for t in report.tables]
     (headline, display, cols), sections = tables[0], tables[1:]
-    screen = render.sized(console, opts["width"])
-    render.print_lines(screen, sources.lines(name))
     render.print_table(screen, title, header, display, notes(report), cols)
     for table, shown, section_cols in sections:
         render.print_table(screen, f"{title}: {table.column.subtitle}", [], shown, [], section_cols)
