@@ -477,7 +477,7 @@ def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, ca
     out = capsys.readouterr().out
     assert f"read {workdir / 'committed.csv'} (4 runs of {EXP}: the committed reproduction)" in out.replace("\n  ", " ")
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
-    assert "| n | yours | paper | Δ | within max(2σ, 1) | Welch (p ≥ 0.05) | committed | matches committed" in md
+    assert "| n | yours | paper | Δ | within max(2σ, 1) | matches paper (Welch p ≥ 0.05) | committed | matches committed" in md
     assert "| JapaneseVowels | softmax | 2 | 99.35 ± 0.21 | 99.46 ± 0.27 [T1] | +" not in md
     assert "| 90.50 ± 0.71 (n 2) | no (p=0.02) |" in md            # softmax: 99.35 against 90.5
     assert "| 99.50 ± 0.14 (n 2) | yes (p=1.00) |" in md            # attention_bn: the same runs
@@ -513,3 +513,24 @@ def test_report_finds_your_records_and_the_committed_ones_from_any_folder(workdi
     md = (project / "results" / "local" / "primal_dual" / "table1.md").read_text()
     assert "| 90.50 ± 0.71 | 99.46 ± 0.27 [T1] |" in md and "| 99.35 ± 0.21 (n 2) |" in md
     assert f"report: `attnbench report {EXP} --out {project / 'results' / 'local'}`" in md
+
+
+def test_a_committed_report_regenerates_from_its_own_report_line(workdir, capsys, monkeypatch):
+    """results/reproduced/primal_dual/table1.md: its report command (run from the project root, into
+    a temp folder) rewrites it byte for byte, the new headers included."""
+    import shlex
+
+    from bench_cli.records import PROJECT_ROOT
+
+    committed = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
+    assert "| matches paper (Welch p ≥ 0.05) |" in committed
+    (line,) = [line for line in committed.splitlines() if line.startswith("- sweep:")]
+    command = line.split("report: `")[1].split("`")[0]
+    made_by = line.split("made by `")[1].rstrip("`") if "made by `" in line else None
+    if made_by:
+        monkeypatch.setenv("ATTNBENCH_MADE_BY", made_by)
+    monkeypatch.chdir(PROJECT_ROOT)
+    args = shlex.split(command)[1:]
+    main([*args[:args.index("--out")], "--out", str(workdir / "out")])
+    regenerated = (workdir / "out" / "primal_dual" / "table1.md").read_text()
+    assert regenerated.replace(f"--out {workdir / 'out'}", "--out results/reproduced") == committed

@@ -13,7 +13,8 @@ from bench_cli.ui import DASH, csv_value, fixed, mean_pm, signed
 # conventional terminal width, rich's and shutil.get_terminal_size's own fallback, so a log reads
 # unwrapped in a pager, a mail or a diff; a wider table prints one block per row.
 DEFAULT_WIDTH = 80
-HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)", "Welch (p ≥ 0.05)"]
+HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)",
+           "matches paper (Welch p ≥ 0.05)"]
 # Beside them when the report compares the runs with the committed reproduction (results/reproduced).
 COMMITTED_HEADERS = ["committed", "matches committed (Welch p ≥ 0.05)"]
 COMMITTED_CSV = ["committed_n", "committed_mean", "committed_std", "committed_welch_p", "matches_committed"]
