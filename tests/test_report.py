@@ -534,3 +534,21 @@ def test_a_committed_report_regenerates_from_its_own_report_line(workdir, capsys
     main([*args[:args.index("--out")], "--out", str(workdir / "out")])
     regenerated = (workdir / "out" / "primal_dual" / "table1.md").read_text()
     assert regenerated.replace(f"--out {workdir / 'out'}", "--out results/reproduced") == committed
+
+
+def test_latex_table_booktabs_best_per_column_in_bold(workdir):
+    """--format latex: NAME.tex beside nothing else asked for; mean ± std, the best of each dataset
+    in bold (higher is better here), underscores escaped; an unknown format is a one-line error."""
+    table1_records(workdir / "runs.csv", accs=((99.5, 99.2), (99.4, 99.6)))
+    for s, a in enumerate((97.0, 98.0)):
+        append_record(workdir / "runs.csv", rec("BasicMotions", "softmax", s, a, higher_is_better="true"))
+        append_record(workdir / "runs.csv", rec("BasicMotions", "attention_bn", s, a - 5, higher_is_better="true"))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep"), "--format", "latex"])
+    tex = (workdir / "rep" / "primal_dual" / "table1.tex").read_text()
+    assert not (workdir / "rep" / "primal_dual" / "table1.md").exists()
+    assert r"\toprule" in tex and r"\bottomrule" in tex and "Model & JapaneseVowels & BasicMotions & Average (2 sets)" in tex
+    assert r"softmax & $99.35 \pm 0.21$ & $\mathbf{97.50 \pm 0.71}$ & $\mathbf{98.42 \pm 0.25}$ \\" in tex
+    assert r"attention\_bn & $\mathbf{99.50 \pm 0.14}$ & $92.50 \pm 0.71$ &" in tex
+    with pytest.raises(SystemExit) as e:
+        main(["report", EXP, "--records", str(workdir / "runs.csv"), "--format", "pdf"])
+    assert e.value.code == 2

@@ -20,7 +20,8 @@ from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
 
 USAGE = """\
-usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--all] [--width N] [overrides...]
+usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--format F] [--all] [--width N]
+                        [overrides...]
 
   NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
                   next to the paper's numbers. Without NAME: every run of the records file,
@@ -36,13 +37,17 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
   --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
                   default: results/local for records found by the command, else reproduced/
                   beside the records file)
+  --format F      what NAME's report writes, comma-separated: markdown, csv, latex (NAME.tex: a
+                  booktabs table for a paper, model x dataset, mean ± std, the best per column in
+                  bold); default markdown,csv
   --all           also list the grid's datasets that have no records (as gaps)
   --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
                   when the output is not a terminal); a wider table prints one block per row
   --no-write      print only
   logger=wandb    also log the table to Weights & Biases (with NAME)
 """
-REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--all": False, "--width": True, "--no-write": False}
+FORMATS = ("markdown", "csv", "latex")
+REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False, "--width": True, "--no-write": False}
 # Overrides that change the schedule: the header names them (the step budget is a record column).
 BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
 
@@ -54,7 +59,12 @@ def _parse(args: list[str]):
     width = p.get("--width")
     if width is not None and not (str(width).isdigit() and int(width) > 0):
         raise UserError(f"--width {width}: expected a number of columns, e.g. --width 100")
-    opts = {"records": p.get("--records"), "committed": p.get("--committed"), "out": p.get("--out"), "all": bool(p.get("--all")),
+    formats = [f.strip() for f in str(p.get("--format") or "markdown,csv").split(",") if f.strip()]
+    for f in formats:
+        if f not in FORMATS:
+            raise unknown_choice("--format", f, FORMATS)
+    opts = {"records": p.get("--records"), "committed": p.get("--committed"), "out": p.get("--out"),
+            "formats": formats, "format": p.get("--format"), "all": bool(p.get("--all")),
             "width": int(width) if width else None, "write": not p.get("--no-write")}
     return p.positional, p.overrides, opts
 
@@ -66,6 +76,7 @@ def rerun_command(name: str | None, path: Path | None, out_dir: Path, opts: dict
     committed = ["--committed", str(opts["committed"])] if opts.get("committed") else []
     words = ["attnbench", "report", *([name] if name else []), *(["--records", str(path)] if path else []),
              *committed, "--out", str(out_dir),
+             *(["--format", opts["format"]] if opts.get("format") else []),
              *(["--all"] if opts["all"] else []), *(["--width", str(opts["width"])] if opts["width"] else []),
              *overrides]
     return " ".join(shlex.quote(w) for w in words)
@@ -108,6 +119,7 @@ class Report:
     duplicates: int = 0       # ok rows of an already counted job_key (select.one_row_per_job)
     command: str = ""         # the command that rewrites this report (rerun_command)
     committed: list[dict] = field(default_factory=list)   # the committed reproduction's runs, to compare with
+    formats: tuple = ("markdown", "csv")                   # what `write` writes (--format)
 
     @property
     def baseline(self) -> str:
@@ -325,13 +337,15 @@ def wall_clock(rows: list[dict]) -> str | None:
 SITTING_GAP_S = 600
 
 
-def direction_note(rows: list[dict], settings) -> str:
+def higher_is_better(rows: list[dict], settings) -> bool | None:
     """The direction of the records' selection metric (or ``report.higher_is_better``), when known."""
     flags = {str(r.get("higher_is_better", "")).lower() for r in rows} - {""}
     higher = settings.get("higher_is_better")
-    if higher is None and len(flags) == 1:
-        higher = flags.pop() == "true"
-    return {True: " (higher is better)", False: " (lower is better)"}.get(higher, "")
+    return flags.pop() == "true" if higher is None and len(flags) == 1 else higher
+
+
+def direction_note(rows: list[dict], settings) -> str:
+    return {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better(rows, settings), "")
 
 
 def epochs_line(report: Report) -> str:
@@ -468,6 +482,8 @@ def cmd_report(args: list[str]) -> None:
         print(USAGE)
         return
     names, overrides, opts = _parse(args)
+    if opts["format"] and not names:
+        raise UserError("--format is for a paper's table: attnbench report NAME --format latex")
     if not names:
         from bench_cli.report.grouped import report_records
 
@@ -478,12 +494,15 @@ def cmd_report(args: list[str]) -> None:
     if cfg.report.get("kind") == "zoo":  # no paper: the leaderboard of every attention (bench_cli/report/zoo.py)
         from bench_cli.report.zoo import write_zoo_report
 
+        if opts["format"]:
+            raise UserError(f"--format: {name} writes its own Markdown and plots; --format is for a paper's table")
         return write_zoo_report(name, cfg, path, sources.rows, opts, overrides)
     # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/; records
     # the command found itself: the user's untracked results/local/.
     out_dir = Path(opts["out"] or (LOCAL if sources.found else path.parent / "reproduced"))
     report = build(name, cfg, path, sources.all_records, sources.rows, opts["all"], sources.committed)
     report.command = rerun_command(name, None if sources.found else path, out_dir, opts, overrides)
+    report.formats = tuple(opts["formats"])
     header, title = header_lines(report), str(report.settings.get("title") or name)
     if len(sources.paths) > 1:
         header = [f"records: {', '.join(map(str, sources.paths))}" if h.startswith("records: ") else h for h in header]
@@ -505,19 +524,30 @@ def cmd_report(args: list[str]) -> None:
 
 
 def write(console, out: Path, report: Report, title, header, display, cols, sections) -> None:
-    """``<out>.md``, ``<out>.csv`` and ``<out>.<column>.csv`` per further table."""
+    """The formats asked for (``--format``): ``<out>.md``; ``<out>.csv`` and ``<out>.<column>.csv``
+    per further table; ``<out>.tex``."""
+    from bench_cli.records import _replace_atomically
+
+    formats, written = report.formats, []
     out.parent.mkdir(parents=True, exist_ok=True)
-    replaced = committed_from_other_records(out.with_suffix(".md"), header)
-    if replaced:
-        render.print_lines(console, [f"note: {out.with_suffix('.md')} is committed and was made from other records "
-                                     f"({replaced}); it is replaced (git diff shows the change, git checkout "
-                                     "restores it)"])
-    out.with_suffix(".md").write_text(render.markdown(title, header, display, notes(report), cols,
-                                                      [(t.column.subtitle, shown, c) for t, shown, c in sections]))
-    labels, written = report.labels, [out.with_suffix(".md")]
-    for i, table in enumerate(report.tables):
+    if "markdown" in formats:
+        replaced = committed_from_other_records(out.with_suffix(".md"), header)
+        if replaced:
+            render.print_lines(console, [f"note: {out.with_suffix('.md')} is committed and was made from other records "
+                                         f"({replaced}); it is replaced (git diff shows the change, git checkout "
+                                         "restores it)"])
+        written.append(out.with_suffix(".md"))
+        _replace_atomically(written[-1], render.markdown(title, header, display, notes(report), cols,
+                                                         [(t.column.subtitle, shown, c) for t, shown, c in sections]))
+    for i, table in enumerate(report.tables if "csv" in formats else []):
         written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")
-        render.write_csv(written[-1], table.rows, table.average, labels, table.columns, bool(report.committed))
+        render.write_csv(written[-1], table.rows, table.average, report.labels, table.columns, bool(report.committed))
+    if "latex" in formats:
+        headline = report.tables[0]
+        caption = f"{title}. {headline.column.column}, mean ± std over {len({r.get('seed') for r in report.used})} seeds"
+        written.append(out.with_suffix(".tex"))
+        _replace_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
+                                                      headline.average, higher_is_better(report.used, report.settings)))
     render.print_lines(console, [f"wrote {', '.join(map(str, written))}"])
 
 
