@@ -137,6 +137,17 @@ def test_missing_dataset_says_where_and_how(capsys, workdir):
     assert "attnbench data uea EthanolConcentration" in err
 
 
+def test_a_grid_with_missing_data_is_refused_before_every_job_is_composed(capsys, workdir, monkeypatch):
+    """Table 1's 200 jobs: one job per dataset is composed to find the missing data (not all 200)."""
+    from bench_cli import sweep
+
+    real, composed = sweep.compose_job, []
+    monkeypatch.setattr(sweep, "compose_job", lambda *a: composed.append(a) or real(*a))
+    err = fail_line(capsys, "sweep", "experiment=primal_dual/table1")
+    assert "(and 8 more datasets); or restrict the dataset axis to what is here: task.dataset=JapaneseVowels" in err
+    assert len(composed) == 10
+
+
 def test_bad_override_names_the_key(capsys, workdir):
     err = fail_line(capsys, "run", "trainer.max_epoch=5")
     assert "trainer.max_epoch" in err and "did you mean 'trainer.max_epochs'" in err
