@@ -148,6 +148,28 @@ def test_a_grid_with_missing_data_is_refused_before_every_job_is_composed(capsys
     assert len(composed) == 10
 
 
+def test_help_lists_ls_runs_and_run_help_lists_the_options_not_hydras_banner(capsys, workdir):
+    main(["--help"])
+    assert "ls [tasks|datasets|models|experiments|runs]" in capsys.readouterr().out
+    main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: attnbench run") and "powered by Hydra" not in out
+    assert "primal_dual/table1" in out and "softmax" in out and "--cfg job" in out
+    assert "_uea" not in out and "_case" not in out and "_budget" not in out
+
+
+def test_a_failed_download_does_not_suggest_the_command_that_failed(capsys, workdir, monkeypatch):
+    from tasks.vision import datasets as V
+
+    def no_network(root):
+        raise OSError("Error downloading train-images-idx3-ubyte.gz:")
+
+    monkeypatch.setattr(V, "download_mnist", no_network)
+    err = fail_line(capsys, "data", "vision", "mnist")
+    assert "cannot download mnist" in err and "put the idx files" in err
+    assert "attnbench data vision mnist" not in err
+
+
 def test_bad_override_names_the_key(capsys, workdir):
     err = fail_line(capsys, "run", "trainer.max_epoch=5")
     assert "trainer.max_epoch" in err and "did you mean 'trainer.max_epochs'" in err
