@@ -33,12 +33,13 @@ commands:
   validate [overrides]   compose the config, check the data, build the model, print the config
   ls [tasks|datasets|models|experiments|runs]
                          list what can be run, which datasets are available locally, and the
-                         runs made (ls runs: their folders, status and score)
+                         runs made (ls runs: the latest 20 runs, their status and folders; --all)
   data TASK [NAME]       put a dataset under the data root (copy from a package, download, --generate)
   sweep [--force] [overrides]
                          run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
                          launchers; resumes: jobs with an ok record are skipped
-  report NAME            paper vs reproduced table of an experiment (results/reproduced/)
+  report NAME            an experiment's table: the paper, your runs and the committed reproduction
+                         (records found from any folder; --format latex for a paper)
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
   bench --against-reference [--seq-lens ...]
