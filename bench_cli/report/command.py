@@ -47,7 +47,8 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
   logger=wandb    also log the table to Weights & Biases (with NAME)
 """
 FORMATS = ("markdown", "csv", "latex")
-REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False, "--width": True, "--no-write": False}
+REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False,
+                  "--width": True, "--no-write": False}
 # Overrides that change the schedule: the header names them (the step budget is a record column).
 BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
 
@@ -222,7 +223,8 @@ class Sources:
         """Which files were read (a report never reads a file silently)."""
         read = [f"read {p} ({n} runs of {name})" for p, n in zip(self.paths, self.counts)]
         if self.committed_path:
-            read.append(f"read {self.committed_path} ({len(self.committed)} runs of {name}: the committed reproduction)")
+            read.append(f"read {self.committed_path} ({len(self.committed)} runs of {name}: "
+                        "the committed reproduction)")
         return read
 
 
@@ -235,7 +237,8 @@ def find_records(name: str, cfg, opts: dict) -> Sources:
     if given is not None:
         rows = _of(name, given)
         if not rows:
-            raise UserError(f"no records of experiment {name} in {given}; run `attnbench sweep experiment={name}` first")
+            raise UserError(f"no records of experiment {name} in {given}; "
+                            f"run `attnbench sweep experiment={name}` first")
         committed = _of(name, committed_given) if committed_given else []
         return Sources([given], records.read_records(given), rows, committed_given, committed, counts=[len(rows)])
     candidates = [LOCAL / f"{name}.records.csv", Path(cfg.results.path), records.PROJECT_ROOT / cfg.results.path]
@@ -544,7 +547,8 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
         render.write_csv(written[-1], table.rows, table.average, report.labels, table.columns, bool(report.committed))
     if "latex" in formats:
         headline = report.tables[0]
-        caption = f"{title}. {headline.column.column}, mean ± std over {len({r.get('seed') for r in report.used})} seeds"
+        seeds = len({r.get("seed") for r in report.used})
+        caption = f"{title}. {headline.column.column}, mean ± std over {seeds} seeds"
         written.append(out.with_suffix(".tex"))
         _replace_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
                                                       headline.average, higher_is_better(report.used, report.settings)))

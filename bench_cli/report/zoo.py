@@ -278,7 +278,8 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
     baseline = str(cfg.report.get("baseline") or "softmax")
     # The config's folders are the project's (a relative one is read from the project root, not the
     # working folder); the header names the profile as the config does.
-    out_dir = Path(opts.get("out") or (records.PROJECT_ROOT / str(cfg.report.out) if cfg.report.get("out") else path.parent))
+    out_dir = Path(opts.get("out")
+                   or (records.PROJECT_ROOT / str(cfg.report.out) if cfg.report.get("out") else path.parent))
     profile_path = Path(str(cfg.report.profile_csv)) if cfg.report.get("profile_csv") else None
     sections = []
     for case in plan.cases:
