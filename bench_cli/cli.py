@@ -7,6 +7,7 @@ configuration is composed and checked first so mistakes become one line and exit
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
 from bench_cli.args import parse
-from bench_cli.core.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
+from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name,
+                                   unknown_choice)
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 
@@ -29,13 +31,15 @@ usage: attnbench <command> [overrides...]
 commands:
   run [overrides]        train and evaluate one model, append a record to results/runs.csv
   validate [overrides]   compose the config, check the data, build the model, print the config
-  ls [tasks|datasets|models|experiments]
-                         list what can be run, and which datasets are available locally
+  ls [tasks|datasets|models|experiments|runs]
+                         list what can be run, which datasets are available locally, and the
+                         runs made (ls runs: the latest 20 runs, their status and folders; --all)
   data TASK [NAME]       put a dataset under the data root (copy from a package, download, --generate)
   sweep [--force] [overrides]
                          run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
                          launchers; resumes: jobs with an ok record are skipped
-  report NAME            paper vs reproduced table of an experiment (results/reproduced/)
+  report NAME            an experiment's table: the paper, your runs and the committed reproduction
+                         (records found from any folder; --format latex for a paper)
   evaluate CHECKPOINT [--split test]
                          evaluate a run's checkpoint (trainer.checkpoint.keep_final=true) on a split
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
@@ -132,7 +136,39 @@ def check_single_job(cfg: DictConfig, overrides: list[str]) -> None:
                         f"`attnbench sweep {' '.join(overrides)}`, or fix {', '.join(open_axes)} to run one job")
 
 
+RUN_USAGE = """\
+usage: attnbench run [overrides...]
+
+Train and evaluate one model and append its record to results.path (results/runs.csv). An
+experiment that is a grid (several datasets, models or seeds) runs with `attnbench sweep`.
+
+config groups (group=option; `attnbench ls tasks|models|experiments` describes them):
+{groups}
+
+overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn
+trainer.max_epochs=5 seed=3 +key=value
+  --cfg job      print the composed config (every key there can be overridden); runs nothing
+  --info         Hydra's view of the config search path and defaults list
+  --hydra-help   Hydra's own flags
+"""
+
+
+def run_usage() -> str:
+    """`attnbench run --help`: every config group with its options (building blocks whose names
+    start with '_' are not options: compose.group_options leaves them out)."""
+    import textwrap
+
+    groups = dict.fromkeys(d.name for folder in C.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())
+                           if d.is_dir() and not d.name.startswith(("_", ".")) and d.name != "hydra")
+    lines = [textwrap.fill(f"{g}: {', '.join(options)}", 100, initial_indent="  ", subsequent_indent="      ",
+                           break_on_hyphens=False) for g in sorted(groups) if (options := C.group_options(g))]
+    return RUN_USAGE.format(groups="\n".join(lines))
+
+
 def cmd_run(args: list[str]) -> None:
+    if args and args[0] in ("-h", "--help"):
+        print(run_usage())
+        return
     p = parse("run", args, {}, hydra=True, positional=False)
     if {"-m", "--multirun"} & set(p.hydra):
         raise UserError("`attnbench run` runs one job; for a grid use `attnbench sweep` (it resumes and records failures)")
@@ -344,7 +380,11 @@ def cmd_data(args: list[str]) -> None:
         raise UserError(f"give a dataset: attnbench data {source.name} NAME; {source.name} datasets: {', '.join(names)}")
     if dataset not in names:
         raise unknown_choice(f"{source.name} dataset", dataset, names)
-    where = source.fetch(dataset, data_root, force=force, **options)
+    try:
+        where = source.fetch(dataset, data_root, force=force, **options)
+    except DataNotFoundError as e:  # the fetchers' messages end "... or run <this very command>": not a way out here
+        raise DataNotFoundError(re.sub(rf",? or run `attnbench data {re.escape(source.name)} {re.escape(dataset)}`",
+                                       "", str(e))) from None
     console.print(f"[green]ok[/]: {source.name}/{dataset} is in {where}", soft_wrap=True)
 
 

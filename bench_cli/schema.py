@@ -155,6 +155,20 @@ def ending(error: BaseException | None) -> dict:
     return {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0][:500]}
 
 
+def model_name(cfg) -> str:
+    """What was run: the model preset's name, or the attention's when the run swapped the preset's
+    own attention for another (``model=softmax model.attention.name=elu_linear`` is elu_linear, not
+    softmax). A model whose name is no preset (a plugin's YAML, ``model.name=...``) keeps its name."""
+    from bench_cli import compose as C
+
+    name, attention = str(cfg.model.name), str(cfg.model.attention.name)
+    if name == attention or not C.option_file("model", name).is_file():
+        return name
+    preset = C.load_option("model", name)
+    own = preset.get("attention", {}).get("name") if preset.get("attention") else None
+    return name if own is None or str(own) == attention else attention
+
+
 def identity(cfg, *, run_id: str, time: str, config_path, output_dir, overrides: str, keys: tuple[str, str, str],
              command: str, provenance: dict) -> dict:
     """The columns that say which run this is: from its composed config, its keys (config hash, job
@@ -165,7 +179,7 @@ def identity(cfg, *, run_id: str, time: str, config_path, output_dir, overrides:
     return {
         "run_id": run_id, "time": time, "status": "failed",
         "task": cfg.task.name, "dataset": cfg.task.get("dataset", cfg.task.name),
-        "model": cfg.model.name, "attention": cfg.model.attention.name, "seed": int(cfg.seed),
+        "model": model_name(cfg), "attention": cfg.model.attention.name, "seed": int(cfg.seed),
         "protocol": str(cfg.task.get("protocol", "holdout")),
         "experiment": OmegaConf.select(cfg, "experiment_name", default="") or "",
         "config_hash": config_hash, "job_key": job_key, "variant_key": variant_key,

@@ -237,12 +237,50 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
             raise UserError(f"job '{' '.join(job.overrides)}': {e}") from None
     missing = {j.key: m for j in jobs if (m := missing_of[_checked_as(j.cfg)])}
     if missing and not missing_data_ok:
-        uniq = list(dict.fromkeys(missing.values()))
-        more = f" (and {len(uniq) - 1} more datasets)" if len(uniq) > 1 else ""
-        here = sorted({str(d[1]) for d, m in missing_of.items() if m is None and d[1] is not None})
-        hint = f"; or restrict the dataset axis to what is here: task.dataset={','.join(here)}" if here else ""
-        raise UserError(f"{uniq[0]}{more}{hint}")
+        raise missing_data_error(missing_of)
     return missing
+
+
+def missing_data_error(missing_of: dict[tuple, str | None]) -> UserError:
+    """One line for the grid's missing data: the first dataset's message, how many more, and the
+    datasets that are here. ``missing_of``: (task, dataset, ...) -> the missing-data message or None."""
+    uniq = list(dict.fromkeys(m for m in missing_of.values() if m))
+    more = f" (and {len(uniq) - 1} more datasets)" if len(uniq) > 1 else ""
+    here = sorted({str(d[1]) for d, m in missing_of.items() if m is None and d[1] is not None})
+    hint = f"; or restrict the dataset axis to what is here: task.dataset={','.join(here)}" if here else ""
+    return UserError(f"{uniq[0]}{more}{hint}")
+
+
+# Override keys that can decide which data a job reads; the others (model, seed, trainer...) cannot.
+DATA_KEYS = ("task", "experiment", "paths", "data")
+
+
+def check_data_first(overrides: list[str], flags: dict | None = None) -> None:
+    """Refuse a grid whose data is missing before composing every job (a big grid takes half a
+    minute to plan): one job per distinct value of the keys that decide the data (DATA_KEYS) is
+    composed and its task's data checked. The full check (validate_jobs) still follows."""
+    from bench_cli.runner import build_task
+
+    def data_id(ovs: list[str]) -> tuple:
+        return tuple(o for o in ovs if o.lstrip("+~").split("=", 1)[0].split(".")[0].split("/")[0] in DATA_KEYS)
+
+    missing_of: dict[tuple, str | None] = {}
+    with _multirun(overrides, flags) as (app, master):
+        firsts = {data_id(ovs): ovs for ovs in reversed(job_overrides(app, master))}
+        for ovs in reversed(list(firsts.values())):
+            checked = None
+            try:
+                cfg = compose_job(app, master, ovs).cfg
+                checked = _checked_as(cfg)[:2]
+                if checked not in missing_of:
+                    missing_of[checked] = None
+                    build_task(cfg).check_data()
+            except DataNotFoundError as e:
+                missing_of[checked] = str(e)
+            except Exception:  # noqa: BLE001 - anything else is the full check's to report, job by job
+                missing_of.pop(checked, None)
+    if any(missing_of.values()):
+        raise missing_data_error(missing_of)
 
 
 def skip_incapable(jobs: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
@@ -481,6 +519,8 @@ def cmd_sweep(args: list[str]) -> None:
         return
     p, flags = parsed
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
+    if not dry_run:  # a dry run lists every job, data or not
+        check_data_first(p.overrides, flags)
     sweep = plan_sweep(p.overrides, flags)
     sweep.jobs, skipped = skip_incapable(sweep.jobs)
     for reason in dict.fromkeys(reason for _, reason in skipped):

@@ -1,6 +1,6 @@
 # Language modelling (task=lm, conf/task/lm.yaml) and offline RL (task=d4rl, conf/task/d4rl.yaml):
 # data, and the Primal-Attention tables (conf/experiment/primal_attention/{wikitext103,d4rl,d4rl_s}.yaml):
-# a resumable sweep, then the report in results/reproduced/primal_attention/<table>.{md,csv}.
+# a resumable sweep, then the report in $(RECORDS)/primal_attention/<table>.{md,csv} (mk/reproduce.mk).
 # The full schedules need a GPU (WikiText-103: 150,000 updates of 64 x 512 tokens; D4RL: 100,000
 # steps per run, 189 runs in Table 5: 7 models x 9 sets x 3 seeds) and the data; they run unchanged there, e.g.
 #   make reproduce-primal-d4rl ARGS="trainer.device=cuda"

@@ -1,6 +1,6 @@
 # Long Range Arena (tasks/lra.py, conf/task/lra_*.yaml): data, and the LRA tables of the papers
 # (conf/experiment/primal_dual/{_lra,table2,table7,table11}.yaml, primal_attention/lra.yaml): a
-# resumable sweep, then the report (paper vs reproduced) in results/reproduced/<experiment>.{md,csv}.
+# resumable sweep, then the report (paper vs reproduced) in $(RECORDS)/<experiment>.{md,csv} (mk/reproduce.mk).
 # The full tables need a GPU (sequences of 1K-4K, 5K-62K steps); they run unchanged there, e.g.
 #   make reproduce-table2 ARGS="trainer.device=cuda"
 #   make reproduce-table2 DATASETS=lra_listops,lra_retrieval      # some of the 5 tasks

@@ -1,6 +1,9 @@
-# Reproductions of the papers' tables: a resumable sweep, then the report (paper vs reproduced)
-# written to results/reproduced/<experiment>.{md,csv}. Rerunning a target finishes only the jobs
-# that are missing or failed; the report is rewritten from all records.
+# Reproductions of the papers' tables: a resumable sweep, then the report written to
+# $(RECORDS)/<experiment>.{md,csv}. By default every job runs afresh into your own untracked records
+# (RECORDS=results/local), and the report shows per cell the paper, the committed reproduction
+# (results/reproduced/<experiment>.records.csv) and your run, with Welch's test against each.
+# Rerunning a target finishes only the jobs that are missing or failed; the report is rewritten from
+# all records. Maintainers update the committed reproduction with RECORDS=results/reproduced.
 #
 #   make reproduce-table1 DATASETS=JapaneseVowels,BasicMotions    # the sets available offline
 #   make reproduce-primal-uea DATASETS=JapaneseVowels,BasicMotions
@@ -24,8 +27,9 @@
 # JOBS      parallel jobs (joblib launcher, 1 torch thread each on 2 cores).
 # LAUNCHER  the launcher overrides, e.g. LAUNCHER="hydra/launcher=slurm hydra.launcher.partition=gpu".
 # ARGS      extra overrides for the sweep, e.g. ARGS="trainer.device=cuda".
-# RECORDS   where the per-run records (<experiment>.records.csv, committed: every seed can be audited)
-#           and the reports (<experiment>.md/.csv) go.
+# RECORDS   where the per-run records (<experiment>.records.csv) and the reports (<experiment>.md/.csv)
+#           go: results/local (untracked) by default; results/reproduced is the committed
+#           reproduction (every seed can be audited), rewritten only when asked for.
 .PHONY: reproduce-table1 reproduce-table5 reproduce-table9 reproduce-table10 reproduce-primal-uea reproduce-uea \
 	reproduce-primal-supp-eta-s reproduce-primal-supp-dd-uea
 
@@ -35,20 +39,27 @@ PRIMAL_STEPS ?= 170
 JOBS ?= 2
 LAUNCHER ?= hydra/launcher=joblib_cpu hydra.launcher.n_jobs=$(JOBS)
 ARGS ?=
-RECORDS ?= results/reproduced
+RECORDS ?= results/local
+COMMITTED := results/reproduced
+
+# `--committed <its records>` for the report of experiment $(1), unless RECORDS is the committed folder.
+committed_option = $(if $(filter-out $(COMMITTED),$(patsubst %/,%,$(RECORDS))),$(if $(wildcard $(COMMITTED)/$(1).records.csv),--committed $(COMMITTED)/$(1).records.csv))
 
 # The one sweep-then-report recipe of every family's make targets (mk/*.mk):
 #   $(call sweep_and_report,EXPERIMENT,BUDGET_VARIABLE,AXIS_OVERRIDES,LAUNCHER_OVERRIDES)
 # BUDGET_VARIABLE names the make variable holding a step budget (empty: none); AXIS_OVERRIDES
 # restricts the grid (default: task.dataset=$(DATASETS) when DATASETS is set). The per-run records
-# go to $(RECORDS)/<experiment>.records.csv and the report beside them. The sweep's exit status
+# go to $(RECORDS)/<experiment>.records.csv and the report beside them, compared with the committed
+# reproduction's records when RECORDS is not results/reproduced itself. The sweep's exit status
 # (number of failed jobs) is the target's, after the report has been written with whatever finished.
 define sweep_and_report
 	@status=0; export ATTNBENCH_MADE_BY="make $@$(if $(DATASETS), DATASETS=$(DATASETS))$(if $(2), $(2)=$($(2)))"; \
 	$(BIN)/attnbench sweep experiment=$(1) $(or $(3),$(if $(DATASETS),task.dataset=$(DATASETS))) \
 	  $(if $(2),$(if $($(2)),trainer.step_budget=$($(2)))) results.path=$(RECORDS)/$(1).records.csv $(4) $(ARGS) \
 	  || status=$$?; \
-	$(BIN)/attnbench report $(1) --records $(RECORDS)/$(1).records.csv --out $(RECORDS) || exit $$?; exit $$status
+	$(BIN)/attnbench report $(1) --records $(RECORDS)/$(1).records.csv --out $(RECORDS) \
+	  $(call committed_option,$(1)) \
+	  || exit $$?; exit $$status
 endef
 
 reproduce-table1: install ## Primal-dual Table 1 (Table 9 numbers for its sets): sweep 4 models x 5 seeds + report; DATASETS=JapaneseVowels,BasicMotions STEPS=300 JOBS=2

@@ -1,6 +1,6 @@
 # Text tasks of papers/002 (tasks/text/, conf/task/{textcls,nmt}.yaml): the data, then each table
 # (conf/experiment/pay_better_attention/{table2,table3,table4_text,table8,table9,table10}.yaml) as a
-# resumable sweep and its report (paper vs reproduced) in results/reproduced/pay_better_attention/.
+# resumable sweep and its report (paper vs reproduced) in $(RECORDS)/pay_better_attention/.
 # Uses reproduce.mk's sweep_and_report (DATASETS, JOBS, LAUNCHER, ARGS work as there).
 #
 #   make text-data                                          # needs a network (HF hub, fast.ai mirror, TF storage)

@@ -1,6 +1,6 @@
 # Image classification (tasks/vision, conf/task/{vit,deit}.yaml): data, and the vision tables of the
 # papers (conf/experiment/pay_better_attention/table{1,4_vision,5,6,7}.yaml, primal_dual/table{3,6}.yaml,
-# primal_attention/imagenet.yaml): a resumable sweep, then the report in results/reproduced/.
+# primal_attention/imagenet.yaml): a resumable sweep, then the report in $(RECORDS)/ (mk/reproduce.mk).
 # MNIST and CIFAR-100 download with `make vision-data`; ImageNet goes by hand under the data root
 # as imagenet/{train,val}/<wnid>/*.JPEG (ImageNet-100 is read from it). Everything but the mnist5k
 # target needs GPUs; multi-GPU jobs on Slurm: VISION_LAUNCHER="hydra/launcher=slurm_ddp ..." with
@@ -30,7 +30,7 @@ define sweeps_imagenet_once
 	records=$(RECORDS)/$(1).records.csv; \
 	$(BIN)/attnbench sweep experiment=$(1) task.dataset=mnist,cifar100 results.path=$$$$records $(VISION_LAUNCHER) $(ARGS) || status=$$$$?; \
 	$(BIN)/attnbench sweep experiment=$(1) task.dataset=imagenet seed=0 results.path=$$$$records $(VISION_LAUNCHER) $(ARGS) || status=$$$$?; \
-	$(BIN)/attnbench report $(1) --records $$$$records --out $(RECORDS) || exit $$$$?; exit $$$$status
+	$(BIN)/attnbench report $(1) --records $$$$records --out $(RECORDS) $(call committed_option,$(1)) || exit $$$$?; exit $$$$status
 endef
 
 reproduce-pba-table1: install ## Pay-better-attention Table 1 (MNIST, CIFAR-100 x 5 seeds; ImageNet x 1): sweeps + report (GPUs)

@@ -140,6 +140,39 @@ def test_missing_dataset_says_where_and_how(capsys, workdir):
     assert "attnbench data uea EthanolConcentration" in err
 
 
+def test_a_grid_with_missing_data_is_refused_before_every_job_is_composed(capsys, workdir, monkeypatch):
+    """Table 1's 200 jobs: one job per dataset is composed to find the missing data (not all 200)."""
+    from bench_cli import sweep
+
+    real, composed = sweep.compose_job, []
+    monkeypatch.setattr(sweep, "compose_job", lambda *a: composed.append(a) or real(*a))
+    err = fail_line(capsys, "sweep", "experiment=primal_dual/table1")
+    assert "(and 8 more datasets); or restrict the dataset axis to what is here: task.dataset=JapaneseVowels" in err
+    assert len(composed) == 10
+
+
+def test_help_lists_ls_runs_and_run_help_lists_the_options_not_hydras_banner(capsys, workdir):
+    main(["--help"])
+    assert "ls [tasks|datasets|models|experiments|runs]" in capsys.readouterr().out
+    main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: attnbench run") and "powered by Hydra" not in out
+    assert "primal_dual/table1" in out and "softmax" in out and "--cfg job" in out
+    assert "_uea" not in out and "_case" not in out and "_budget" not in out
+
+
+def test_a_failed_download_does_not_suggest_the_command_that_failed(capsys, workdir, monkeypatch):
+    from tasks.vision import datasets as V
+
+    def no_network(root):
+        raise OSError("Error downloading train-images-idx3-ubyte.gz:")
+
+    monkeypatch.setattr(V, "download_mnist", no_network)
+    err = fail_line(capsys, "data", "vision", "mnist")
+    assert "cannot download mnist" in err and "put the idx files" in err
+    assert "attnbench data vision mnist" not in err
+
+
 def test_bad_override_names_the_key(capsys, workdir):
     err = fail_line(capsys, "run", "trainer.max_epoch=5")
     assert "trainer.max_epoch" in err and "did you mean 'trainer.max_epochs'" in err

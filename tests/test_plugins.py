@@ -102,7 +102,7 @@ def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plug
                   env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
     assert r.returncode == 0, r.stderr
     (row,) = read_records(workdir / "res.csv")
-    assert row["status"] == "ok" and row["attention"] == "elu_linear" and row["model"] == "softmax"
+    assert row["status"] == "ok" and row["attention"] == "elu_linear" and row["model"] == "elu_linear"
     assert row["plugins"] == f"mymod (no package: {plugin_dir / 'mymod.py'})"
     assert int(row["params"]) > 0
 
@@ -217,3 +217,17 @@ def test_empty_plugins_key_keeps_job_keys_and_a_plugin_changes_them(workdir):
         cfg.plugins = ["mymod"]
     assert job_key(cfg) != with_key
 
+
+
+@pytest.mark.parametrize("overrides, model", [(["model=softmax", "model.attention.name=linear"], "linear"),
+                                              (["model=softmax"], "softmax"), (["model=primalformer"], "primalformer"),
+                                              (["model=primal_plus"], "primal_plus"),
+                                              (["model=primalformer", "model.attention.name=softmax"], "softmax")])
+def test_the_model_column_names_the_attention_that_replaced_the_presets(workdir, overrides, model):
+    """A run that swaps its preset's attention is recorded under the attention run (a preset whose
+    attention has another name, primalformer's primal, keeps its name); its job key is the config's."""
+    from bench_cli import schema
+
+    cfg = C.compose(["task.dataset=Fixture", *overrides])
+    key = job_key(cfg)
+    assert schema.model_name(cfg) == model and job_key(cfg) == key

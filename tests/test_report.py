@@ -235,8 +235,10 @@ def test_header_states_the_step_budget_and_the_epochs_from_record_columns(workdi
 
 
 def test_report_errors_are_one_line(workdir, capsys):
+    (workdir / "empty.csv").write_text("experiment,seed\n")
     for args, expected in ((["no/such"], "unknown experiment 'no/such'"),
-                           ([EXP, "--records", str(workdir / "none.csv")], "no records of experiment"),
+                           ([EXP, "--records", str(workdir / "none.csv")], f"--records {workdir / 'none.csv'}: no such file"),
+                           ([EXP, "--records", str(workdir / "empty.csv")], "no records of experiment"),
                            ([EXP, "--bogus"], "unknown option '--bogus'")):
         with pytest.raises(SystemExit) as e:
             main(["report", *args])
@@ -464,3 +466,89 @@ def test_an_experiments_budget_in_words_leads_the_budget_lines():
         "budget: trainer.step_budget=500: the experiment's own trainer.max_epochs cut to at most "
         "ceil(500 / optimiser steps per epoch) whole epochs"]
     assert budget_lines(SimpleNamespace(used=[], datasets=[], settings={}), ()) == []
+
+
+def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, capsys):
+    """--committed: per cell the paper, the committed runs and yours, Welch's test against each."""
+    table1_records(workdir / "mine.csv")
+    table1_records(workdir / "committed.csv", accs=((90.0, 91.0), (99.4, 99.6)))
+    main(["report", EXP, "--records", str(workdir / "mine.csv"), "--committed", str(workdir / "committed.csv"),
+          "--out", str(workdir / "rep")])
+    out = capsys.readouterr().out
+    assert f"read {workdir / 'committed.csv'} (4 runs of {EXP}: the committed reproduction)" in out.replace("\n  ", " ")
+    md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
+    assert "| n | yours | paper | Δ | within max(2σ, 1) | matches paper (Welch p ≥ 0.05) | committed | matches committed" in md
+    assert "| JapaneseVowels | softmax | 2 | 99.35 ± 0.21 | 99.46 ± 0.27 [T1] | +" not in md
+    assert "| 90.50 ± 0.71 (n 2) | no (p=0.02) |" in md            # softmax: 99.35 against 90.5
+    assert "| 99.50 ± 0.14 (n 2) | yes (p=1.00) |" in md            # attention_bn: the same runs
+    with open(workdir / "rep" / "primal_dual" / "table1.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["committed_mean"] == "90.5000" and rows[1]["matches_committed"] == "true"
+
+
+def test_report_finds_your_records_and_the_committed_ones_from_any_folder(workdir, capsys, monkeypatch):
+    """Without --records: the user's results/local records and the committed ones, found relative
+    to the project (not the working folder); it says which files it read and writes to results/local."""
+    from bench_cli.report import command as RC
+
+    project = workdir / "project"
+    monkeypatch.setattr(RC, "LOCAL", project / "results" / "local")
+    monkeypatch.setattr(RC, "COMMITTED", project / "results" / "reproduced")
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(SystemExit):
+        main(["report", EXP, "--no-write"])
+    assert "no records of experiment" in capsys.readouterr().err
+    committed = project / "results" / "reproduced" / f"{EXP}.records.csv"
+    table1_records(committed)
+    main(["report", EXP, "--no-write"])
+    out = capsys.readouterr().out.replace("\n  ", " ")
+    assert f"read {committed} (4 runs of {EXP})" in out and "committed" not in out.split("records:")[0].split("\n", 1)[1]
+    mine = project / "results" / "local" / f"{EXP}.records.csv"
+    table1_records(mine, accs=((90.0, 91.0), (99.4, 99.6)))
+    main(["report", EXP])
+    out = capsys.readouterr().out.replace("\n  ", " ")
+    assert f"read {mine} (4 runs of {EXP})" in out and f"read {committed} (4 runs of {EXP}: the committed" in out
+    md = (project / "results" / "local" / "primal_dual" / "table1.md").read_text()
+    assert "| 90.50 ± 0.71 | 99.46 ± 0.27 [T1] |" in md and "| 99.35 ± 0.21 (n 2) |" in md
+    assert f"report: `attnbench report {EXP} --out {project / 'results' / 'local'}`" in md
+
+
+def test_a_committed_report_regenerates_from_its_own_report_line(workdir, capsys, monkeypatch):
+    """results/reproduced/primal_dual/table1.md: its report command (run from the project root, into
+    a temp folder) rewrites it byte for byte, the new headers included."""
+    import shlex
+
+    from bench_cli.records import PROJECT_ROOT
+
+    committed = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
+    assert "| matches paper (Welch p ≥ 0.05) |" in committed
+    (line,) = [line for line in committed.splitlines() if line.startswith("- sweep:")]
+    command = line.split("report: `")[1].split("`")[0]
+    made_by = line.split("made by `")[1].rstrip("`") if "made by `" in line else None
+    if made_by:
+        monkeypatch.setenv("ATTNBENCH_MADE_BY", made_by)
+    monkeypatch.chdir(PROJECT_ROOT)
+    args = shlex.split(command)[1:]
+    main([*args[:args.index("--out")], "--out", str(workdir / "out")])
+    regenerated = (workdir / "out" / "primal_dual" / "table1.md").read_text()
+    assert regenerated.replace(f"--out {workdir / 'out'}", "--out results/reproduced") == committed
+
+
+def test_latex_table_booktabs_best_per_column_in_bold(workdir):
+    """--format latex: NAME.tex beside nothing else asked for; mean ± std, the best of each dataset
+    in bold (higher is better here), underscores escaped; an unknown format is a one-line error."""
+    table1_records(workdir / "runs.csv", accs=((99.5, 99.2), (99.4, 99.6)))
+    for s, a in enumerate((97.0, 98.0)):
+        append_record(workdir / "runs.csv", rec("BasicMotions", "softmax", s, a, higher_is_better="true"))
+        append_record(workdir / "runs.csv", rec("BasicMotions", "attention_bn", s, a - 5, higher_is_better="true"))
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep"), "--format", "latex"])
+    tex = (workdir / "rep" / "primal_dual" / "table1.tex").read_text()
+    assert not (workdir / "rep" / "primal_dual" / "table1.md").exists()
+    assert r"\toprule" in tex and r"\bottomrule" in tex and "Model & JapaneseVowels & BasicMotions & Average (2 sets)" in tex
+    assert r"softmax & $99.35 \pm 0.21$ & $\mathbf{97.50 \pm 0.71}$ & $\mathbf{98.42 \pm 0.25}$ \\" in tex
+    assert r"attention\_bn & $\mathbf{99.50 \pm 0.14}$ & $92.50 \pm 0.71$ &" in tex
+    with pytest.raises(SystemExit) as e:
+        main(["report", EXP, "--records", str(workdir / "runs.csv"), "--format", "pdf"])
+    assert e.value.code == 2

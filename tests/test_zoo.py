@@ -106,3 +106,13 @@ def test_presets_that_are_the_same_model_are_named_and_a_tied_metric_alone_is_no
     assert zoo.identical_notes([section]) == [
         "The same results on every seed (metric and test loss), so the same model here: softmax = standard "
         "on uea/JapaneseVowels."]
+
+
+def test_the_committed_zoo_report_reads_from_any_folder(workdir, capsys):
+    """`report zoo/offline` outside the repository: the records and the profile of the project."""
+    from bench_cli.records import PROJECT_ROOT
+
+    main(["report", "zoo/offline", "--no-write", "--width", "300"])
+    out = capsys.readouterr().out
+    assert f"read {PROJECT_ROOT / 'results/reproduced/zoo/zoo.records.csv'} (" in out
+    assert "profile at the LRA lengths" in out

@@ -21,23 +21,35 @@ from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
 
 USAGE = """\
-usage: attnbench report [NAME] [--records PATH] [--out DIR] [--all] [--width N] [overrides...]
+usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--format F] [--all] [--width N]
+                        [overrides...]
 
   NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
                   next to the paper's numbers. Without NAME: every run of the records file,
                   grouped by the columns whose values differ between rows (model, dataset,
                   overrides...), with the mean and std over seeds of each group
-  --records PATH  the records file (default: results.path of the config, results/runs.csv)
+  --records PATH  the records file. Default with NAME: found by the command from any folder --
+                  your runs (results/local/NAME.records.csv, results.path of the config:
+                  results/runs.csv) beside the committed reproduction
+                  (results/reproduced/NAME.records.csv), else the committed one alone; it says
+                  which files it read. Without NAME: results.path of the config
+  --committed PATH  a committed reproduction's records to compare the runs with, cell by cell
+                  (make reproduce-* passes results/reproduced/NAME.records.csv)
   --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
-                  default: reproduced/ beside the records file, i.e. results/reproduced for
-                  results/runs.csv)
+                  default: results/local for records found by the command, else reproduced/
+                  beside the records file)
+  --format F      what NAME's report writes, comma-separated: markdown, csv, latex (NAME.tex: a
+                  booktabs table for a paper, model x dataset, mean ± std, the best per column in
+                  bold); default markdown,csv
   --all           also list the grid's datasets that have no records (as gaps)
   --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
                   when the output is not a terminal); a wider table prints one block per row
   --no-write      print only
   logger=wandb    also log the table to Weights & Biases (with NAME)
 """
-REPORT_OPTIONS = {"--records": True, "--out": True, "--all": False, "--width": True, "--no-write": False}
+FORMATS = ("markdown", "csv", "latex")
+REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False,
+                  "--width": True, "--no-write": False}
 # Overrides that change the schedule: the header names them (the step budget is a record column).
 BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
 
@@ -49,15 +61,24 @@ def _parse(args: list[str]):
     width = p.get("--width")
     if width is not None and not (str(width).isdigit() and int(width) > 0):
         raise UserError(f"--width {width}: expected a number of columns, e.g. --width 100")
-    opts = {"records": p.get("--records"), "out": p.get("--out"), "all": bool(p.get("--all")),
+    formats = [f.strip() for f in str(p.get("--format") or "markdown,csv").split(",") if f.strip()]
+    for f in formats:
+        if f not in FORMATS:
+            raise unknown_choice("--format", f, FORMATS)
+    opts = {"records": p.get("--records"), "committed": p.get("--committed"), "out": p.get("--out"),
+            "formats": formats, "format": p.get("--format"), "all": bool(p.get("--all")),
             "width": int(width) if width else None, "write": not p.get("--no-write")}
     return p.positional, p.overrides, opts
 
 
-def rerun_command(name: str | None, path: Path, out_dir: Path, opts: dict, overrides: list[str]) -> str:
-    """The command that rewrites the report just written: its records file and output folder
-    spelled out (their defaults depend on the config), then every other option and override given."""
-    words = ["attnbench", "report", *([name] if name else []), "--records", str(path), "--out", str(out_dir),
+def rerun_command(name: str | None, path: Path | None, out_dir: Path, opts: dict, overrides: list[str]) -> str:
+    """The command that rewrites the report just written: its records file (None: the ones the
+    command finds itself) and output folder spelled out (their defaults depend on the config), then
+    every other option and override given."""
+    committed = ["--committed", str(opts["committed"])] if opts.get("committed") else []
+    words = ["attnbench", "report", *([name] if name else []), *(["--records", str(path)] if path else []),
+             *committed, "--out", str(out_dir),
+             *(["--format", opts["format"]] if opts.get("format") else []),
              *(["--all"] if opts["all"] else []), *(["--width", str(opts["width"])] if opts["width"] else []),
              *overrides]
     return " ".join(shlex.quote(w) for w in words)
@@ -99,6 +120,8 @@ class Report:
     printed_average: dict = field(default_factory=dict)
     duplicates: int = 0       # ok rows of an already counted job_key (select.one_row_per_job)
     command: str = ""         # the command that rewrites this report (rerun_command)
+    committed: list[dict] = field(default_factory=list)   # the committed reproduction's runs, to compare with
+    formats: tuple = ("markdown", "csv")                   # what `write` writes (--format)
 
     @property
     def baseline(self) -> str:
@@ -152,8 +175,9 @@ class Report:
 
         extras = [(c, self.paper_lookup(c)[0] if c.paper_metric else None) for c in beside]
         labels = self.labels
+        committed = select.aggregate(self.committed, column.column, self.rows.label_of) if self.committed else None
         rows = stats.build_rows(cells, self.datasets, labels, paper_of, baseline_of,
-                                self.layout.paper_runs.of, self.paper_model, self.floor, extras)
+                                self.layout.paper_runs.of, self.paper_model, self.floor, extras, committed)
         return Table(column, cells, rows, stats.average_row(cells, self.datasets, labels, paper_of, self.floor),
                      tuple(beside))
 
@@ -162,8 +186,85 @@ class Report:
         return [r for c in self.tables[0].cells.values() for r in c.rows]
 
 
+# Where records are when the command is not told (--records): relative to the project, never to the
+# working folder. The user's own runs (make reproduce-* writes them untracked into results/local) and
+# the maintainers' committed reproduction (results/reproduced, tracked by git).
+LOCAL = records.PROJECT_ROOT / "results" / "local"
+COMMITTED = records.PROJECT_ROOT / "results" / "reproduced"
+
+
+def committed_records(name: str) -> Path:
+    return COMMITTED / f"{name}.records.csv"
+
+
+def _existing(path: str | None, option: str) -> Path | None:
+    if path is not None and not Path(path).is_file():
+        raise UserError(f"{option} {path}: no such file")
+    return Path(path) if path is not None else None
+
+
+def _of(name: str, path: Path) -> list[dict]:
+    return [r for r in records.read_records(path) if r.get("experiment") == name]
+
+
+@dataclass
+class Sources:
+    """The records a report reads: ``paths`` (the runs reported, in ``rows``; ``all_records`` is
+    every row of those files) and the committed reproduction to compare them with (``committed``:
+    its rows, empty when there is none to compare, e.g. when the runs reported are the committed ones)."""
+    paths: list[Path]
+    all_records: list[dict]
+    rows: list[dict]
+    committed_path: Path | None = None
+    committed: list[dict] = field(default_factory=list)
+    found: bool = False          # True: found by the command itself (no --records)
+    counts: list[int] = field(default_factory=list)   # runs of the experiment per path
+
+    def lines(self, name: str) -> list[str]:
+        """Which files were read (a report never reads a file silently)."""
+        read = [f"read {p} ({n} runs of {name})" for p, n in zip(self.paths, self.counts)]
+        if self.committed_path:
+            read.append(f"read {self.committed_path} ({len(self.committed)} runs of {name}: "
+                        "the committed reproduction)")
+        return read
+
+
+def find_records(name: str, cfg, opts: dict) -> Sources:
+    """The records of experiment ``name``. With --records: that file (and --committed, if given).
+    Without: the user's own (results/local/<name>.records.csv and the config's results.path, from
+    the working folder and from the project), compared with the committed reproduction
+    (results/reproduced/<name>.records.csv); only the committed one when the user has none."""
+    given, committed_given = _existing(opts["records"], "--records"), _existing(opts.get("committed"), "--committed")
+    if given is not None:
+        rows = _of(name, given)
+        if not rows:
+            raise UserError(f"no records of experiment {name} in {given}; "
+                            f"run `attnbench sweep experiment={name}` first")
+        committed = _of(name, committed_given) if committed_given else []
+        return Sources([given], records.read_records(given), rows, committed_given, committed, counts=[len(rows)])
+    candidates = [LOCAL / f"{name}.records.csv", Path(cfg.results.path), records.PROJECT_ROOT / cfg.results.path]
+    mine, seen = [], set()
+    for path in candidates:
+        if path.is_file() and path.resolve() not in seen and path.resolve() != committed_records(name).resolve():
+            seen.add(path.resolve())
+            if _of(name, path):
+                mine.append(path)
+    committed = committed_given or (committed_records(name) if committed_records(name).is_file() else None)
+    if mine:
+        every = [r for p in mine for r in records.read_records(p)]
+        counts = [len(_of(name, p)) for p in mine]
+        return Sources(mine, every, [r for r in every if r.get("experiment") == name], committed,
+                       _of(name, committed) if committed else [], found=True, counts=counts)
+    if committed and _of(name, committed):
+        rows = _of(name, committed)
+        return Sources([committed], records.read_records(committed), rows, found=True, counts=[len(rows)])
+    looked = ", ".join(str(p) for p in dict.fromkeys([*candidates, committed_records(name)]))
+    raise UserError(f"no records of experiment {name} (looked in {looked}); "
+                    f"run `attnbench sweep experiment={name}` or `make reproduce-...` first")
+
+
 def _load(names: list[str], overrides: list[str], opts: dict):
-    """(name, composed config, records path, all records, the experiment's records)."""
+    """(name, composed config, the records read)."""
     experiments = C.group_options("experiment")
     if len(names) != 1:
         raise UserError(f"give one experiment name; valid: {', '.join(experiments)}")
@@ -175,16 +276,13 @@ def _load(names: list[str], overrides: list[str], opts: dict):
     settings = cfg.get("report")
     if settings is None or not (settings.get("paper_csv") or settings.get("kind") == "zoo"):
         raise UserError(f"experiment {name} has no report settings (report.paper_csv)")
-    path = Path(opts["records"] or cfg.results.path)
-    all_records = records.read_records(path)
-    rows = [r for r in all_records if r.get("experiment") == name]
-    if not rows:
-        raise UserError(f"no records of experiment {name} in {path}; run `attnbench sweep experiment={name}` first")
-    return name, cfg, path, all_records, rows
+    return name, cfg, find_records(name, cfg, opts)
 
 
-def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict], show_all: bool) -> Report:
-    """Every table of the report, from the records and the experiment's ``report:`` settings."""
+def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict], show_all: bool,
+          committed: list[dict] = ()) -> Report:
+    """Every table of the report, from the records and the experiment's ``report:`` settings;
+    ``committed``: the committed reproduction's records, compared with cell by cell."""
     settings = OmegaConf.to_container(cfg.report, resolve=True)
     layout = spec.layout(settings)
     all_records, _ = select.one_row_per_job(all_records)
@@ -199,7 +297,8 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
     base_source = ([r for r in all_records if r.get("experiment") == settings["baseline_experiment"]]
                    if settings.get("baseline_experiment") else rows)
     report = Report(name, settings, layout, report_rows, datasets, rows,
-                    [r for r in base_source if r.get("model") == baseline], path, grid_ds, duplicates=duplicates)
+                    [r for r in base_source if r.get("model") == baseline], path, grid_ds, duplicates=duplicates,
+                    committed=select.one_row_per_job(list(committed))[0])
     report.tables.append(report.table(layout.headline, layout.every + layout.inline))
     report.tables += [report.table(c, layout.every) for c in layout.own]
     return report
@@ -242,13 +341,15 @@ def wall_clock(rows: list[dict]) -> str | None:
 SITTING_GAP_S = 600
 
 
-def direction_note(rows: list[dict], settings) -> str:
+def higher_is_better(rows: list[dict], settings) -> bool | None:
     """The direction of the records' selection metric (or ``report.higher_is_better``), when known."""
     flags = {str(r.get("higher_is_better", "")).lower() for r in rows} - {""}
     higher = settings.get("higher_is_better")
-    if higher is None and len(flags) == 1:
-        higher = flags.pop() == "true"
-    return {True: " (higher is better)", False: " (lower is better)"}.get(higher, "")
+    return flags.pop() == "true" if higher is None and len(flags) == 1 else higher
+
+
+def direction_note(rows: list[dict], settings) -> str:
+    return {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better(rows, settings), "")
 
 
 def epochs_line(report: Report) -> str:
@@ -389,24 +490,38 @@ def cmd_report(args: list[str]) -> None:
         print(USAGE)
         return
     names, overrides, opts = _parse(args)
+    if opts["format"] and not names:
+        raise UserError("--format is for a paper's table: attnbench report NAME --format latex")
     if not names:
         from bench_cli.report.grouped import report_records
 
         return report_records(overrides, opts)
-    name, cfg, path, all_records, rows = _load(names, overrides, opts)
+    name, cfg, sources = _load(names, overrides, opts)
+    path, screen = sources.paths[0], render.sized(console, opts["width"])
+    render.print_lines(screen, sources.lines(name))
     if cfg.report.get("kind") == "zoo":  # no paper: the leaderboard of every attention (bench_cli/report/zoo.py)
         from bench_cli.report.zoo import write_zoo_report
 
-        return write_zoo_report(name, cfg, path, rows, opts, overrides)
-    # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/.
-    out_dir = Path(opts["out"] or path.parent / "reproduced")
-    report = build(name, cfg, path, all_records, rows, opts["all"])
-    report.command = rerun_command(name, path, out_dir, opts, overrides)
+        if opts["format"]:
+            raise UserError(f"--format: {name} writes its own Markdown and plots; --format is for a paper's table")
+        return write_zoo_report(name, cfg, path, sources.rows, opts, overrides)
+    # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/; records
+    # the command found itself: the user's untracked results/local/.
+    out_dir = Path(opts["out"] or (LOCAL if sources.found else path.parent / "reproduced"))
+    report = build(name, cfg, path, sources.all_records, sources.rows, opts["all"], sources.committed)
+    report.command = rerun_command(name, None if sources.found else path, out_dir, opts, overrides)
+    report.formats = tuple(opts["formats"])
     header, title = header_lines(report), str(report.settings.get("title") or name)
-    tables = [(t, render.display_rows(t.rows, t.average, report.labels, t.columns),
-               render.headers(report.floor, t.columns)) for t in report.tables]
+    if len(sources.paths) > 1:
+        header = [f"records: {', '.join(map(str, sources.paths))}" if h.startswith("records: ") else h for h in header]
+    if report.committed:
+        header.insert(header.index(next(h for h in header if h.startswith("records: "))) + 1,
+                      f"committed: {sources.committed_path} ({len(report.committed)} runs): the committed reproduction "
+                      "beside yours, each cell tested against it (Welch)")
+    committed = bool(report.committed)
+    tables = [(t, render.display_rows(t.rows, t.average, report.labels, t.columns, committed),
+               render.headers(report.floor, t.columns, committed)) for t in report.tables]
     (headline, display, cols), sections = tables[0], tables[1:]
-    screen = render.sized(console, opts["width"])
     render.print_table(screen, title, header, display, notes(report), cols)
     for table, shown, section_cols in sections:
         render.print_table(screen, f"{title}: {table.column.subtitle}", [], shown, [], section_cols)
@@ -417,19 +532,31 @@ def cmd_report(args: list[str]) -> None:
 
 
 def write(console, out: Path, report: Report, title, header, display, cols, sections) -> None:
-    """``<out>.md``, ``<out>.csv`` and ``<out>.<column>.csv`` per further table."""
+    """The formats asked for (``--format``): ``<out>.md``; ``<out>.csv`` and ``<out>.<column>.csv``
+    per further table; ``<out>.tex``."""
+    from bench_cli.records import _replace_atomically
+
+    formats, written = report.formats, []
     out.parent.mkdir(parents=True, exist_ok=True)
-    replaced = committed_from_other_records(out.with_suffix(".md"), header)
-    if replaced:
-        render.print_lines(console, [f"note: {out.with_suffix('.md')} is committed and was made from other records "
-                                     f"({replaced}); it is replaced (git diff shows the change, git checkout "
-                                     "restores it)"])
-    out.with_suffix(".md").write_text(render.markdown(title, header, display, notes(report), cols,
-                                                      [(t.column.subtitle, shown, c) for t, shown, c in sections]))
-    labels, written = report.labels, [out.with_suffix(".md")]
-    for i, table in enumerate(report.tables):
+    if "markdown" in formats:
+        replaced = committed_from_other_records(out.with_suffix(".md"), header)
+        if replaced:
+            render.print_lines(console, [f"note: {out.with_suffix('.md')} is committed and was made from other records "
+                                         f"({replaced}); it is replaced (git diff shows the change, git checkout "
+                                         "restores it)"])
+        written.append(out.with_suffix(".md"))
+        _replace_atomically(written[-1], render.markdown(title, header, display, notes(report), cols,
+                                                         [(t.column.subtitle, shown, c) for t, shown, c in sections]))
+    for i, table in enumerate(report.tables if "csv" in formats else []):
         written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")
-        render.write_csv(written[-1], table.rows, table.average, labels, table.columns)
+        render.write_csv(written[-1], table.rows, table.average, report.labels, table.columns, bool(report.committed))
+    if "latex" in formats:
+        headline = report.tables[0]
+        seeds = len({r.get("seed") for r in report.used})
+        caption = f"{title}. {headline.column.column}, mean ± std over {seeds} seeds"
+        written.append(out.with_suffix(".tex"))
+        _replace_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
+                                                      headline.average, higher_is_better(report.used, report.settings)))
     render.print_lines(console, [f"wrote {', '.join(map(str, written))}"])
 
 

@@ -13,17 +13,33 @@ from bench_cli.ui import DASH, csv_value, fixed, mean_pm, signed
 # conventional terminal width, rich's and shutil.get_terminal_size's own fallback, so a log reads
 # unwrapped in a pager, a mail or a diff; a wider table prints one block per row.
 DEFAULT_WIDTH = 80
-HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)", "Welch (p ≥ 0.05)"]
+HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)",
+           "matches paper (Welch p ≥ 0.05)"]
+# Beside them when the report compares the runs with the committed reproduction (results/reproduced).
+COMMITTED_HEADERS = ["committed", "matches committed (Welch p ≥ 0.05)"]
+COMMITTED_CSV = ["committed_n", "committed_mean", "committed_std", "committed_welch_p", "matches_committed"]
 CSV_COLUMNS = ["dataset", "model", "paper_model", "n", "n_failed", "seeds", "epochs", "mean", "std", "paper_mean",
                "paper_std", "paper_table", "diff", "tolerance", "within_tolerance", "welch_t", "welch_p",
                "within_spread"]
 
 
-def headers(floor: float = 1.0, columns=EFFICIENCY) -> list[str]:
-    """The table's headers: the comparison, then one per spec column (``label (paper)`` when it
-    has paper values)."""
-    return ([f"within max(2σ, {floor:g})" if h.startswith("within") else h for h in HEADERS]
-            + [c.header for c in columns])
+def headers(floor: float = 1.0, columns=EFFICIENCY, committed: bool = False) -> list[str]:
+    """The table's headers: the comparison, the committed reproduction's (``committed``: the runs
+    shown are then "yours"), then one per spec column (``label (paper)`` when it has paper values)."""
+    shown = [f"within max(2σ, {floor:g})" if h.startswith("within") else h for h in HEADERS]
+    if committed:
+        shown = [("yours" if h == "reproduced" else h) for h in shown] + COMMITTED_HEADERS
+    return shown + [c.header for c in columns]
+
+
+def _matches(p, yes: bool | None) -> str:
+    return DASH if p is None else f"{'yes' if yes else 'no'} (p={p:.2f})"
+
+
+def _committed_cells(r: dict) -> list[str]:
+    n = r.get("committed_n") or 0
+    return [mean_pm(r.get("committed_mean"), r.get("committed_std")) + (f" (n {n})" if n else ""),
+            _matches(r.get("committed_welch_p"), r.get("matches_committed"))]
 
 
 def column_cell(row: dict, column) -> str:
@@ -37,7 +53,7 @@ def column_cell(row: dict, column) -> str:
     return f"{shown} ({fixed(row.get(f'paper_{column.csv_name}'), column.digits)})" if column.paper_metric else shown
 
 
-def _average_rows(avg: dict | None, labels: list[str], columns) -> list[list[str]]:
+def _average_rows(avg: dict | None, labels: list[str], columns, committed: bool = False) -> list[list[str]]:
     out = []
     for m in labels if avg else []:
         a = avg["models"][m]
@@ -45,21 +61,22 @@ def _average_rows(avg: dict | None, labels: list[str], columns) -> list[list[str
         within = DASH if diff is None else ("yes" if abs(diff) <= a["tolerance"] else "NO")
         out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), mean_pm(a["mean"], a["std"]),
                     mean_pm(a["paper_mean"], a["paper_std"]) + (" [same sets]" if a["paper_mean"] is not None else ""),
-                    signed(diff), within, DASH, *("" for _ in columns)])
+                    signed(diff), within, DASH, *([DASH, DASH] if committed else []), *("" for _ in columns)])
     return out
 
 
-def display_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> list[list[str]]:
+def display_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY,
+                 committed: bool = False) -> list[list[str]]:
     """Table cells: one line per row, then the average rows (their spec columns left empty)."""
     out = []
     for r in rows:
         n = str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
         within = DASH if r.get("within_tolerance") is None else ("yes" if r["within_tolerance"] else "NO")
-        spread = DASH if r.get("welch_p") is None else f"{'yes' if r['within_spread'] else 'no'} (p={r['welch_p']:.2f})"
+        spread = _matches(r.get("welch_p"), r.get("within_spread"))
         paper = mean_pm(r["paper_mean"], r["paper_std"]) + (f" [T{r['paper_table']}]" if r["paper_table"] else "")
         out.append([r["dataset"], r["model"], n, mean_pm(r["mean"], r["std"]), paper, signed(r.get("diff")), within,
-                    spread, *(column_cell(r, c) for c in columns)])
-    return out + _average_rows(avg, labels, columns)
+                    spread, *(_committed_cells(r) if committed else []), *(column_cell(r, c) for c in columns)])
+    return out + _average_rows(avg, labels, columns, committed)
 
 
 def _markdown_table(table: list[list[str]], cols: list[str]) -> list[str]:
@@ -78,18 +95,58 @@ def markdown(title: str, header_lines: list[str], table: list[list[str]], notes:
     return "\n".join(lines) + "\n"
 
 
-def csv_columns(columns=EFFICIENCY) -> list[str]:
-    """The CSV's columns: the comparison; the plain means of the spec columns without paper values,
-    then their shown values; ours and the paper's of the others."""
+LATEX_SPECIALS = {c: "\\" + c for c in "&%$#_{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIALS.get(c, c) for c in str(text)).replace("±", r"$\pm$")
+
+
+def _latex_cell(mean, std, bold: bool) -> str:
+    if mean is None:
+        return "--"
+    shown = mean_pm(mean, std).replace(" ± ", r" \pm ")
+    return f"$\\mathbf{{{shown}}}$" if bold else f"${shown}$"
+
+
+def latex(caption: str, datasets: list[str], labels: list[str], cells: dict, avg: dict | None,
+          higher_is_better: bool | None) -> str:
+    """The table for a paper (booktabs): a row per model, a column per dataset (and the average over
+    the datasets every model has), mean ± std over seeds, the best of each column in bold (none
+    when the metric's direction is unknown)."""
+    columns = [(d, {m: cells.get((d, m)) for m in labels}) for d in datasets]
+    means = [{m: (c.mean, c.std) if c and c.n else (None, None) for m, c in col.items()} for _, col in columns]
+    heads = [latex_escape(d) for d in datasets]
+    if avg:
+        means.append({m: (avg["models"][m]["mean"], avg["models"][m]["std"]) for m in labels})
+        heads.append(f"Average ({len(avg['datasets'])} sets)")
+    best = []
+    for column in means:
+        values = [v for v, _ in column.values() if v is not None]
+        best.append(None if higher_is_better is None or not values else (max if higher_is_better else min)(values))
+    rows = [" & ".join([latex_escape(m), *(_latex_cell(*column[m], column[m][0] is not None and column[m][0] == b)
+                                           for column, b in zip(means, best))]) + r" \\" for m in labels]
+    return "\n".join([
+        "% needs \\usepackage{booktabs}; mean $\\pm$ sample std over seeds, the best per column in bold",
+        r"\begin{table}[t]", r"\centering", f"\\caption{{{latex_escape(caption)}}}",
+        r"\begin{tabular}{l" + "c" * len(heads) + "}", r"\toprule",
+        " & ".join(["Model", *heads]) + r" \\", r"\midrule", *rows, r"\bottomrule", r"\end{tabular}",
+        r"\end{table}"]) + "\n"
+
+
+def csv_columns(columns=EFFICIENCY, committed: bool = False) -> list[str]:
+    """The CSV's columns: the comparison (and the committed reproduction's); the plain means of the
+    spec columns without paper values, then their shown values; ours and the paper's of the others."""
     plain = [c for c in columns if not c.paper_metric]
-    return (CSV_COLUMNS + [c.column for c in plain] + [c.csv_name for c in plain]
+    return (CSV_COLUMNS + (COMMITTED_CSV if committed else []) + [c.column for c in plain] + [c.csv_name for c in plain]
             + [n for c in columns if c.paper_metric for n in (c.csv_name, f"paper_{c.csv_name}")]
             + [f"{c.csv_name}_{k}" for c in columns if c.column in TIMED_COLUMNS for k in ("sd", "noisy")])
 
 
-def csv_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> list[dict]:
+def csv_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY,
+             committed: bool = False) -> list[dict]:
     """The CSV's rows (every value a string), the average rows last."""
-    names = csv_columns(columns)
+    names = csv_columns(columns, committed)
     out = [{k: csv_value(r.get(k)) for k in names} for r in rows]
     for m in labels if avg else []:
         a = avg["models"][m]
@@ -101,11 +158,12 @@ def csv_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFI
     return out
 
 
-def write_csv(path: Path, rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY) -> None:
+def write_csv(path: Path, rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY,
+              committed: bool = False) -> None:
     """The table as CSV, through the one atomic CSV writer (bench_cli.records.write_rows)."""
     from bench_cli.records import write_rows
 
-    write_rows(path, csv_rows(rows, avg, labels, columns), csv_columns(columns), append=False)
+    write_rows(path, csv_rows(rows, avg, labels, columns, committed), csv_columns(columns, committed), append=False)
 
 
 def width(console, given: int | None = None) -> int:

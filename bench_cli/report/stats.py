@@ -112,12 +112,22 @@ def _comparison(mean, std, n, pv, paper_n: int, floor) -> dict:
                 welch_t=t, welch_p=p, within_spread=None if p is None else p >= ALPHA)
 
 
+def _against_committed(mean, std, n, cell) -> dict:
+    """The committed reproduction's cell beside ours, and whether ours matches it (Welch p >= ALPHA)."""
+    if cell is None or not cell.n:
+        return {"committed_n": 0}
+    t, p = welch(mean, std, n, cell.mean, cell.std, cell.n) if mean is not None else (None, None)
+    return {"committed_n": cell.n, "committed_mean": cell.mean, "committed_std": cell.std, "committed_welch_p": p,
+            "matches_committed": None if p is None else p >= ALPHA}
+
+
 def build_rows(cells, datasets, labels, paper_of, baseline_of, paper_n, paper_model_of=None,
-               floor: float = 1.0, columns=None) -> list[dict]:
+               floor: float = 1.0, columns=None, committed: dict | None = None) -> list[dict]:
     """One row per (dataset, label): ours, the paper's, the comparison, and the spec ``columns``
     ((Column, paper_of or None) pairs; default the efficiency ratios). ``baseline_of(dataset,
     label)`` is (the baseline's Cell, its row label) for the ratios. ``paper_n``: the paper's runs
-    per mean, a number or a function of the dataset (spec.PaperRuns.of); where it is 1, no test."""
+    per mean, a number or a function of the dataset (spec.PaperRuns.of); where it is 1, no test.
+    ``committed``: the committed reproduction's cells, each compared with ours (Welch)."""
     columns = [(c, None) for c in EFFICIENCY] if columns is None else columns
     rows = []
     for d in datasets:
@@ -134,6 +144,8 @@ def build_rows(cells, datasets, labels, paper_of, baseline_of, paper_n, paper_mo
                    "paper_mean": pv.mean if pv else None, "paper_std": pv.std if pv else None,
                    "paper_table": pv.table if pv else "", "paper_n": runs}
             row.update(_comparison(mean, std, n, pv, runs, floor))
+            if committed is not None:
+                row.update(_against_committed(mean, std, n, committed.get((d, m))))
             base_cell, base_label = baseline_of(d, m)
             for column, column_paper in columns:
                 row.update(column_values(column, cell, base_cell, column_paper and column_paper(d, m),

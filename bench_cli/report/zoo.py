@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_cli import compose as C
+from bench_cli import records
 from bench_cli.core.spread import interval_text
 from bench_cli.report import render, select
 from bench_cli.report.paper import number
@@ -282,7 +283,10 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
     plan, cfg = zoo_plan(name, overrides)
     rows, duplicates = select.one_row_per_job(rows)
     baseline = str(cfg.report.get("baseline") or "softmax")
-    out_dir = Path(opts.get("out") or cfg.report.get("out") or path.parent)
+    # The config's folders are the project's (a relative one is read from the project root, not the
+    # working folder); the header names the profile as the config does.
+    out_dir = Path(opts.get("out")
+                   or (records.PROJECT_ROOT / str(cfg.report.out) if cfg.report.get("out") else path.parent))
     profile_path = Path(str(cfg.report.profile_csv)) if cfg.report.get("profile_csv") else None
     sections = []
     for case in plan.cases:
@@ -295,7 +299,7 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
                               for e in entries if e.cell.mean is not None],
                              png, f"{case.label}: {metric} against training time", metric)
         sections.append(Section(case, metric, entries, png))
-    profile = profile_table(plan.models, profile_ratios(profile_path), baseline)
+    profile = profile_table(plan.models, profile_ratios(profile_path and records.PROJECT_ROOT / profile_path), baseline)
     title = str(cfg.report.get("title") or name)
     header = header_lines(plan, cfg, rows, path, profile_path)
     notes = skipped_notes(plan, rows) + identical_notes(sections) + select.duplicates_note(duplicates)
