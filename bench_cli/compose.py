@@ -183,17 +183,27 @@ def yaml_error(err: Exception) -> UserError:
     return UserError(f"YAML error in {where}: {problem}")
 
 
-def parse_overrides(overrides: list[str]):
+def parse_overrides(overrides: list[str]) -> list:
+    return [parse_override(o) for o in overrides]
+
+
+@functools.cache
+def _override_parser():
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+@functools.lru_cache(maxsize=65536)
+def parse_override(override: str):
+    """One override parsed by Hydra's grammar (as Hydra parses a job's overrides), once per distinct
+    line: a sweep's jobs repeat theirs (issue 34). The result is only read."""
     from hydra.errors import OverrideParseException
 
-    parser = OverridesParser.create()
-    parsed = []
-    for o in overrides:
-        try:
-            parsed += parser.parse_overrides([o])
-        except OverrideParseException as e:
-            raise _unparsable(o, e) from None
+    try:
+        (parsed,) = _override_parser().parse_overrides([override])
+    except OverrideParseException as e:
+        raise _unparsable(override, e) from None
     return parsed
 
 
@@ -488,6 +498,21 @@ def shared_config_files():
         ConfigRepository.load_config = original
 
 
+@contextmanager
+def shared_interpolation_parses():
+    """For the time of the ``with``, OmegaConf parses each interpolation string once, not each time
+    it resolves it: its grammar parser (ANTLR) was most of the time of a sweep job's ``job_key``
+    (issue 34). The parse trees are only read by the resolution, so one serves every config."""
+    from omegaconf import base
+
+    original = base.parse
+    base.parse = functools.lru_cache(maxsize=4096)(original)
+    try:
+        yield
+    finally:
+        base.parse = original
+
+
 def composition_errors() -> tuple[type[Exception], ...]:
     """What a composition raises for a mistake in the configs: Hydra's errors, and YAML errors of a
     file (a user folder's yaml is read as it is found)."""
@@ -622,6 +647,122 @@ def hydra_app(job_name: str, flags: dict | None = None):
         yield HydraApp(hydra, str(flags.get("--config-name") or flags.get("-cn") or CONFIG_NAME))
     finally:
         GlobalHydra.instance().clear()
+
+
+class JobComposer:
+    """The jobs of a multirun as every Hydra launcher composes them (``HydraApp.compose_job``), with
+    one Hydra composition per distinct combination of config choices instead of one per job.
+
+    Hydra builds the defaults list from the overrides that name a config group and applies every
+    other override to the composed config afterwards, in their order, with one function
+    (hydra/_internal/config_loader_impl.py ``_load_configuration_impl``: ``config_overrides`` ->
+    ``_apply_overrides_to_config``; hydra/_internal/defaults_list.py ``Overrides`` splits them by
+    ``group_exists``). So a job is the composition of its group choices with its value overrides
+    (seed, a learning rate, ``model.attention.beta``; additions and deletions of keys too) applied
+    by that same function: the same config, a few milliseconds instead of a composition (issue 34;
+    tests/test_sweep.py compares every committed experiment with whole compositions). A job that
+    overrides Hydra's own config (which can move the search path) is composed whole. Configs have
+    no ``hydra`` node, as ``hydra.core.utils.run_job`` hands them to the job."""
+
+    def __init__(self, app: HydraApp, master: DictConfig):
+        self.app, self.master = app, master
+        # the repository of the jobs' compositions (its search path has the config's hydra.searchpath)
+        _, self._repo = app.config_loader._parse_overrides_and_create_caching_repo(
+            master.hydra.job.config_name, list(master.hydra.overrides.hydra))
+        self._parsed: dict[str, tuple[str, object]] = {}  # override line -> (its kind, Hydra's Override)
+        self._bases: dict[tuple[str, ...], DictConfig] = {}  # config choices -> their composition
+        self._checked: set = set()  # override lines and choice tuples that check_group_choices passed
+
+    def _kind(self, line: str) -> tuple[str, object]:
+        """('hydra' | 'choice' | 'value', the parsed override), once per distinct line."""
+        if line not in self._parsed:
+            o = parse_override(line)
+            kind = "hydra" if o.is_hydra_override() else "choice" if self._repo.group_exists(o.key_or_group) else "value"
+            self._parsed[line] = kind, o
+        return self._parsed[line]
+
+    def split(self, overrides) -> tuple[tuple[str, ...], list]:
+        """(the overrides Hydra composes with, the parsed value overrides applied after)."""
+        kinds = [self._kind(line) for line in overrides]
+        if any(kind == "hydra" for kind, _ in kinds):
+            return tuple(overrides), []
+        return (tuple(line for line, (kind, _) in zip(overrides, kinds) if kind == "choice"),
+                [o for kind, o in kinds if kind == "value"])
+
+    def check(self, overrides) -> None:
+        """``check_group_choices`` of a job: its choices once per combination, each value override
+        once (it judges them one by one); a refusal is the whole job's message."""
+        choices, values = self.split(overrides)
+        try:
+            for part in [choices, *(o.input_line for o in values)]:
+                if part not in self._checked:
+                    check_group_choices(list(part) if isinstance(part, tuple) else [part])
+                    self._checked.add(part)
+        except UserError:
+            check_group_choices(list(overrides))
+            raise
+
+    def _base(self, choices: tuple[str, ...]) -> DictConfig:
+        if choices not in self._bases:
+            from omegaconf import read_write
+
+            cfg = self.app.compose_job(self.master, list(choices))
+            with read_write(cfg), open_dict(cfg):
+                del cfg["hydra"]
+            self._bases[choices] = cfg
+        return self._bases[choices]
+
+    def compose(self, overrides) -> DictConfig:
+        """The job's config, its own object."""
+        choices, values = self.split(overrides)
+        return self._apply(copy.deepcopy(self._base(choices)), values, overrides)
+
+    @contextmanager
+    def applied(self, overrides):
+        """The job's config for the time of the ``with``, to read and keep nothing of: the shared
+        composition of its choices with its values set in place and reset afterwards when each
+        replaces a plain value by a plain value (no copy: most of a sweep), else ``compose``'s."""
+        choices, values = self.split(overrides)
+        base = self._base(choices)
+        replaced = _replaced_values(base, values)
+        if replaced is None:
+            yield self._apply(copy.deepcopy(base), values, overrides)
+            return
+        try:
+            yield self._apply(base, values, overrides)
+        finally:
+            for node, value in reversed(replaced):  # a key overridden twice gets its first value back
+                node._set_value(value)
+
+    @staticmethod
+    def _apply(cfg: DictConfig, values: list, overrides) -> DictConfig:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        except composition_errors() as e:
+            raise _explain(e, list(overrides)) from None
+        return _with_plugins(cfg)
+
+
+def _replaced_values(cfg: DictConfig, values: list) -> list | None:
+    """(node, its value) of the leaf each value override replaces, when every override is a plain
+    ``key=value`` whose value is a string, number or boolean at an existing key of ``cfg`` holding
+    one (an untyped node: OmegaConf sets its value in place, ``BaseContainer._set_item_impl``);
+    None otherwise (additions, deletions, null, lists, mappings, new keys)."""
+    from omegaconf.nodes import AnyNode
+
+    replaced = []
+    for o in values:
+        if o.is_add() or o.is_force_add() or o.is_delete() or type(o.value()) not in (str, int, float, bool):
+            return None
+        node = cfg
+        for part in o.key_or_group.split("."):
+            node = node._get_node(part, validate_access=False) if isinstance(node, DictConfig) else None
+        if type(node) is not AnyNode:
+            return None
+        replaced.append((node, node._value()))
+    return replaced
 
 
 RUN_JOB_NAME = "attnbench"  # hydra.job.name of `attnbench run`: its log file is <run folder>/attnbench.log

@@ -3,11 +3,13 @@
 The grid is the experiment's ``hydra.sweeper.params`` plus sweeps on the command line
 (``model=softmax,attention_bn seed=0,1``); the command line wins for the same key, as in Hydra.
 
-Planning is Hydra's own, once per job: the multirun config is composed as ``Hydra.multirun`` does,
-the grid is expanded by Hydra's ``BasicSweeper.split_arguments``, and each job is composed by
-``load_sweep_config``, the function every launcher composes its jobs with. That one composition
-is what is checked (a mistake in any job's config, a missing dataset or an impossible (task,
-model) pair is one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``.
+Planning is Hydra's own: the multirun config is composed as ``Hydra.multirun`` does, the grid is
+expanded by Hydra's ``BasicSweeper.split_arguments``, and each job's config is what
+``load_sweep_config`` (the function every launcher composes its jobs with) gives it, composed once
+per distinct combination of config choices, its value overrides applied as Hydra applies them
+(``compose.JobComposer``: a grid of seeds costs a millisecond a job). That config is what is
+checked (a mistake in any job's config, a missing dataset or an impossible (task, model) pair is
+one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``.
 
 Resume: a job whose result record (``results.path``) already holds an ``ok`` row with the same
 ``job_key`` (hash of the resolved config, seed included) is skipped by the plan; missing and
@@ -21,7 +23,8 @@ Two sweeps of one records file at once: each job is claimed in the records file 
 before it runs (``records.claim_job``); a job another live process has claimed, or that got an
 ``ok`` record since the plan, is skipped with one line (``skipped, running in pid N``), and the
 claim of a process that is gone (kill -9) is taken over. A dry run lists every job, marking those
-whose data is missing; a real sweep refuses them in one line.
+whose data is missing (of those to run: a finished job needs neither its data nor its model built);
+a real sweep refuses them in one line.
 
 Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recorded by the runner
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
@@ -37,10 +40,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import compose as C
 from bench_cli import plugins, records
@@ -82,13 +86,19 @@ MAX_EXIT = 125
 
 @dataclass
 class Job:
+    """A planned job. Its config is composed again when read (``cfg``): a plan keeps what its
+    commands read of every job (key, label, records file, variant), not 20,000 configs."""
     overrides: list[str]
-    cfg: DictConfig = field(repr=False)  # as the job gets it: composed by Hydra, without its hydra node
-    key: str = ""
+    key: str
+    label: str
+    records_path: str = field(repr=False)  # results.path
+    variant: tuple = field(repr=False)  # (task, dataset, model): what validation checks once for all
+    compose: Callable[[], DictConfig] = field(repr=False)
 
     @property
-    def label(self) -> str:
-        return job_label(self.cfg)
+    def cfg(self) -> DictConfig:
+        """The job's config as the job gets it: composed as by Hydra, without its hydra node."""
+        return self.compose()
 
 
 @dataclass
@@ -152,18 +162,17 @@ def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
     return grid
 
 
-def compose_job(app: C.HydraApp, master: DictConfig, overrides: list[str]) -> Job:
-    """One job, composed once by Hydra as its launcher composes it, with its job_key."""
-    C.check_group_choices(overrides)
-    cfg = app.compose_job(master, overrides)
-    with read_write(cfg), open_dict(cfg):
-        del cfg["hydra"]  # as hydra.core.utils.run_job hands the config to the job
-    try:
-        key = records.job_key(cfg)
-    except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
-        raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
-                        f"{str(e).splitlines()[0]}") from None
-    return Job(list(overrides), cfg, key)
+def plan_job(composer: C.JobComposer, overrides: list[str]) -> Job:
+    """One job with its job_key, as its launcher composes it (``compose.JobComposer``)."""
+    composer.check(overrides)
+    with composer.applied(overrides) as cfg:
+        try:
+            key = records.job_key(cfg)
+            label, records_path, variant = job_label(cfg), str(cfg.results.path), _checked_as(cfg)
+        except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
+            raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
+                            f"{str(e).splitlines()[0]}") from None
+    return Job(list(overrides), key, label, records_path, variant, functools.partial(composer.compose, tuple(overrides)))
 
 
 @contextmanager
@@ -185,11 +194,20 @@ def expand_grid(overrides: list[str], flags: dict | None = None) -> list[list[st
         return job_overrides(app, master)
 
 
-def plan_sweep(overrides: list[str], flags: dict | None = None) -> Sweep:
+def plan_sweep(overrides: list[str], flags: dict | None = None, progress: bool = False) -> Sweep:
     """The multirun config and its distinct jobs (a grid can name the same config twice, e.g.
-    seed=0,0), each composed once. ``flags``: Hydra's --config-dir / --config-name / --config-path."""
-    with _multirun(overrides, flags) as (app, master), C.shared_config_files():
-        jobs = [compose_job(app, master, ovs) for ovs in job_overrides(app, master)]
+    seed=0,0). ``flags``: Hydra's --config-dir / --config-name / --config-path. ``progress``: a
+    bar (a line every few seconds without a terminal) when planning takes more than a moment."""
+    from bench_cli.core.progress import count_progress
+
+    with _multirun(overrides, flags) as (app, master), C.shared_config_files(), C.shared_interpolation_parses():
+        grid = job_overrides(app, master)
+        composer = C.JobComposer(app, master)
+        jobs = []
+        with count_progress("planning the sweep", len(grid), every_s=5, after_s=2 if progress else None) as update:
+            for ovs in grid:
+                jobs.append(plan_job(composer, ovs))
+                update(len(jobs), len(grid))
     seen, unique = set(), []
     for job in jobs:
         if job.key not in seen:
@@ -220,9 +238,10 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
     seen_model: set[str] = set()
     missing_of: dict[tuple, str | None] = {}  # (task, dataset, model) -> the missing-data message
     for job in jobs:
-        cfg, data_id = job.cfg, _checked_as(job.cfg)
+        data_id = job.variant
         if data_id in missing_of:
             continue
+        cfg = job.cfg
         try:
             task = check_config(cfg)
             missing_of[data_id] = None
@@ -235,7 +254,7 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
             missing_of[data_id] = str(e)
         except UserError as e:
             raise UserError(f"job '{' '.join(job.overrides)}': {e}") from None
-    missing = {j.key: m for j in jobs if (m := missing_of[_checked_as(j.cfg)])}
+    missing = {j.key: m for j in jobs if (m := missing_of[j.variant])}
     if missing and not missing_data_ok:
         uniq = list(dict.fromkeys(missing.values()))
         more = f" (and {len(uniq) - 1} more datasets)" if len(uniq) > 1 else ""
@@ -249,20 +268,21 @@ def skip_incapable(jobs: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
     """(jobs kept, (job, reason) left out): with ``sweep.skip_incapable`` in its config (a grid that
     crosses tasks with every model: experiment zoo/offline), a job whose (task, model) pair the
     registry's capabilities refuse (runner.check_model_fits_task) is left out with the refusal as
-    its reason, instead of refusing the whole grid; other jobs are kept as they are."""
+    its reason, instead of refusing the whole grid; other jobs are kept as they are. Judged once
+    per (task, dataset, model), on its first job's config."""
     from bench_cli.runner import build_task, check_model_fits_task
 
     kept, skipped, reasons = [], [], {}
     for job in jobs:
-        pair = (job.cfg.task.name, job.cfg.task.get("dataset"), job.cfg.model.name)
-        if OmegaConf.select(job.cfg, "sweep.skip_incapable", default=False) and pair not in reasons:
-            try:
-                check_model_fits_task(build_task(job.cfg), job.cfg)
-                reasons[pair] = None
-            except UserError as e:
-                reasons[pair] = str(e)
-        if reasons.get(pair):
-            skipped.append((job, reasons[pair]))
+        if job.variant not in reasons:
+            cfg, reasons[job.variant] = job.cfg, None
+            if OmegaConf.select(cfg, "sweep.skip_incapable", default=False):
+                try:
+                    check_model_fits_task(build_task(cfg), cfg)
+                except UserError as e:
+                    reasons[job.variant] = str(e)
+        if reasons[job.variant]:
+            skipped.append((job, reasons[job.variant]))
         else:
             kept.append(job)
     return kept, skipped
@@ -470,7 +490,7 @@ def cmd_sweep(args: list[str]) -> None:
         return
     p, flags = parsed
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
-    sweep = plan_sweep(p.overrides, flags)
+    sweep = plan_sweep(p.overrides, flags, progress=True)
     sweep.jobs, skipped = skip_incapable(sweep.jobs)
     for reason in dict.fromkeys(reason for _, reason in skipped):
         console.print(f"[yellow]skipped[/] ({sum(r == reason for _, r in skipped)} jobs): {escape(reason)}",
@@ -478,14 +498,16 @@ def cmd_sweep(args: list[str]) -> None:
     jobs = sweep.jobs
     if not jobs:
         raise UserError("the sweep has no jobs")
-    missing = validate_jobs(jobs, missing_data_ok=dry_run)  # a dry run lists every job, data or not
-    paths = {str(j.cfg.results.path) for j in jobs}
+    paths = {j.records_path for j in jobs}
     done = {}
     for path in paths:
         done.update(done_keys(path))
     n_done = sum(j.key in done for j in jobs)
-    what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
     todo = jobs if force else [j for j in jobs if j.key not in done]
+    # the jobs that will run (a done job needs neither its data nor its model built: a resumed
+    # sweep starts at once); a dry run lists every job, data or not
+    missing = validate_jobs(todo, missing_data_ok=dry_run)
+    what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
     console.print(f"[bold]{what}[/]: {len(jobs)} jobs, {n_done} already done"
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
