@@ -712,6 +712,54 @@ class JobComposer:
             self._bases[choices] = cfg
         return self._bases[choices]
 
+    def prepare(self, grid, fork_from: int = 16, progress=None) -> None:
+        """Compose the choices of every job of ``grid`` ahead, shared between this process and
+        forked ones (one per further core, each taking the next combination left; their configs
+        come back pickled) when there are at least ``fork_from`` to compose: the zoo's 150
+        compositions are most of its plan. What fails here is left to the jobs, which compose it
+        again and fail in the grid's order. ``progress(done, total)`` is called as they are taken."""
+        import multiprocessing
+
+        todo = list(dict.fromkeys(c for c in (self.split(job)[0] for job in grid) if c not in self._bases))
+        workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 4)
+        if workers < 2 or len(todo) < fork_from or "fork" not in multiprocessing.get_all_start_methods():
+            return
+        context = multiprocessing.get_context("fork")
+        taken = context.Value("i", 0)  # how many of ``todo`` a process has taken
+        children = []
+        for _ in range(workers - 1):
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=self._compose_taken, args=(todo, taken, send), daemon=True)
+            child.start()
+            send.close()
+            children.append((receive, child))
+        self._compose_taken(todo, taken, None, progress)
+        for receive, child in children:
+            try:
+                composed = receive.recv()
+            except EOFError:  # the child died: what it took is composed as the jobs need it
+                composed = {}
+            child.join()
+            self._bases.update({c: cfg for c, cfg in composed.items() if c not in self._bases})
+
+    def _compose_taken(self, todo: list[tuple[str, ...]], taken, send, progress=None) -> None:
+        composed = {}
+        while True:
+            with taken.get_lock():
+                i = taken.value
+                taken.value += 1
+            if progress is not None:
+                progress(min(i, len(todo)), len(todo))
+            if i >= len(todo):
+                break
+            try:
+                composed[todo[i]] = self._base(todo[i])
+            except Exception:  # noqa: BLE001 - raised again in the grid's order (prepare)
+                pass
+        if send is not None:
+            send.send(composed)
+            send.close()
+
     def compose(self, overrides) -> DictConfig:
         """The job's config, its own object."""
         choices, values = self.split(overrides)

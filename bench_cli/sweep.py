@@ -86,8 +86,9 @@ MAX_EXIT = 125
 
 @dataclass
 class Job:
-    """A planned job. Its config is composed again when read (``cfg``): a plan keeps what its
-    commands read of every job (key, label, records file, variant), not 20,000 configs."""
+    """A planned job. Its config is composed when first read (``cfg``: validation reads one job of
+    each variant): a plan keeps what its commands read of every job (key, label, records file,
+    variant), not 20,000 configs."""
     overrides: list[str]
     key: str
     label: str
@@ -95,7 +96,7 @@ class Job:
     variant: tuple = field(repr=False)  # (task, dataset, model): what validation checks once for all
     compose: Callable[[], DictConfig] = field(repr=False)
 
-    @property
+    @functools.cached_property
     def cfg(self) -> DictConfig:
         """The job's config as the job gets it: composed as by Hydra, without its hydra node."""
         return self.compose()
@@ -203,8 +204,11 @@ def plan_sweep(overrides: list[str], flags: dict | None = None, progress: bool =
     with _multirun(overrides, flags) as (app, master), C.shared_config_files(), C.shared_interpolation_parses():
         grid = job_overrides(app, master)
         composer = C.JobComposer(app, master)
+        shown = {"every_s": 5, "after_s": 2 if progress else None}
+        with count_progress("composing the sweep's configurations", len(grid), **shown) as update:
+            composer.prepare(grid, progress=update)
         jobs = []
-        with count_progress("planning the sweep", len(grid), every_s=5, after_s=2 if progress else None) as update:
+        with count_progress("planning the sweep", len(grid), **shown) as update:
             for ovs in grid:
                 jobs.append(plan_job(composer, ovs))
                 update(len(jobs), len(grid))
@@ -490,8 +494,9 @@ def cmd_sweep(args: list[str]) -> None:
         return
     p, flags = parsed
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
-    sweep = plan_sweep(p.overrides, flags, progress=True)
-    sweep.jobs, skipped = skip_incapable(sweep.jobs)
+    with C.shared_interpolation_parses():  # the plan's, and the checks' resolutions of job configs
+        sweep = plan_sweep(p.overrides, flags, progress=True)
+        sweep.jobs, skipped = skip_incapable(sweep.jobs)
     for reason in dict.fromkeys(reason for _, reason in skipped):
         console.print(f"[yellow]skipped[/] ({sum(r == reason for _, r in skipped)} jobs): {escape(reason)}",
                       highlight=False, soft_wrap=True)
@@ -506,7 +511,8 @@ def cmd_sweep(args: list[str]) -> None:
     todo = jobs if force else [j for j in jobs if j.key not in done]
     # the jobs that will run (a done job needs neither its data nor its model built: a resumed
     # sweep starts at once); a dry run lists every job, data or not
-    missing = validate_jobs(todo, missing_data_ok=dry_run)
+    with C.shared_interpolation_parses():
+        missing = validate_jobs(todo, missing_data_ok=dry_run)
     what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
     console.print(f"[bold]{what}[/]: {len(jobs)} jobs, {n_done} already done"
                   + (" (rerun: --force)" if force and n_done else "")

@@ -263,6 +263,55 @@ def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_rese
         assert S.plan_job(composer, ["seed=1"]).key != S.plan_job(C.JobComposer(app, master), ["seed=1"]).key
 
 
+def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeypatch):
+    """JobComposer.prepare shares the compositions with a forked process (the zoo's 150): what it
+    composes comes back pickled, the same configs and job keys; progress counts the compositions."""
+    import os
+    import time
+
+    with S._multirun(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
+        grid = S.job_overrides(app, master)
+        here, shared = C.JobComposer(app, master), C.JobComposer(app, master)
+        monkeypatch.setattr(C.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        compose, parent, composed_here = C.JobComposer._base, os.getpid(), []
+
+        def slow_here(self, choices):  # this process waits, so that the forked one composes too
+            if os.getpid() == parent and choices not in self._bases:
+                composed_here.append(choices)
+                time.sleep(1.0)
+            return compose(self, choices)
+
+        monkeypatch.setattr(C.JobComposer, "_base", slow_here)
+        progress = []
+        shared.prepare(grid, fork_from=1, progress=lambda done, total: progress.append((done, total)))
+        assert len(shared._bases) == 4 and 0 < len(composed_here) < 4 and progress[-1] == (4, 4)
+        monkeypatch.setattr(C.JobComposer, "_base", compose)
+        for job in grid:
+            a, b = S.plan_job(shared, job), S.plan_job(here, job)
+            assert a.key == b.key and as_dict(a.cfg) == as_dict(b.cfg)
+
+
+def test_planning_progress_shows_after_two_seconds_then_every_five_when_redirected(monkeypatch, capsys):
+    """What plan_sweep(progress=True) shows without a terminal: nothing for a plan that takes less
+    than 2 s, then a line each 10% and each 5 s."""
+    from types import SimpleNamespace
+
+    from bench_cli.core import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    with progress.count_progress("planning the sweep", 1000, every_s=5, after_s=2) as update:
+        for done, now[0] in ((1, 1.0), (2, 2.4), (3, 4.0), (4, 7.6), (100, 8.0), (1000, 9.0)):
+            update(done, 1000)
+    assert capsys.readouterr().err.splitlines() == [
+        "planning the sweep: 0% (2/1000, 2 s)", "planning the sweep: 0% (4/1000, 8 s)",
+        "planning the sweep: 10% (100/1000, 8 s)", "planning the sweep: 100% (1000/1000, 9 s)"]
+    with progress.count_progress("planning the sweep", 1000, after_s=None) as update:
+        now[0] = 100.0
+        update(1000, 1000)
+    assert capsys.readouterr().err == ""
+
+
 def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs, capsys):
     """A finished job (an ok record with its job_key) is skipped by the plan and never launched;
     --force launches it again. The jobs that run get the plan's numbers ([sweep 2/3])."""
