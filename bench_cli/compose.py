@@ -668,7 +668,7 @@ class JobComposer:
         self.app, self.master = app, master
         # the repository of the jobs' compositions (its search path has the config's hydra.searchpath)
         _, self._repo = app.config_loader._parse_overrides_and_create_caching_repo(
-            master.hydra.job.config_name, list(master.hydra.overrides.hydra))
+            master.hydra.job.config_name, OmegaConf.to_container(master.hydra.overrides.hydra))
         self._parsed: dict[str, tuple[str, object]] = {}  # override line -> (its kind, Hydra's Override)
         self._bases: dict[tuple[str, ...], DictConfig] = {}  # config choices -> their composition
         self._checked: set = set()  # override lines and choice tuples that check_group_choices passed

@@ -154,7 +154,8 @@ def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
     if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         raise UserError(f"`attnbench sweep` plans with Hydra's basic sweeper; {sweeper._target_} is not supported")
     params = OmegaConf.to_container(sweeper.params, resolve=True) if sweeper.get("params") else {}
-    lines = [f"{k}={v}" for k, v in params.items()] + list(master.hydra.overrides.task)
+    # as typed: an override whose value has an interpolation is the job's to resolve, not the plan's
+    lines = [f"{k}={v}" for k, v in params.items()] + OmegaConf.to_container(master.hydra.overrides.task)
     try:
         parsed = OverridesParser.create(config_loader=app.config_loader).parse_overrides(lines)
         (grid,) = BasicSweeper.split_arguments(parsed, None)

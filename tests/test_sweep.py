@@ -94,6 +94,7 @@ def test_grid_mistakes_are_one_line_exit_2(uea_fixture, workdir, capsys):
         (["model=softmax,no_such_model"], "unknown model 'no_such_model'"),
         (["task.dataset=Fixture,NotHere"], "NotHere"),
         (["model=softmax,attention_bn", "++model.attention.beta=0.5"], "cannot build model 'softmax'"),
+        (["seed=0,1", "paths.output_dir=${nope}"], "cannot resolve its config: Interpolation key 'nope' not found"),
         (["--bogus"], "unknown option '--bogus'"),
     ):
         with pytest.raises(SystemExit) as e:
