@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from bench_cli.core.errors import UserError, did_you_mean, unknown_choice
 
@@ -418,8 +418,8 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
     keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused."""
     note_searchpath(overrides)
     quick_check(overrides)
-    chosen: dict[str, list[str]] = {"task": [], "experiment": []}
-    for o in parse_overrides(overrides):
+    parsed = parse_overrides(overrides)
+    for o in parsed:
         if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not addable(o.key_or_group):
             raise UserError(f"'{o.input_line}': nothing reads {o.key_or_group}, so adding it would change nothing; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}"
@@ -441,9 +441,18 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
                     continue
                 if str(v) not in group_options(group):
                     raise unknown_choice(group, str(v), group_options(group))
-                if group in chosen:
-                    chosen[group].append(str(v))
-    check_experiment_tasks(chosen["experiment"], chosen["task"])
+    check_experiment_tasks(*chosen_experiments_and_tasks(parsed))
+
+
+def chosen_experiments_and_tasks(parsed: list) -> tuple[list[str], list[str]]:
+    """(the experiments, the tasks) that parsed overrides choose, as ``check_experiment_tasks`` takes them."""
+    chosen: dict[str, list[str]] = {"experiment": [], "task": []}
+    for o in parsed:
+        group = o.key_or_group.split("@")[0]
+        if group in chosen and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            chosen[group] += [str(v) for v in values if v is not None or group != "experiment"]
+    return chosen["experiment"], chosen["task"]
 
 
 @contextmanager
@@ -671,6 +680,7 @@ class JobComposer:
             master.hydra.job.config_name, OmegaConf.to_container(master.hydra.overrides.hydra))
         self._parsed: dict[str, tuple[str, object]] = {}  # override line -> (its kind, Hydra's Override)
         self._bases: dict[tuple[str, ...], DictConfig] = {}  # config choices -> their composition
+        self._unresolved: dict[tuple[str, ...], tuple | None] = {}  # config choices -> _unresolved_template
         self._checked: set = set()  # override lines and choice tuples that check_group_choices passed
 
     def _kind(self, line: str) -> tuple[str, object]:
@@ -690,14 +700,18 @@ class JobComposer:
                 [o for kind, o in kinds if kind == "value"])
 
     def check(self, overrides) -> None:
-        """``check_group_choices`` of a job: its choices once per combination, each value override
-        once (it judges them one by one); a refusal is the whole job's message."""
-        choices, values = self.split(overrides)
+        """``check_group_choices`` of a job: it judges each override alone, except whether the
+        experiment is for the task; so each distinct override once, the experiment and the task once
+        per combination of choices. A refusal is the whole job's message."""
+        choices, _ = self.split(overrides)
         try:
-            for part in [choices, *(o.input_line for o in values)]:
-                if part not in self._checked:
-                    check_group_choices(list(part) if isinstance(part, tuple) else [part])
-                    self._checked.add(part)
+            for line in overrides:
+                if line not in self._checked:
+                    check_group_choices([line])
+                    self._checked.add(line)
+            if choices not in self._checked:
+                check_experiment_tasks(*chosen_experiments_and_tasks([self._kind(line)[1] for line in choices]))
+                self._checked.add(choices)
         except UserError:
             check_group_choices(list(overrides))
             raise
@@ -767,20 +781,50 @@ class JobComposer:
 
     @contextmanager
     def applied(self, overrides):
-        """The job's config for the time of the ``with``, to read and keep nothing of: the shared
+        """The job's config for the time of the ``with``, read-only, to keep nothing of: the shared
         composition of its choices with its values set in place and reset afterwards when each
         replaces a plain value by a plain value (no copy: most of a sweep), else ``compose``'s."""
+        from omegaconf import flag_override
+
         choices, values = self.split(overrides)
         base = self._base(choices)
         replaced = _replaced_values(base, values)
-        if replaced is None:
-            yield self._apply(copy.deepcopy(base), values, overrides)
-            return
+        if replaced is not None and choices not in self._unresolved:  # read before any value is set
+            self._unresolved[choices] = _unresolved_template(base)
         try:
-            yield self._apply(base, values, overrides)
+            cfg = self._apply(copy.deepcopy(base) if replaced is None else base, values, overrides)
+            with flag_override(cfg, "readonly", True):
+                yield cfg
         finally:
-            for node, value in reversed(replaced):  # a key overridden twice gets its first value back
+            for node, value in reversed(replaced or ()):  # a key overridden twice gets its first value back
                 node._set_value(value)
+
+    def resolved(self, cfg: DictConfig, overrides) -> dict:
+        """``OmegaConf.to_container(cfg, resolve=True)`` of a job's config from ``applied``, resolving
+        only what can differ from the other jobs of its choices: its interpolations (an override
+        they read, a resolver reading the root) and its values; the rest is the composition's,
+        read once (a job's job_key in a fraction of a millisecond). The same data, or OmegaConf's
+        error when something does not resolve."""
+        from omegaconf.basecontainer import BaseContainer
+
+        choices, values = self.split(overrides)
+        template = self._unresolved.get(choices)
+        if template is None or self._bases.get(choices) is not cfg:  # not resolved in place: whole
+            return OmegaConf.to_container(cfg, resolve=True)
+        raw, interpolations = template
+        out, copied = dict(raw), set()
+        try:
+            for path in [*interpolations, *(tuple(o.key_or_group.split(".")) for o in values)]:
+                node = cfg
+                for key in path:
+                    node = node._get_node(key)
+                node = node._dereference_node()
+                value = (BaseContainer._to_content(node, resolve=True, throw_on_missing=False)
+                         if isinstance(node, (DictConfig, ListConfig)) else node._value())
+                _set_copied(out, path, value, copied)
+        except Exception:  # noqa: BLE001 - OmegaConf's own message, from resolving it whole
+            return OmegaConf.to_container(cfg, resolve=True)
+        return out
 
     @staticmethod
     def _apply(cfg: DictConfig, values: list, overrides) -> DictConfig:
@@ -791,6 +835,41 @@ class JobComposer:
         except composition_errors() as e:
             raise _explain(e, list(overrides)) from None
         return _with_plugins(cfg)
+
+
+def _unresolved_template(cfg: DictConfig) -> tuple[dict, list[tuple]] | None:
+    """(``OmegaConf.to_container(cfg)`` unresolved, the paths of its interpolations), or None for a
+    config whose resolution is not the sum of its leaves' (a container that is null, missing, an
+    interpolation or a structured config)."""
+    paths: list[tuple] = []
+
+    def walk(node, path: tuple) -> bool:
+        for key in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
+            child = node._get_node(key)
+            if isinstance(child, (DictConfig, ListConfig)):
+                if (child._is_none() or child._is_missing() or child._is_interpolation()
+                        or isinstance(child, DictConfig) and child._metadata.object_type not in (dict, None)
+                        or not walk(child, (*path, key))):
+                    return False
+            elif child._is_interpolation():
+                paths.append((*path, key))
+        return True
+
+    return (OmegaConf.to_container(cfg), paths) if walk(cfg, ()) else None
+
+
+def _set_copied(tree: dict, path: tuple, value, copied: set) -> None:
+    """``tree[path] = value``, copying the dicts and lists on the way (once: ``copied`` holds the
+    ids of the copies) instead of changing those ``tree`` shares with its template."""
+    node = tree
+    for key in path[:-1]:
+        child = node[key]
+        if id(child) not in copied:
+            child = dict(child) if isinstance(child, dict) else list(child)
+            copied.add(id(child))
+            node[key] = child
+        node = child
+    node[path[-1]] = value
 
 
 def _replaced_values(cfg: DictConfig, values: list) -> list | None:

@@ -40,7 +40,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -86,20 +85,24 @@ MAX_EXIT = 125
 
 @dataclass
 class Job:
-    """A planned job. Its config is composed when first read (``cfg``: validation reads one job of
-    each variant): a plan keeps what its commands read of every job (key, label, records file,
-    variant), not 20,000 configs."""
+    """A planned job: what the commands read of every job (key, label, records file, variant), not
+    its config (20,000 configs would not fit), which is composed when read."""
     overrides: list[str]
     key: str
     label: str
     records_path: str = field(repr=False)  # results.path
     variant: tuple = field(repr=False)  # (task, dataset, model): what validation checks once for all
-    compose: Callable[[], DictConfig] = field(repr=False)
+    composer: C.JobComposer = field(repr=False)
 
     @functools.cached_property
     def cfg(self) -> DictConfig:
         """The job's config as the job gets it: composed as by Hydra, without its hydra node."""
-        return self.compose()
+        return self.composer.compose(self.overrides)
+
+    def reading(self):
+        """``with job.reading() as cfg``: the job's config, read-only, shared with the plan (no copy:
+        the checks of a big grid)."""
+        return self.composer.applied(self.overrides)
 
 
 @dataclass
@@ -169,12 +172,12 @@ def plan_job(composer: C.JobComposer, overrides: list[str]) -> Job:
     composer.check(overrides)
     with composer.applied(overrides) as cfg:
         try:
-            key = records.job_key(cfg)
+            key = records.job_key(composer.resolved(cfg, overrides))
             label, records_path, variant = job_label(cfg), str(cfg.results.path), _checked_as(cfg)
         except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
             raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
                             f"{str(e).splitlines()[0]}") from None
-    return Job(list(overrides), key, label, records_path, variant, functools.partial(composer.compose, tuple(overrides)))
+    return Job(list(overrides), key, label, records_path, variant, composer)
 
 
 @contextmanager
@@ -246,15 +249,15 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
         data_id = job.variant
         if data_id in missing_of:
             continue
-        cfg = job.cfg
         try:
-            task = check_config(cfg)
-            missing_of[data_id] = None
-            model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
-                                   OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
-            if model_id not in seen_model:
-                seen_model.add(model_id)
-                check_model_builds(task, cfg)
+            with job.reading() as cfg:
+                task = check_config(cfg)
+                missing_of[data_id] = None
+                model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
+                                       OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
+                if model_id not in seen_model:
+                    seen_model.add(model_id)
+                    check_model_builds(task, cfg)
         except DataNotFoundError as e:
             missing_of[data_id] = str(e)
         except UserError as e:
@@ -280,12 +283,13 @@ def skip_incapable(jobs: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
     kept, skipped, reasons = [], [], {}
     for job in jobs:
         if job.variant not in reasons:
-            cfg, reasons[job.variant] = job.cfg, None
-            if OmegaConf.select(cfg, "sweep.skip_incapable", default=False):
-                try:
-                    check_model_fits_task(build_task(cfg), cfg)
-                except UserError as e:
-                    reasons[job.variant] = str(e)
+            reasons[job.variant] = None
+            with job.reading() as cfg:
+                if OmegaConf.select(cfg, "sweep.skip_incapable", default=False):
+                    try:
+                        check_model_fits_task(build_task(cfg), cfg)
+                    except UserError as e:
+                        reasons[job.variant] = str(e)
         if reasons[job.variant]:
             skipped.append((job, reasons[job.variant]))
         else:

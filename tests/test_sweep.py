@@ -152,9 +152,9 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
 
 def test_planning_parses_each_config_file_once_and_composes_the_same_configs(monkeypatch):
     """plan_sweep shares parsed config files between its compositions (compose.shared_config_files):
-    the same configs and job keys as parsing them for each composition, fewer parses (a grid over
-    models, datasets and seeds composes once per model: 4 compositions), and Hydra's repository is
-    itself again afterwards."""
+    the same configs and job keys as parsing them for each composition, fewer parses (a grid of 2
+    zoo cases x 4 models x 2 seeds composes once per case and model: 8 compositions), and Hydra's
+    repository is itself again afterwards."""
     from contextlib import nullcontext
 
     from hydra._internal.config_repository import ConfigRepository
@@ -167,11 +167,14 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
         return loader(self, config_path)
 
     monkeypatch.setattr(ConfigRepository, "load_config", counting)
-    args = ["experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions", "seed=0,1"]
+    args = ["experiment=zoo/offline", "experiment/zoo/_case=japanese_vowels,basic_motions",
+            "model=softmax,linear,attention_bn,attention_sh", "seed=0,1"]
+    C._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
     shared = S.plan_sweep(args)
     shared_parses, parsed[:] = len(parsed), []
     assert ConfigRepository.load_config is counting
     monkeypatch.setattr(S.C, "shared_config_files", nullcontext)
+    C._group_defaults.cache_clear()
     alone = S.plan_sweep(args)
     assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
     assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
@@ -219,13 +222,14 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
                 planned = {job: S.plan_job(composer, list(job)) for job in dict.fromkeys([*jobs[:20], jobs[-1]])}
             for job in dict.fromkeys([jobs[0], jobs[-1]]):
                 with C.shared_interpolation_parses(), composer.applied(job) as cfg:
-                    shared = as_dict(cfg)
+                    shared, resolved = as_dict(cfg), composer.resolved(cfg, job)
                 whole = app.compose_job(master, list(job))
                 with read_write(whole), open_dict(whole):
                     del whole["hydra"]
                 expected = as_dict(whole)
                 differences += [f"{' '.join(job)}: {what}" for what, same in (
                     ("job_key", planned[job].key == records.job_key(whole)), ("config in place", shared == expected),
+                    ("config resolved in place", resolved == expected),
                     ("config of its own", as_dict(planned[job].cfg) == expected)) if not same]
     return differences
 
@@ -253,15 +257,16 @@ def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_rese
         m.setattr(C.JobComposer, "_apply", staticmethod(without_the_last_value))
         differences = planned_against_whole(["model=attention_bn", "seed=0,1", "trainer.max_epochs=3"])
     assert differences == [f"model=attention_bn seed={seed} trainer.max_epochs=3: {what}" for seed in (0, 1)
-                           for what in ("job_key", "config in place", "config of its own")]
+                           for what in ("job_key", "config in place", "config resolved in place", "config of its own")]
     # values set in place and not reset: a job without trainer.max_epochs after one with it
     with S._multirun([], None) as (app, master):
         composer = C.JobComposer(app, master)
+        fresh = as_dict(S.plan_job(C.JobComposer(app, master), ["seed=1"]).cfg)
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
-        assert S.plan_job(composer, ["seed=1"]).key == S.plan_job(C.JobComposer(app, master), ["seed=1"]).key
+        assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) == fresh
         monkeypatch.setattr(S.C, "_replaced_values", lambda cfg, values: [])  # nothing to reset
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
-        assert S.plan_job(composer, ["seed=1"]).key != S.plan_job(C.JobComposer(app, master), ["seed=1"]).key
+        assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) != fresh
 
 
 def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeypatch):
