@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from bench_cli.core.errors import UserError, did_you_mean, unknown_choice
 
@@ -183,17 +183,27 @@ def yaml_error(err: Exception) -> UserError:
     return UserError(f"YAML error in {where}: {problem}")
 
 
-def parse_overrides(overrides: list[str]):
+def parse_overrides(overrides: list[str]) -> list:
+    return [parse_override(o) for o in overrides]
+
+
+@functools.cache
+def _override_parser():
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+@functools.lru_cache(maxsize=65536)
+def parse_override(override: str):
+    """One override parsed by Hydra's grammar (as Hydra parses a job's overrides), once per distinct
+    line: a sweep's jobs repeat theirs (issue 34). The result is only read."""
     from hydra.errors import OverrideParseException
 
-    parser = OverridesParser.create()
-    parsed = []
-    for o in overrides:
-        try:
-            parsed += parser.parse_overrides([o])
-        except OverrideParseException as e:
-            raise _unparsable(o, e) from None
+    try:
+        (parsed,) = _override_parser().parse_overrides([override])
+    except OverrideParseException as e:
+        raise _unparsable(override, e) from None
     return parsed
 
 
@@ -408,8 +418,8 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
     keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused."""
     note_searchpath(overrides)
     quick_check(overrides)
-    chosen: dict[str, list[str]] = {"task": [], "experiment": []}
-    for o in parse_overrides(overrides):
+    parsed = parse_overrides(overrides)
+    for o in parsed:
         if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not addable(o.key_or_group):
             raise UserError(f"'{o.input_line}': nothing reads {o.key_or_group}, so adding it would change nothing; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}"
@@ -431,9 +441,18 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
                     continue
                 if str(v) not in group_options(group):
                     raise unknown_choice(group, str(v), group_options(group))
-                if group in chosen:
-                    chosen[group].append(str(v))
-    check_experiment_tasks(chosen["experiment"], chosen["task"])
+    check_experiment_tasks(*chosen_experiments_and_tasks(parsed))
+
+
+def chosen_experiments_and_tasks(parsed: list) -> tuple[list[str], list[str]]:
+    """(the experiments, the tasks) that parsed overrides choose, as ``check_experiment_tasks`` takes them."""
+    chosen: dict[str, list[str]] = {"experiment": [], "task": []}
+    for o in parsed:
+        group = o.key_or_group.split("@")[0]
+        if group in chosen and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            chosen[group] += [str(v) for v in values if v is not None or group != "experiment"]
+    return chosen["experiment"], chosen["task"]
 
 
 @contextmanager
@@ -486,6 +505,21 @@ def shared_config_files():
         yield
     finally:
         ConfigRepository.load_config = original
+
+
+@contextmanager
+def shared_interpolation_parses():
+    """For the time of the ``with``, OmegaConf parses each interpolation string once, not each time
+    it resolves it: its grammar parser (ANTLR) was most of the time of a sweep job's ``job_key``
+    (issue 34). The parse trees are only read by the resolution, so one serves every config."""
+    from omegaconf import base
+
+    original = base.parse
+    base.parse = functools.lru_cache(maxsize=4096)(original)
+    try:
+        yield
+    finally:
+        base.parse = original
 
 
 def composition_errors() -> tuple[type[Exception], ...]:
@@ -622,6 +656,240 @@ def hydra_app(job_name: str, flags: dict | None = None):
         yield HydraApp(hydra, str(flags.get("--config-name") or flags.get("-cn") or CONFIG_NAME))
     finally:
         GlobalHydra.instance().clear()
+
+
+class JobComposer:
+    """The jobs of a multirun as every Hydra launcher composes them (``HydraApp.compose_job``), with
+    one Hydra composition per distinct combination of config choices instead of one per job.
+
+    Hydra builds the defaults list from the overrides that name a config group and applies every
+    other override to the composed config afterwards, in their order, with one function
+    (hydra/_internal/config_loader_impl.py ``_load_configuration_impl``: ``config_overrides`` ->
+    ``_apply_overrides_to_config``; hydra/_internal/defaults_list.py ``Overrides`` splits them by
+    ``group_exists``). So a job is the composition of its group choices with its value overrides
+    (seed, a learning rate, ``model.attention.beta``; additions and deletions of keys too) applied
+    by that same function: the same config, a few milliseconds instead of a composition (issue 34;
+    tests/test_sweep.py compares every committed experiment with whole compositions). A job that
+    overrides Hydra's own config (which can move the search path) is composed whole. Configs have
+    no ``hydra`` node, as ``hydra.core.utils.run_job`` hands them to the job."""
+
+    def __init__(self, app: HydraApp, master: DictConfig):
+        self.app, self.master = app, master
+        # the repository of the jobs' compositions (its search path has the config's hydra.searchpath)
+        _, self._repo = app.config_loader._parse_overrides_and_create_caching_repo(
+            master.hydra.job.config_name, OmegaConf.to_container(master.hydra.overrides.hydra))
+        self._parsed: dict[str, tuple[str, object]] = {}  # override line -> (its kind, Hydra's Override)
+        self._bases: dict[tuple[str, ...], DictConfig] = {}  # config choices -> their composition
+        self._unresolved: dict[tuple[str, ...], tuple | None] = {}  # config choices -> _unresolved_template
+        self._checked: set = set()  # override lines and choice tuples that check_group_choices passed
+
+    def _kind(self, line: str) -> tuple[str, object]:
+        """('hydra' | 'choice' | 'value', the parsed override), once per distinct line."""
+        if line not in self._parsed:
+            o = parse_override(line)
+            kind = "hydra" if o.is_hydra_override() else "choice" if self._repo.group_exists(o.key_or_group) else "value"
+            self._parsed[line] = kind, o
+        return self._parsed[line]
+
+    def split(self, overrides) -> tuple[tuple[str, ...], list]:
+        """(the overrides Hydra composes with, the parsed value overrides applied after)."""
+        kinds = [self._kind(line) for line in overrides]
+        if any(kind == "hydra" for kind, _ in kinds):
+            return tuple(overrides), []
+        return (tuple(line for line, (kind, _) in zip(overrides, kinds) if kind == "choice"),
+                [o for kind, o in kinds if kind == "value"])
+
+    def check(self, overrides) -> None:
+        """``check_group_choices`` of a job: it judges each override alone, except whether the
+        experiment is for the task; so each distinct override once, the experiment and the task once
+        per combination of choices. A refusal is the whole job's message."""
+        choices, _ = self.split(overrides)
+        try:
+            for line in overrides:
+                if line not in self._checked:
+                    check_group_choices([line])
+                    self._checked.add(line)
+            if choices not in self._checked:
+                check_experiment_tasks(*chosen_experiments_and_tasks([self._kind(line)[1] for line in choices]))
+                self._checked.add(choices)
+        except UserError:
+            check_group_choices(list(overrides))
+            raise
+
+    def _base(self, choices: tuple[str, ...]) -> DictConfig:
+        if choices not in self._bases:
+            from omegaconf import read_write
+
+            cfg = self.app.compose_job(self.master, list(choices))
+            with read_write(cfg), open_dict(cfg):
+                del cfg["hydra"]
+            self._bases[choices] = cfg
+        return self._bases[choices]
+
+    def prepare(self, grid, fork_from: int = 16, progress=None) -> None:
+        """Compose the choices of every job of ``grid`` ahead, shared between this process and
+        forked ones (one per further core, each taking the next combination left; their configs
+        come back pickled) when there are at least ``fork_from`` to compose: the zoo's 150
+        compositions are most of its plan. What fails here is left to the jobs, which compose it
+        again and fail in the grid's order. ``progress(done, total)`` is called as they are taken."""
+        import multiprocessing
+
+        todo = list(dict.fromkeys(c for c in (self.split(job)[0] for job in grid) if c not in self._bases))
+        workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 4)
+        if workers < 2 or len(todo) < fork_from or "fork" not in multiprocessing.get_all_start_methods():
+            return
+        context = multiprocessing.get_context("fork")
+        taken = context.Value("i", 0)  # how many of ``todo`` a process has taken
+        children = []
+        for _ in range(workers - 1):
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=self._compose_taken, args=(todo, taken, send), daemon=True)
+            child.start()
+            send.close()
+            children.append((receive, child))
+        self._compose_taken(todo, taken, None, progress)
+        for receive, child in children:
+            try:
+                composed = receive.recv()
+            except EOFError:  # the child died: what it took is composed as the jobs need it
+                composed = {}
+            child.join()
+            self._bases.update({c: cfg for c, cfg in composed.items() if c not in self._bases})
+
+    def _compose_taken(self, todo: list[tuple[str, ...]], taken, send, progress=None) -> None:
+        composed = {}
+        while True:
+            with taken.get_lock():
+                i = taken.value
+                taken.value += 1
+            if progress is not None:
+                progress(min(i, len(todo)), len(todo))
+            if i >= len(todo):
+                break
+            try:
+                composed[todo[i]] = self._base(todo[i])
+            except Exception:  # noqa: BLE001 - raised again in the grid's order (prepare)
+                pass
+        if send is not None:
+            send.send(composed)
+            send.close()
+
+    def compose(self, overrides) -> DictConfig:
+        """The job's config, its own object."""
+        choices, values = self.split(overrides)
+        return self._apply(copy.deepcopy(self._base(choices)), values, overrides)
+
+    @contextmanager
+    def applied(self, overrides):
+        """The job's config for the time of the ``with``, read-only, to keep nothing of: the shared
+        composition of its choices with its values set in place and reset afterwards when each
+        replaces a plain value by a plain value (no copy: most of a sweep), else ``compose``'s."""
+        from omegaconf import flag_override
+
+        choices, values = self.split(overrides)
+        base = self._base(choices)
+        replaced = _replaced_values(base, values)
+        if replaced is not None and choices not in self._unresolved:  # read before any value is set
+            self._unresolved[choices] = _unresolved_template(base)
+        try:
+            cfg = self._apply(copy.deepcopy(base) if replaced is None else base, values, overrides)
+            with flag_override(cfg, "readonly", True):
+                yield cfg
+        finally:
+            for node, value in reversed(replaced or ()):  # a key overridden twice gets its first value back
+                node._set_value(value)
+
+    def resolved(self, cfg: DictConfig, overrides) -> dict:
+        """``OmegaConf.to_container(cfg, resolve=True)`` of a job's config from ``applied``, resolving
+        only what can differ from the other jobs of its choices: its interpolations (an override
+        they read, a resolver reading the root) and its values; the rest is the composition's,
+        read once (a job's job_key in a fraction of a millisecond). The same data, or OmegaConf's
+        error when something does not resolve."""
+        from omegaconf.basecontainer import BaseContainer
+
+        choices, values = self.split(overrides)
+        template = self._unresolved.get(choices)
+        if template is None or self._bases.get(choices) is not cfg:  # not resolved in place: whole
+            return OmegaConf.to_container(cfg, resolve=True)
+        raw, interpolations = template
+        out, copied = dict(raw), set()
+        try:
+            for path in [*interpolations, *(tuple(o.key_or_group.split(".")) for o in values)]:
+                node = cfg
+                for key in path:
+                    node = node._get_node(key)
+                node = node._dereference_node()
+                value = (BaseContainer._to_content(node, resolve=True, throw_on_missing=False)
+                         if isinstance(node, (DictConfig, ListConfig)) else node._value())
+                _set_copied(out, path, value, copied)
+        except Exception:  # noqa: BLE001 - OmegaConf's own message, from resolving it whole
+            return OmegaConf.to_container(cfg, resolve=True)
+        return out
+
+    @staticmethod
+    def _apply(cfg: DictConfig, values: list, overrides) -> DictConfig:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        except composition_errors() as e:
+            raise _explain(e, list(overrides)) from None
+        return _with_plugins(cfg)
+
+
+def _unresolved_template(cfg: DictConfig) -> tuple[dict, list[tuple]] | None:
+    """(``OmegaConf.to_container(cfg)`` unresolved, the paths of its interpolations), or None for a
+    config whose resolution is not the sum of its leaves' (a container that is null, missing, an
+    interpolation or a structured config)."""
+    paths: list[tuple] = []
+
+    def walk(node, path: tuple) -> bool:
+        for key in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
+            child = node._get_node(key)
+            if isinstance(child, (DictConfig, ListConfig)):
+                if (child._is_none() or child._is_missing() or child._is_interpolation()
+                        or isinstance(child, DictConfig) and child._metadata.object_type not in (dict, None)
+                        or not walk(child, (*path, key))):
+                    return False
+            elif child._is_interpolation():
+                paths.append((*path, key))
+        return True
+
+    return (OmegaConf.to_container(cfg), paths) if walk(cfg, ()) else None
+
+
+def _set_copied(tree: dict, path: tuple, value, copied: set) -> None:
+    """``tree[path] = value``, copying the dicts and lists on the way (once: ``copied`` holds the
+    ids of the copies) instead of changing those ``tree`` shares with its template."""
+    node = tree
+    for key in path[:-1]:
+        child = node[key]
+        if id(child) not in copied:
+            child = dict(child) if isinstance(child, dict) else list(child)
+            copied.add(id(child))
+            node[key] = child
+        node = child
+    node[path[-1]] = value
+
+
+def _replaced_values(cfg: DictConfig, values: list) -> list | None:
+    """(node, its value) of the leaf each value override replaces, when every override is a plain
+    ``key=value`` whose value is a string, number or boolean at an existing key of ``cfg`` holding
+    one (an untyped node: OmegaConf sets its value in place, ``BaseContainer._set_item_impl``);
+    None otherwise (additions, deletions, null, lists, mappings, new keys)."""
+    from omegaconf.nodes import AnyNode
+
+    replaced = []
+    for o in values:
+        if o.is_add() or o.is_force_add() or o.is_delete() or type(o.value()) not in (str, int, float, bool):
+            return None
+        node = cfg
+        for part in o.key_or_group.split("."):
+            node = node._get_node(part, validate_access=False) if isinstance(node, DictConfig) else None
+        if type(node) is not AnyNode:
+            return None
+        replaced.append((node, node._value()))
+    return replaced
 
 
 RUN_JOB_NAME = "attnbench"  # hydra.job.name of `attnbench run`: its log file is <run folder>/attnbench.log

@@ -3,11 +3,13 @@
 The grid is the experiment's ``hydra.sweeper.params`` plus sweeps on the command line
 (``model=softmax,attention_bn seed=0,1``); the command line wins for the same key, as in Hydra.
 
-Planning is Hydra's own, once per job: the multirun config is composed as ``Hydra.multirun`` does,
-the grid is expanded by Hydra's ``BasicSweeper.split_arguments``, and each job is composed by
-``load_sweep_config``, the function every launcher composes its jobs with. That one composition
-is what is checked (a mistake in any job's config, a missing dataset or an impossible (task,
-model) pair is one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``.
+Planning is Hydra's own: the multirun config is composed as ``Hydra.multirun`` does, the grid is
+expanded by Hydra's ``BasicSweeper.split_arguments``, and each job's config is what
+``load_sweep_config`` (the function every launcher composes its jobs with) gives it, composed once
+per distinct combination of config choices, its value overrides applied as Hydra applies them
+(``compose.JobComposer``: a grid of seeds costs a millisecond a job). That config is what is
+checked (a mistake in any job's config, a missing dataset or an impossible (task, model) pair is
+one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``.
 
 Resume: a job whose result record (``results.path``) already holds an ``ok`` row with the same
 ``job_key`` (hash of the resolved config, seed included) is skipped by the plan; missing and
@@ -21,7 +23,8 @@ Two sweeps of one records file at once: each job is claimed in the records file 
 before it runs (``records.claim_job``); a job another live process has claimed, or that got an
 ``ok`` record since the plan, is skipped with one line (``skipped, running in pid N``), and the
 claim of a process that is gone (kill -9) is taken over. A dry run lists every job, marking those
-whose data is missing; a real sweep refuses them in one line.
+whose data is missing (of those to run: a finished job needs neither its data nor its model built);
+a real sweep refuses them in one line.
 
 Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recorded by the runner
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import compose as C
 from bench_cli import plugins, records
@@ -82,13 +85,24 @@ MAX_EXIT = 125
 
 @dataclass
 class Job:
+    """A planned job: what the commands read of every job (key, label, records file, variant), not
+    its config (20,000 configs would not fit), which is composed when read."""
     overrides: list[str]
-    cfg: DictConfig = field(repr=False)  # as the job gets it: composed by Hydra, without its hydra node
-    key: str = ""
+    key: str
+    label: str
+    records_path: str = field(repr=False)  # results.path
+    variant: tuple = field(repr=False)  # (task, dataset, model): what validation checks once for all
+    composer: C.JobComposer = field(repr=False)
 
-    @property
-    def label(self) -> str:
-        return job_label(self.cfg)
+    @functools.cached_property
+    def cfg(self) -> DictConfig:
+        """The job's config as the job gets it: composed as by Hydra, without its hydra node."""
+        return self.composer.compose(self.overrides)
+
+    def reading(self):
+        """``with job.reading() as cfg``: the job's config, read-only, shared with the plan (no copy:
+        the checks of a big grid)."""
+        return self.composer.applied(self.overrides)
 
 
 @dataclass
@@ -143,7 +157,8 @@ def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
     if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         raise UserError(f"`attnbench sweep` plans with Hydra's basic sweeper; {sweeper._target_} is not supported")
     params = OmegaConf.to_container(sweeper.params, resolve=True) if sweeper.get("params") else {}
-    lines = [f"{k}={v}" for k, v in params.items()] + list(master.hydra.overrides.task)
+    # as typed: an override whose value has an interpolation is the job's to resolve, not the plan's
+    lines = [f"{k}={v}" for k, v in params.items()] + OmegaConf.to_container(master.hydra.overrides.task)
     try:
         parsed = OverridesParser.create(config_loader=app.config_loader).parse_overrides(lines)
         (grid,) = BasicSweeper.split_arguments(parsed, None)
@@ -152,18 +167,17 @@ def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
     return grid
 
 
-def compose_job(app: C.HydraApp, master: DictConfig, overrides: list[str]) -> Job:
-    """One job, composed once by Hydra as its launcher composes it, with its job_key."""
-    C.check_group_choices(overrides)
-    cfg = app.compose_job(master, overrides)
-    with read_write(cfg), open_dict(cfg):
-        del cfg["hydra"]  # as hydra.core.utils.run_job hands the config to the job
-    try:
-        key = records.job_key(cfg)
-    except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
-        raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
-                        f"{str(e).splitlines()[0]}") from None
-    return Job(list(overrides), cfg, key)
+def plan_job(composer: C.JobComposer, overrides: list[str]) -> Job:
+    """One job with its job_key, as its launcher composes it (``compose.JobComposer``)."""
+    composer.check(overrides)
+    with composer.applied(overrides) as cfg:
+        try:
+            key = records.job_key(composer.resolved(cfg, overrides))
+            label, records_path, variant = job_label(cfg), str(cfg.results.path), _checked_as(cfg)
+        except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
+            raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
+                            f"{str(e).splitlines()[0]}") from None
+    return Job(list(overrides), key, label, records_path, variant, composer)
 
 
 @contextmanager
@@ -185,11 +199,23 @@ def expand_grid(overrides: list[str], flags: dict | None = None) -> list[list[st
         return job_overrides(app, master)
 
 
-def plan_sweep(overrides: list[str], flags: dict | None = None) -> Sweep:
+def plan_sweep(overrides: list[str], flags: dict | None = None, progress: bool = False) -> Sweep:
     """The multirun config and its distinct jobs (a grid can name the same config twice, e.g.
-    seed=0,0), each composed once. ``flags``: Hydra's --config-dir / --config-name / --config-path."""
-    with _multirun(overrides, flags) as (app, master), C.shared_config_files():
-        jobs = [compose_job(app, master, ovs) for ovs in job_overrides(app, master)]
+    seed=0,0). ``flags``: Hydra's --config-dir / --config-name / --config-path. ``progress``: a
+    bar (a line every few seconds without a terminal) when planning takes more than a moment."""
+    from bench_cli.core.progress import count_progress
+
+    with _multirun(overrides, flags) as (app, master), C.shared_config_files(), C.shared_interpolation_parses():
+        grid = job_overrides(app, master)
+        composer = C.JobComposer(app, master)
+        shown = {"every_s": 5, "after_s": 2 if progress else None}
+        with count_progress("composing the sweep's configurations", len(grid), **shown) as update:
+            composer.prepare(grid, progress=update)
+        jobs = []
+        with count_progress("planning the sweep", len(grid), **shown) as update:
+            for ovs in grid:
+                jobs.append(plan_job(composer, ovs))
+                update(len(jobs), len(grid))
     seen, unique = set(), []
     for job in jobs:
         if job.key not in seen:
@@ -220,22 +246,23 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
     seen_model: set[str] = set()
     missing_of: dict[tuple, str | None] = {}  # (task, dataset, model) -> the missing-data message
     for job in jobs:
-        cfg, data_id = job.cfg, _checked_as(job.cfg)
+        data_id = job.variant
         if data_id in missing_of:
             continue
         try:
-            task = check_config(cfg)
-            missing_of[data_id] = None
-            model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
-                                   OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
-            if model_id not in seen_model:
-                seen_model.add(model_id)
-                check_model_builds(task, cfg)
+            with job.reading() as cfg:
+                task = check_config(cfg)
+                missing_of[data_id] = None
+                model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
+                                       OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
+                if model_id not in seen_model:
+                    seen_model.add(model_id)
+                    check_model_builds(task, cfg)
         except DataNotFoundError as e:
             missing_of[data_id] = str(e)
         except UserError as e:
             raise UserError(f"job '{' '.join(job.overrides)}': {e}") from None
-    missing = {j.key: m for j in jobs if (m := missing_of[_checked_as(j.cfg)])}
+    missing = {j.key: m for j in jobs if (m := missing_of[j.variant])}
     if missing and not missing_data_ok:
         raise missing_data_error(missing_of)
     return missing
@@ -267,10 +294,11 @@ def check_data_first(overrides: list[str], flags: dict | None = None) -> None:
     missing_of: dict[tuple, str | None] = {}
     with _multirun(overrides, flags) as (app, master):
         firsts = {data_id(ovs): ovs for ovs in reversed(job_overrides(app, master))}
+        composer = C.JobComposer(app, master)
         for ovs in reversed(list(firsts.values())):
             checked = None
             try:
-                cfg = compose_job(app, master, ovs).cfg
+                cfg = plan_job(composer, ovs).cfg
                 checked = _checked_as(cfg)[:2]
                 if checked not in missing_of:
                     missing_of[checked] = None
@@ -287,20 +315,22 @@ def skip_incapable(jobs: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
     """(jobs kept, (job, reason) left out): with ``sweep.skip_incapable`` in its config (a grid that
     crosses tasks with every model: experiment zoo/offline), a job whose (task, model) pair the
     registry's capabilities refuse (runner.check_model_fits_task) is left out with the refusal as
-    its reason, instead of refusing the whole grid; other jobs are kept as they are."""
+    its reason, instead of refusing the whole grid; other jobs are kept as they are. Judged once
+    per (task, dataset, model), on its first job's config."""
     from bench_cli.runner import build_task, check_model_fits_task
 
     kept, skipped, reasons = [], [], {}
     for job in jobs:
-        pair = (job.cfg.task.name, job.cfg.task.get("dataset"), job.cfg.model.name)
-        if OmegaConf.select(job.cfg, "sweep.skip_incapable", default=False) and pair not in reasons:
-            try:
-                check_model_fits_task(build_task(job.cfg), job.cfg)
-                reasons[pair] = None
-            except UserError as e:
-                reasons[pair] = str(e)
-        if reasons.get(pair):
-            skipped.append((job, reasons[pair]))
+        if job.variant not in reasons:
+            reasons[job.variant] = None
+            with job.reading() as cfg:
+                if OmegaConf.select(cfg, "sweep.skip_incapable", default=False):
+                    try:
+                        check_model_fits_task(build_task(cfg), cfg)
+                    except UserError as e:
+                        reasons[job.variant] = str(e)
+        if reasons[job.variant]:
+            skipped.append((job, reasons[job.variant]))
         else:
             kept.append(job)
     return kept, skipped
@@ -521,22 +551,26 @@ def cmd_sweep(args: list[str]) -> None:
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
     if not dry_run:  # a dry run lists every job, data or not
         check_data_first(p.overrides, flags)
-    sweep = plan_sweep(p.overrides, flags)
-    sweep.jobs, skipped = skip_incapable(sweep.jobs)
+    with C.shared_interpolation_parses():  # the plan's, and the checks' resolutions of job configs
+        sweep = plan_sweep(p.overrides, flags, progress=True)
+        sweep.jobs, skipped = skip_incapable(sweep.jobs)
     for reason in dict.fromkeys(reason for _, reason in skipped):
         console.print(f"[yellow]skipped[/] ({sum(r == reason for _, r in skipped)} jobs): {escape(reason)}",
                       highlight=False, soft_wrap=True)
     jobs = sweep.jobs
     if not jobs:
         raise UserError("the sweep has no jobs")
-    missing = validate_jobs(jobs, missing_data_ok=dry_run)  # a dry run lists every job, data or not
-    paths = {str(j.cfg.results.path) for j in jobs}
+    paths = {j.records_path for j in jobs}
     done = {}
     for path in paths:
         done.update(done_keys(path))
     n_done = sum(j.key in done for j in jobs)
-    what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
     todo = jobs if force else [j for j in jobs if j.key not in done]
+    # the jobs that will run (a done job needs neither its data nor its model built: a resumed
+    # sweep starts at once); a dry run lists every job, data or not
+    with C.shared_interpolation_parses():
+        missing = validate_jobs(todo, missing_data_ok=dry_run)
+    what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
     console.print(f"[bold]{what}[/]: {len(jobs)} jobs, {n_done} already done"
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)

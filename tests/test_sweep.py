@@ -94,6 +94,7 @@ def test_grid_mistakes_are_one_line_exit_2(uea_fixture, workdir, capsys):
         (["model=softmax,no_such_model"], "unknown model 'no_such_model'"),
         (["task.dataset=Fixture,NotHere"], "NotHere"),
         (["model=softmax,attention_bn", "++model.attention.beta=0.5"], "cannot build model 'softmax'"),
+        (["seed=0,1", "paths.output_dir=${nope}"], "cannot resolve its config: Interpolation key 'nope' not found"),
         (["--bogus"], "unknown option '--bogus'"),
     ):
         with pytest.raises(SystemExit) as e:
@@ -151,7 +152,8 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
 
 def test_planning_parses_each_config_file_once_and_composes_the_same_configs(monkeypatch):
     """plan_sweep shares parsed config files between its compositions (compose.shared_config_files):
-    the same configs and job keys as composing each job from scratch, far fewer parses, and Hydra's
+    the same configs and job keys as parsing them for each composition, fewer parses (a grid of 2
+    zoo cases x 4 models x 2 seeds composes once per case and model: 8 compositions), and Hydra's
     repository is itself again afterwards."""
     from contextlib import nullcontext
 
@@ -165,16 +167,19 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
         return loader(self, config_path)
 
     monkeypatch.setattr(ConfigRepository, "load_config", counting)
-    args = ["experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions", "seed=0,1"]
+    args = ["experiment=zoo/offline", "experiment/zoo/_case=japanese_vowels,basic_motions",
+            "model=softmax,linear,attention_bn,attention_sh", "seed=0,1"]
+    C._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
     shared = S.plan_sweep(args)
     shared_parses, parsed[:] = len(parsed), []
     assert ConfigRepository.load_config is counting
     monkeypatch.setattr(S.C, "shared_config_files", nullcontext)
+    C._group_defaults.cache_clear()
     alone = S.plan_sweep(args)
     assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
     assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
     assert [as_dict(j.cfg) for j in shared.jobs] == [as_dict(j.cfg) for j in alone.jobs]
-    assert shared_parses * 5 < len(parsed)
+    assert shared_parses * 2 < len(parsed)
 
 
 def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, workdir, fake_runs, capsys):
@@ -193,6 +198,124 @@ def test_job_key_is_computed_once_per_planned_job(uea_fixture, workdir, monkeypa
     assert sweep(*tiny(workdir), "model=softmax,attention_sh", "seed=0,1,0", "--dry-run") == 0
     assert len(calls) == 2 * 3  # one per job of the grid (seed=0 twice: one job), none to decide what is done
     assert "4 jobs, 0 already done, 4 to run" in capsys.readouterr().out
+
+
+def planned_against_whole(overrides: list[str]) -> list[str]:
+    """What differs, job by job, between the plan (compose.JobComposer: one composition per
+    combination of group choices, the job's values applied to it) and Hydra composing the job whole
+    (``load_sweep_config``, as a launcher does): its job_key, its config read while its values are
+    set in place on the shared composition, and the config of its own. Deterministic sample: every
+    job of the first and the last combination of choices is planned in order (values set and reset
+    job after job: the first 20 and the last), and the first and the last of each are composed whole."""
+    from omegaconf import open_dict, read_write
+
+    from bench_cli import records
+
+    differences = []
+    with S._multirun(overrides, None) as (app, master), C.shared_config_files():
+        composer, by_choices = C.JobComposer(app, master), {}
+        for job in S.job_overrides(app, master):
+            by_choices.setdefault(composer.split(job)[0], []).append(tuple(job))
+        combos = list(by_choices.values())
+        for jobs in [combos[0], combos[-1]][:len(combos)]:
+            with C.shared_interpolation_parses():  # as plan_sweep plans
+                planned = {job: S.plan_job(composer, list(job)) for job in dict.fromkeys([*jobs[:20], jobs[-1]])}
+            for job in dict.fromkeys([jobs[0], jobs[-1]]):
+                with C.shared_interpolation_parses(), composer.applied(job) as cfg:
+                    shared, resolved = as_dict(cfg), composer.resolved(cfg, job)
+                whole = app.compose_job(master, list(job))
+                with read_write(whole), open_dict(whole):
+                    del whole["hydra"]
+                expected = as_dict(whole)
+                differences += [f"{' '.join(job)}: {what}" for what, same in (
+                    ("job_key", planned[job].key == records.job_key(whole)), ("config in place", shared == expected),
+                    ("config resolved in place", resolved == expected),
+                    ("config of its own", as_dict(planned[job].cfg) == expected)) if not same]
+    return differences
+
+
+@pytest.mark.parametrize("experiment", C.group_options("experiment"))
+def test_the_plan_of_every_experiment_is_hydras_composition_of_each_job(experiment):
+    assert planned_against_whole([f"experiment={experiment}"]) == []
+
+
+def test_the_plan_is_hydras_composition_with_additions_deletions_nulls_and_interpolated_values():
+    """Values that are not set in place (a key added with '+', a key deleted with '~', null) and
+    values other keys interpolate (paths.data_root, task.dataset in experiments' per_dataset tables)."""
+    assert planned_against_whole(["model=attention_bn,softmax", "seed=0,1", "+model.attention.extra=1,2",
+                                  "~measure.cache", "trainer.optimizer.lr=null,0.5", "paths.data_root=/a,/b",
+                                  "experiment=primal_dual/table1", "task.dataset=JapaneseVowels,Heartbeat"]) == []
+
+
+def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_reset(monkeypatch):
+    apply = C.JobComposer._apply
+
+    def without_the_last_value(cfg, values, overrides):
+        return apply(cfg, values[:-1], overrides)
+
+    with monkeypatch.context() as m:
+        m.setattr(C.JobComposer, "_apply", staticmethod(without_the_last_value))
+        differences = planned_against_whole(["model=attention_bn", "seed=0,1", "trainer.max_epochs=3"])
+    assert differences == [f"model=attention_bn seed={seed} trainer.max_epochs=3: {what}" for seed in (0, 1)
+                           for what in ("job_key", "config in place", "config resolved in place", "config of its own")]
+    # values set in place and not reset: a job without trainer.max_epochs after one with it
+    with S._multirun([], None) as (app, master):
+        composer = C.JobComposer(app, master)
+        fresh = as_dict(S.plan_job(C.JobComposer(app, master), ["seed=1"]).cfg)
+        S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
+        assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) == fresh
+        monkeypatch.setattr(S.C, "_replaced_values", lambda cfg, values: [])  # nothing to reset
+        S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
+        assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) != fresh
+
+
+def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeypatch):
+    """JobComposer.prepare shares the compositions with a forked process (the zoo's 150): what it
+    composes comes back pickled, the same configs and job keys; progress counts the compositions."""
+    import os
+    import time
+
+    with S._multirun(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
+        grid = S.job_overrides(app, master)
+        here, shared = C.JobComposer(app, master), C.JobComposer(app, master)
+        monkeypatch.setattr(C.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        compose, parent, composed_here = C.JobComposer._base, os.getpid(), []
+
+        def slow_here(self, choices):  # this process waits, so that the forked one composes too
+            if os.getpid() == parent and choices not in self._bases:
+                composed_here.append(choices)
+                time.sleep(1.0)
+            return compose(self, choices)
+
+        monkeypatch.setattr(C.JobComposer, "_base", slow_here)
+        progress = []
+        shared.prepare(grid, fork_from=1, progress=lambda done, total: progress.append((done, total)))
+        assert len(shared._bases) == 4 and 0 < len(composed_here) < 4 and progress[-1] == (4, 4)
+        monkeypatch.setattr(C.JobComposer, "_base", compose)
+        for job in grid:
+            a, b = S.plan_job(shared, job), S.plan_job(here, job)
+            assert a.key == b.key and as_dict(a.cfg) == as_dict(b.cfg)
+
+
+def test_planning_progress_shows_after_two_seconds_then_every_five_when_redirected(monkeypatch, capsys):
+    """What plan_sweep(progress=True) shows without a terminal: nothing for a plan that takes less
+    than 2 s, then a line each 10% and each 5 s."""
+    from types import SimpleNamespace
+
+    from bench_cli.core import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    with progress.count_progress("planning the sweep", 1000, every_s=5, after_s=2) as update:
+        for done, now[0] in ((1, 1.0), (2, 2.4), (3, 4.0), (4, 7.6), (100, 8.0), (1000, 9.0)):
+            update(done, 1000)
+    assert capsys.readouterr().err.splitlines() == [
+        "planning the sweep: 0% (2/1000, 2 s)", "planning the sweep: 0% (4/1000, 8 s)",
+        "planning the sweep: 10% (100/1000, 8 s)", "planning the sweep: 100% (1000/1000, 9 s)"]
+    with progress.count_progress("planning the sweep", 1000, after_s=None) as update:
+        now[0] = 100.0
+        update(1000, 1000)
+    assert capsys.readouterr().err == ""
 
 
 def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs, capsys):
