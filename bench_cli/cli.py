@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
 from bench_cli.args import parse
-from bench_cli.core.errors import UserError, catch_termination, exit_code_of, interruption_name, unknown_choice
+from bench_cli.core.errors import (UserError, catch_termination, exit_code_of, first_line, interruption_name,
+                                   unknown_choice)
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 
 # Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
@@ -104,9 +105,10 @@ def check_model_on_data(task, cfg: DictConfig):
         model.eval()
         with torch.no_grad():
             model(**task.model_inputs(example_batch(task, "train", 2, torch.device("cpu"))))
-    except (TypeError, ValueError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - validate records nothing: any failure is its one line
         raise UserError(f"model '{cfg.model.name}' cannot run on {cfg.task.name}/{task.dataset_name}: "
-                        f"{str(e).splitlines()[0]}") from None
+                        f"{'' if isinstance(e, (TypeError, ValueError)) else type(e).__name__ + ': '}"
+                        f"{first_line(e)}") from None
     return model
 
 
@@ -141,7 +143,7 @@ def cmd_run(args: list[str]) -> None:
     from bench_cli.records import new_run_id
     from bench_cli.validate import check_config
 
-    check_config(cfg, build=True)
+    check_config(cfg, build=True, recorded=True)  # a model that fails when it runs is a failed row
     note_invocation()
     # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
     # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.

@@ -206,8 +206,10 @@ def plan(overrides: list[str]) -> list[Job]:
 
 
 def _checked_as(cfg) -> tuple:
-    """Jobs checked once for all: same task, dataset and model (the seeds of one variant)."""
-    return cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), cfg.model.name
+    """Jobs checked once for all: same task, dataset and model config (the seeds of one variant;
+    not the model's name alone: model.attention.name=a,b are two models of one name)."""
+    model = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True, default=str)
+    return cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), model
 
 
 def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str, str]:
@@ -230,7 +232,7 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
                                    OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
             if model_id not in seen_model:
                 seen_model.add(model_id)
-                check_model_builds(task, cfg)
+                check_model_builds(task, cfg, recorded=True)  # a model that fails when it runs: a failed row
         except DataNotFoundError as e:
             missing_of[data_id] = str(e)
         except UserError as e:

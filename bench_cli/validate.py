@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.core.errors import UserError, unknown_choice
+from bench_cli.core.errors import UserError, first_line, unknown_choice
 from bench_cli.records import check_results_path
 
 
@@ -82,9 +82,10 @@ def check_settings(cfg: DictConfig) -> None:
         _number(cfg, "task.val_fraction", minimum=0, maximum=1, exclusive=True)
 
 
-def check_config(cfg: DictConfig, build: bool = False):
+def check_config(cfg: DictConfig, build: bool = False, recorded: bool = False):
     """Check ``cfg`` before a run; returns the task (not set up). With ``build``, also build the
-    model on the task's synthetic shapes (no data read) to catch options the model refuses."""
+    model on the task's synthetic shapes (no data read) to catch options the model refuses;
+    ``recorded``: see check_model_builds."""
     from bench_cli.runner import build_task, check_model_fits_task
 
     check_settings(cfg)
@@ -93,14 +94,16 @@ def check_config(cfg: DictConfig, build: bool = False):
     check_model_fits_task(task, cfg)  # an impossible (task, attention) pair needs no data to be refused
     task.check_data()
     if build:
-        check_model_builds(task, cfg)
+        check_model_builds(task, cfg, recorded)
     return task
 
 
-def check_model_builds(task, cfg: DictConfig) -> None:
+def check_model_builds(task, cfg: DictConfig, recorded: bool = False) -> None:
     """Build the model on the task's synthetic shapes and run one tiny forward pass (skipped for
     tasks without synthetic shapes): options an attention refuses only when it runs (e.g. causal
-    Primal-Attention with data-dependent weights) become one line too."""
+    Primal-Attention with data-dependent weights) become one line too. Any other error of the
+    forward (a broken kernel, an output of the wrong shape) is one line as well, unless
+    ``recorded`` (`run`, a sweep's jobs): the run then meets it and records it as ``failed``."""
     import torch
 
     seq_len = int(OmegaConf.select(cfg, "task.max_len", default=None) or 16)
@@ -114,4 +117,9 @@ def check_model_builds(task, cfg: DictConfig) -> None:
         with torch.no_grad():
             model.eval()(**task.model_inputs(batch))
     except (TypeError, ValueError) as e:
-        raise UserError(f"cannot build model '{cfg.model.name}': {str(e).splitlines()[0]}") from None
+        raise UserError(f"cannot build model '{cfg.model.name}': {first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the model's own code failing, not a setting
+        if not recorded:
+            raise UserError(f"model '{cfg.model.name}' fails on a synthetic batch: {type(e).__name__}: "
+                            f"{first_line(e)}") from None
+

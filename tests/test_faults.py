@@ -268,3 +268,49 @@ def test_dry_run_lists_every_job_and_marks_missing_data(workdir, capsys):
     assert "4 jobs, 0 already done, 4 to run" in out and out.count("data missing") == 4 + 1
     assert "vit/mnist standard seed=0" in out and "attnbench data vision mnist" in out
     assert "MNIST not found" in exit_line(capsys, *args)
+
+
+# --- attentions that misbehave (issue 38) ---------------------------------------------------------------
+@pytest.fixture
+def broken_attentions(monkeypatch):
+    """Two registered attentions that misbehave: 'boomatt' raises in its kernel, 'narrowatt'
+    returns (B, H, 1, d) (one query's output), which would broadcast in the residual sum."""
+    from models.attention import Capabilities, ProjectedAttention, register_attention, registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    caps = Capabilities(causal=False, padding_mask=True)
+
+    @register_attention("boomatt", paper="-", equation="-", capabilities=caps)
+    class Boom(ProjectedAttention):
+        def kernel(self, q, k, v, mask, causal):
+            raise RuntimeError("boom in kernel")
+
+    @register_attention("narrowatt", paper="-", equation="-", capabilities=caps)
+    class Narrow(ProjectedAttention):
+        def kernel(self, q, k, v, mask, causal):
+            return v[:, :, :1, :]
+
+
+@pytest.mark.usefixtures("broken_attentions")
+@pytest.mark.parametrize("attention, error", [
+    ("narrowatt", "AttentionShapeError: attention 'narrowatt' returned shape (8, 1, 16), expected (8, 9, 16)"),
+    ("boomatt", "RuntimeError: boom in kernel"),
+])
+def test_an_attention_that_fails_when_it_runs_is_a_failed_row(uea_fixture, workdir, capsys, attention, error):
+    """Cases 2 and 3: `run` records a failed row with error.txt (no traceback); `validate` is one line."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", *TINY, f"model.attention.name={attention}", "results.path=res.csv"])
+    assert e.value.code == 1
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out and f"run failed: {error.split(' (')[0].split(', expected')[0]}" in out.out
+    (row,) = read_records(workdir / "res.csv")
+    assert row["status"] == "failed" and row["error"].startswith(error)
+    assert (Path(row["output_dir"]) / "error.txt").is_file()
+    err = exit_line(capsys, "validate", *TINY, f"model.attention.name={attention}")
+    assert "fails on a synthetic batch" in err and error.split(" (8")[0] in err
+
+
+def test_a_sweep_checks_each_attention_of_one_model_name(uea_fixture, workdir, capsys):
+    """model.attention.name=a,b are two models of one name: each is validated, not only the first."""
+    err = exit_line(capsys, "sweep", *TINY, "model.attention.name=softmax,nosuch", "--dry-run")
+    assert "unknown attention 'nosuch'" in err

@@ -16,6 +16,11 @@ class DataNotFoundError(UserError):
     """A dataset is not available locally; the message says where to put it and how to fetch it."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message: what a one-line report of it shows."""
+    return (str(error).strip().splitlines() or [""])[0]
+
+
 def did_you_mean(name: str, choices) -> str:
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""

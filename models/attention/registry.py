@@ -128,4 +128,6 @@ def attention_spec(name: str) -> AttentionSpec:
 
 def build_attention(name: str, *, d_model: int, n_heads: int, **options) -> nn.Module:
     """Build the variant ``name`` mapping (batch, length, d_model) to the same shape."""
-    return attention_spec(name).factory(d_model=d_model, n_heads=n_heads, **options)
+    module = attention_spec(name).factory(d_model=d_model, n_heads=n_heads, **options)
+    module.registered_name = name  # how errors about it name it (models.layers.attend)
+    return module
