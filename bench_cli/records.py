@@ -17,10 +17,8 @@ import io
 import json
 import os
 import platform
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError
+from bench_cli.core.files import write_atomically
 from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
@@ -235,7 +234,7 @@ def write_run_marker(run_dir: Path, row: dict) -> None:
     marker = {k: row.get(k) for k in ("run_id", "time", "task", "dataset", "model", "seed", "protocol",
                                        "experiment", "job_key")}
     marker.update(pid=os.getpid(), host=socket.gethostname())
-    (Path(run_dir) / "run.json").write_text(json.dumps(marker, indent=1) + "\n")
+    write_atomically(Path(run_dir) / "run.json", json.dumps(marker, indent=1) + "\n")
 
 
 def run_state(run_dir: Path) -> dict | None:
@@ -452,32 +451,7 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
             writer.writerow(fields + [""] * (len(header) - len(fields)) if len(fields) == len(old.header) else fields)
         for r in rows:
             writer.writerow([_cell(r.get(k)) for k in header])
-        _replace_atomically(path, buf.getvalue())
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text``: written to a temporary file beside it, synced, renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        # mkstemp creates 0600: keep the existing file's mode, or the umask's for a new file
-        os.fchmod(fd, _file_mode(path))
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _file_mode(path: Path) -> int:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        write_atomically(path, buf.getvalue())
 
 
 def append_record(path: str | Path, row: dict) -> None:
@@ -503,7 +477,7 @@ def _read_claims(path: Path) -> dict:
 
 def _write_claims(path: Path, claims: dict) -> None:
     if claims:
-        _replace_atomically(_claims_path(path), json.dumps(claims, indent=1, sort_keys=True) + "\n")
+        write_atomically(_claims_path(path), json.dumps(claims, indent=1, sort_keys=True) + "\n")
     else:
         _claims_path(path).unlink(missing_ok=True)
 

@@ -46,6 +46,7 @@ from bench_cli import compose as C
 from bench_cli import plugins, records
 from bench_cli.args import parse
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
+from bench_cli.core.files import write_atomically
 
 USAGE = """\
 usage: attnbench sweep [--force] [--dry-run] [overrides...]
@@ -420,7 +421,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None) -> l
             task_function=task_function, config=master)
         sweep_dir = Path(str(master.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(master, sweep_dir / "multirun.yaml")
+        write_atomically(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(master))
         batches = BasicSweeper.split_overrides_to_chunks([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
         for batch in batches:
             returns += launcher.launch(batch, initial_job_idx=len(returns))

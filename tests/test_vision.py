@@ -158,7 +158,7 @@ def test_lra_image_reads_cifar10_through_torchvision_same_arrays_and_cache(tmp_p
     key = json.dumps({"version": CACHE_VERSION, "files": file_signature(files)}, sort_keys=True, default=str)
     cache = tmp_path / "lra_cache" / f"image-cifar10-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     assert cache.is_file()  # the same key as before the move
-    assert torch.equal(torch.load(cache)["train"]["x"], data["train"]["x"])
+    assert torch.equal(torch.load(cache)["data"]["train"]["x"], data["train"]["x"])
 
 
 def test_mnist_reader_on_idx_files(tmp_path):

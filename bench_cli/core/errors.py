@@ -21,6 +21,18 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [""])[0]
 
 
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """``message`` on stderr, once per process (a sweep's jobs share one warning about one file)."""
+    import sys
+
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(message, file=sys.stderr, flush=True)
+
+
 def did_you_mean(name: str, choices) -> str:
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_cli.core.files import write_atomically
+
 # Small budgets: the whole benchmark (2 repeats, 4 cases) takes about 4 minutes on 2 idle cores.
 # Every case runs on one torch thread, as the sweeps' jobs do (JOBS=2 on 2 cores).
 CASES = {
@@ -288,7 +290,7 @@ def main(args: list[str]) -> None:
         rows = [measure_case(n, [*CASES[n], *p.overrides], int(p.get("--repeats", 2)), Path(tmp)) for n in names]
     render(rows)
     if p.get("--out"):
-        Path(p.get("--out")).write_text(json.dumps(rows, indent=1))
+        write_atomically(Path(p.get("--out")), json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

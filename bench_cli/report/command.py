@@ -18,6 +18,7 @@ from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.report import render, select, spec, stats
 from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
+from bench_cli.core.files import write_atomically
 
 USAGE = """\
 usage: attnbench report [NAME] [--records PATH] [--out DIR] [--all] [--width N] [overrides...]
@@ -419,8 +420,8 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
         render.print_lines(console, [f"note: {out.with_suffix('.md')} is committed and was made from other records "
                                      f"({replaced}); it is replaced (git diff shows the change, git checkout "
                                      "restores it)"])
-    out.with_suffix(".md").write_text(render.markdown(title, header, display, notes(report), cols,
-                                                      [(t.column.subtitle, shown, c) for t, shown, c in sections]))
+    write_atomically(out.with_suffix(".md"), render.markdown(title, header, display, notes(report), cols,
+                                                             [(t.column.subtitle, shown, c) for t, shown, c in sections]))
     labels, written = report.labels, [out.with_suffix(".md")]
     for i, table in enumerate(report.tables):
         written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")

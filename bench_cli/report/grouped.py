@@ -15,6 +15,7 @@ from bench_cli.core.errors import UserError
 from bench_cli.report import render, select
 from bench_cli.report.command import direction_note, made_by, records_line, rerun_command, wall_clock
 from bench_cli.ui import DASH, csv_value, fixed, mean_pm
+from bench_cli.core.files import write_atomically
 
 SCORE = "test_score"
 IDENTITY = ("experiment", "task", "dataset", "model", "protocol")
@@ -137,7 +138,7 @@ def report_records(overrides: list[str], opts: dict) -> None:
         # named after the whole file name: table1.records.csv -> table1.records.md, never table1.md
         md, csv = out_dir / f"{path.stem}.md", out_dir / f"{path.stem}.csv"
         out_dir.mkdir(parents=True, exist_ok=True)
-        md.write_text(render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols))
+        write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols))
         columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s"]
         records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
         render.print_lines(screen, [f"wrote {md}, {csv}"])
