@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from bench_cli import compose as C
 from bench_cli.args import parse
 from bench_cli.core.errors import (UserError, catch_termination, exit_code_of, first_line, interruption_name,
-                                   unknown_choice)
+                                   path_error, unknown_choice)
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 
 # Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
@@ -449,6 +449,11 @@ def main(argv: list[str] | None = None) -> None:
         COMMANDS[cmd](rest)
     except UserError as e:
         fail(str(e))
+    except OSError as e:  # a path the user gave that cannot be written (a run records its own failures)
+        problem = path_error(e)
+        if problem is None:
+            raise
+        fail(str(problem))
     except KeyboardInterrupt as e:  # any command: one line, no traceback (run records it first)
         fail(f"interrupted: attnbench {cmd} stopped ({interruption_name(e)})", code=exit_code_of(e))
 

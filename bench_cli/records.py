@@ -28,7 +28,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError
-from bench_cli.core.files import write_atomically
+from bench_cli.core.files import unwritable_folder, write_atomically
 from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
@@ -282,11 +282,8 @@ def check_results_path(path: str | Path) -> None:
     and an existing file is an attnbench record file (its header starts with the record columns)
     that reads strictly and takes appends (:func:`check_appendable`)."""
     path = target(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    probe = unwritable_folder(path.parent)
+    if probe is not None:
         raise UserError(f"results.path={path}: cannot write in {probe} (read-only or not a folder); "
                         f"choose another results.path=FILE")
     if path.exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError, first_line, unknown_choice
+from bench_cli.core.files import unwritable_folder
 from bench_cli.records import check_results_path
 
 
@@ -78,6 +79,11 @@ def check_settings(cfg: DictConfig) -> None:
     _number(cfg, "trainer.optimizer.lr_reference_batch", minimum=1, optional=True)
     _number(cfg, "trainer.scheduler.warmup_epochs", minimum=0, integer=True, optional=True)
     check_results_path(cfg.results.path)
+    output = OmegaConf.select(cfg, "paths.output_dir", default=None)
+    blocked = unwritable_folder(output) if output is not None else None
+    if blocked is not None:
+        raise UserError(f"paths.output_dir={output}: cannot write in {blocked} (read-only or not a folder); "
+                        f"choose another paths.output_dir=DIR")
     if protocol == "holdout" and OmegaConf.select(cfg, "task.val_fraction", default=None) is not None:
         _number(cfg, "task.val_fraction", minimum=0, maximum=1, exclusive=True)
 

@@ -398,3 +398,35 @@ def test_a_measurement_cache_entry_of_another_shape_is_measured_again(uea_fixtur
         assert f"warning: measurement cache .measure_cache/{entry.name} is not an entry for this model" in err
         last = read_records(workdir / "res.csv")[-1]
         assert last["status"] == "ok" and (last["params"], last["flops_train_step"]) == (first["params"], first["flops_train_step"])
+
+
+# --- paths the user gave (issue 38 cases 8 and 13) ---------------------------------------------------------
+def test_an_unusable_output_folder_is_one_line_before_anything_runs(uea_fixture, workdir, capsys):
+    (workdir / "afile").write_text("x")
+    for command in ("validate", "run"):
+        err = exit_line(capsys, command, *TINY, f"paths.output_dir={workdir / 'afile' / 'out'}", "results.path=res.csv")
+        assert f"paths.output_dir={workdir / 'afile' / 'out'}: cannot write in {workdir / 'afile'}" in err
+    assert not (workdir / "res.csv").exists()
+
+
+def test_os_errors_on_paths_the_user_gave_are_one_line_naming_the_path(uea_fixture, workdir, capsys, monkeypatch):
+    """report --out under a file, a name too long, `data` into a root it cannot write."""
+    from bench_cli.records import append_record
+
+    (workdir / "afile").write_text("x")
+    append_record(workdir / "runs.csv", {"run_id": "r0", "status": "ok", "task": "uea", "dataset": "Fixture",
+                                         "model": "softmax", "seed": 0, "test_accuracy": 90.0})
+    err = exit_line(capsys, "report", "--records", "runs.csv", "--out", str(workdir / "afile" / "rep"))
+    assert f"{workdir / 'afile' / 'rep'}: Not a directory (a part of the path is a file" in err
+    err = exit_line(capsys, "report", "--records", "runs.csv", "--out", "x" * 300)
+    assert "File name too long (the name is too long: choose a shorter path)" in err
+    err = exit_line(capsys, "data", "uea", "JapaneseVowels", f"paths.data_root={workdir / 'afile'}")
+    assert f"{workdir / 'afile'}" in err and "Not a directory" in err
+    import tasks.timeseries
+
+    def read_only(path, data, **kw):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(tasks.timeseries, "write_atomically", read_only)
+    err = exit_line(capsys, "data", "uea", "JapaneseVowels", f"paths.data_root={workdir / 'ro'}")
+    assert f"{workdir / 'ro' / 'uea' / 'JapaneseVowels'}" in err and "a read-only file system" in err

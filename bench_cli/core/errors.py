@@ -21,6 +21,32 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [""])[0]
 
 
+# What to do about an OS error on a path the user gave (the path is named before it).
+_PATH_ADVICE = {
+    "EACCES": "no permission: choose another path, or make it writable",
+    "EPERM": "not permitted: choose another path, or make it writable",
+    "EROFS": "a read-only file system: choose a path on a writable one",
+    "ENOTDIR": "a part of the path is a file, not a folder: choose another path",
+    "EISDIR": "it is a folder: give a file name",
+    "ENAMETOOLONG": "the name is too long: choose a shorter path",
+    "ENOENT": "a folder of the path does not exist: create it or choose another path",
+    "EEXIST": "a file is in the way: choose another path or remove it",
+    "ENOSPC": "the disk is full: free space or choose another path",
+    "EDQUOT": "the disk quota is exceeded: free space or choose another path",
+}
+
+
+def path_error(error: OSError) -> UserError | None:
+    """One line for an OS error on a named path (unwritable, read-only, not a folder, too long,
+    missing parent...): the path, the system's reason and what to do. None for other errors."""
+    import errno
+
+    name = errno.errorcode.get(error.errno or 0)
+    if name not in _PATH_ADVICE or not error.filename:
+        return None
+    return UserError(f"{error.filename}: {error.strerror or name} ({_PATH_ADVICE[name]})")
+
+
 _WARNED: set[str] = set()
 
 

@@ -44,6 +44,15 @@ def write_atomically(path: str | Path, data: str | bytes, encoding: str = "utf-8
             f.write(data)
 
 
+def unwritable_folder(folder: str | Path) -> Path | None:
+    """Where files cannot be created under ``folder``: the nearest existing ancestor (itself
+    included) when it is not a writable folder; None when ``folder`` exists or can be made."""
+    probe = Path(folder) if str(folder) else Path(".")
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return None if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK) else probe
+
+
 def _file_mode(path: Path) -> int:
     try:
         return stat.S_IMODE(path.stat().st_mode)
