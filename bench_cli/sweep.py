@@ -86,10 +86,11 @@ class Job:
     overrides: list[str]
     cfg: DictConfig = field(repr=False)  # as the job gets it: composed by Hydra, without its hydra node
     key: str = ""
+    swept: frozenset = field(default=frozenset(), repr=False)  # the keys that vary between the sweep's jobs
 
     @property
     def label(self) -> str:
-        return job_label(self.cfg)
+        return job_label(self.cfg, self.overrides, self.swept)
 
 
 @dataclass
@@ -127,9 +128,30 @@ class JobPlan:
         return position
 
 
-def job_label(cfg) -> str:
+LABEL_SHOWS = {"task", "task.name", "task.dataset", "model", "model.name", "seed"}  # job_label's own part
+
+
+def job_label(cfg, overrides=(), swept=frozenset()) -> str:
+    """'uea/JapaneseVowels softmax seed=0', then every swept override it does not show
+    (model.attention.name=boomatt), so no two jobs of a sweep read alike."""
     ds = OmegaConf.select(cfg, "task.dataset", default=None)
-    return f"{cfg.task.name}/{ds or '-'} {cfg.model.name} seed={cfg.seed}"
+    extra = [o for o in overrides if _override_key(o) in swept and _override_key(o) not in LABEL_SHOWS]
+    return " ".join([f"{cfg.task.name}/{ds or '-'} {cfg.model.name} seed={cfg.seed}", *extra])
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def swept_keys(override_lists) -> frozenset:
+    """The keys whose value differs between the jobs' override lists (or that some jobs lack)."""
+    lists = [list(ovs) for ovs in override_lists]
+    values: dict[str, set] = {}
+    for ovs in lists:
+        for o in ovs:
+            values.setdefault(_override_key(o), set()).add(o.split("=", 1)[-1])
+    present = {k: sum(any(_override_key(o) == k for o in ovs) for ovs in lists) for k in values}
+    return frozenset(k for k, vs in values.items() if len(vs) > 1 or present[k] < len(lists))
 
 
 # --- the plan ---------------------------------------------------------------------------------
@@ -198,6 +220,9 @@ def plan_sweep(overrides: list[str], flags: dict | None = None) -> Sweep:
             unique.append(job)
     if unique:  # outside Hydra's session: the check composes the group defaults with the compose API
         C.check_value_types(unique[0].cfg, unique[0].overrides)
+    swept = swept_keys(j.overrides for j in unique)
+    for job in unique:
+        job.swept = swept
     return Sweep(master, unique, dict(flags or {}))
 
 
@@ -328,7 +353,8 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     hc = HydraConfig.get()
     overrides = tuple(hc.overrides.task)
     position = plan.check(overrides, cfg)
-    head, label, key = _head(position, plan.total), job_label(cfg), plan.keys[overrides][1]
+    head, key = _head(position, plan.total), plan.keys[overrides][1]
+    label = job_label(cfg, overrides, swept_keys(plan.keys))
     claimed = claim(cfg, key, plan, head, label)
     if claimed is False:
         return "skipped"

@@ -14,6 +14,9 @@ from bench_cli.core.files import unwritable_folder
 from bench_cli.records import check_results_path
 
 
+SEED_MAX = 2**32 - 1
+
+
 def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optional=False, exclusive=False):
     value = OmegaConf.select(cfg, key, default=None)
     if value is None:
@@ -44,6 +47,8 @@ def check_settings(cfg: DictConfig) -> None:
     task_type = task_class(str(cfg.task.name))
     task_type.check_protocol(protocol)
     task_type.paper_selection(cfg.task)
+    _number(cfg, "seed", minimum=0, maximum=SEED_MAX, integer=True)  # NumPy's RandomState takes 32 bits
+    _number(cfg, "task.split_seed", minimum=0, maximum=SEED_MAX, integer=True, optional=True)
     _number(cfg, "trainer.max_epochs", minimum=1, integer=True, optional=bool(t.get("max_steps")))
     _number(cfg, "trainer.max_steps", minimum=1, integer=True, optional=True)
     _number(cfg, "trainer.step_budget", minimum=1, integer=True, optional=True)

@@ -430,3 +430,40 @@ def test_os_errors_on_paths_the_user_gave_are_one_line_naming_the_path(uea_fixtu
     monkeypatch.setattr(tasks.timeseries, "write_atomically", read_only)
     err = exit_line(capsys, "data", "uea", "JapaneseVowels", f"paths.data_root={workdir / 'ro'}")
     assert f"{workdir / 'ro' / 'uea' / 'JapaneseVowels'}" in err and "a read-only file system" in err
+
+
+def test_a_sweep_labels_each_job_with_every_swept_value(uea_fixture, workdir, capsys):
+    """Case 12: model.attention.name=a,b inside one model: the labels differ."""
+    main(["sweep", *TINY, "model.attention.name=softmax,linear", "seed=0,1", "--dry-run"])
+    out = capsys.readouterr().out
+    for attention in ("softmax", "linear"):
+        for seed in (0, 1):
+            assert f"uea/Fixture softmax seed={seed} model.attention.name={attention}" in out
+    assert "trainer.max_epochs" not in out  # what every job shares is not repeated
+
+
+def test_sigquit_during_a_run_records_an_interrupted_row(uea_fixture, workdir, capsys, monkeypatch):
+    """Case 14: Ctrl-\\ is handled like SIGTERM: a row, then exit 128 + 3."""
+    import signal
+
+    from bench_cli.trainer import Trainer
+
+    def quit_signal(self, protocol):
+        os.kill(os.getpid(), signal.SIGQUIT)
+
+    previous = signal.getsignal(signal.SIGQUIT)
+    monkeypatch.setattr(Trainer, "fit", quit_signal)
+    try:
+        err = exit_line(capsys, "run", *TINY, "results.path=res.csv", code=128 + signal.SIGQUIT)
+    finally:
+        signal.signal(signal.SIGQUIT, previous)
+    assert "interrupted (SIGQUIT)" in err
+    (row,) = read_records(workdir / "res.csv")
+    assert row["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**70)])
+def test_a_seed_numpy_cannot_take_is_refused(uea_fixture, workdir, capsys, seed):
+    """Case 11: NumPy's RandomState takes 0 .. 2**32 - 1."""
+    err = exit_line(capsys, "validate", *TINY, f"seed={seed}")
+    assert f"bad value for seed: {seed} (expected an integer between 0 and 4294967295)" in err

@@ -74,9 +74,10 @@ class DivergedError(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped from outside: Ctrl-C (SIGINT) or SIGTERM (what Slurm, torchrun and `timeout`
-    send). Raised by the handler ``catch_termination`` installs, so a SIGTERM unwinds like Ctrl-C:
-    the run records an ``interrupted`` row, then the process exits 128 + the signal number."""
+    """A run stopped from outside: Ctrl-C (SIGINT), SIGTERM (what Slurm, torchrun and `timeout`
+    send) or SIGQUIT (Ctrl-\\). Raised by the handler ``catch_termination`` installs, so those
+    unwind like Ctrl-C: the run records an ``interrupted`` row, then the process exits 128 + the
+    signal number."""
 
     def __init__(self, signum: int):
         import signal
@@ -99,8 +100,8 @@ def exit_code_of(err: BaseException) -> int:
 
 
 def catch_termination() -> None:
-    """Turn SIGTERM into ``Interrupted`` in the main thread (a no-op elsewhere, where Python
-    cannot install handlers)."""
+    """Turn SIGTERM and SIGQUIT into ``Interrupted`` in the main thread (a no-op elsewhere, where
+    Python cannot install handlers)."""
     import signal
     import threading
 
@@ -111,3 +112,4 @@ def catch_termination() -> None:
         raise Interrupted(signum)
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGQUIT, handler)  # Ctrl-\ would end the process with a core dump and no row
