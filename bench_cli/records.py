@@ -289,7 +289,7 @@ def check_results_path(path: str | Path) -> None:
     if path.exists():
         if not path.is_file():
             raise UserError(f"results.path={path} is not a file")
-        with open(path, newline="", errors="replace") as f:
+        with open(path, newline="", errors="replace", encoding="utf-8-sig") as f:  # a BOM is read as `report` reads it
             first = f.readline().strip()
         header = first.split(",")
         if first and header[: len(_IDENTITY)] != list(_IDENTITY):
@@ -321,6 +321,7 @@ class Table:
     header: list[str]
     rows: list[list[str]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
+    bom: bool = False  # the file starts with a UTF-8 byte order mark (a spreadsheet's export): kept
 
     def wide_rows(self) -> list[int]:
         """Lines of the rows with more fields than the header."""
@@ -351,9 +352,11 @@ def read_table(path: str | Path) -> Table | None:
     if not path.is_file():
         return None
     try:
-        lines = list(io.StringIO(path.read_text(), newline=""))  # the physical lines, endings kept
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise RecordsFileError(f"{path} is not a text CSV file ({e.reason} at byte {e.start})") from None
+    bom = text.startswith(BOM)
+    lines = list(io.StringIO(text[len(BOM):] if bom else text, newline=""))  # the physical lines, endings kept
     reader = csv.reader(lines, strict=True)
     table = None
     while True:
@@ -369,7 +372,7 @@ def read_table(path: str | Path) -> Table | None:
         if not fields:  # a blank line
             continue
         if table is None:
-            table = Table(fields)
+            table = Table(fields, bom=bom)
             continue
         n, width = len(fields), len(table.header)
         if reader.line_num > start and n != width:
@@ -398,7 +401,7 @@ def read_records(path: str | Path) -> list[dict]:
     for line in table.wide_rows():
         _warn_once(Path(path), line, "the row has more fields than the header (written by another version?): "
                                      "the fields beyond the header have no column name and are not read")
-    return [{k: (r[i] if i < len(r) else None) for i, k in enumerate(table.header)} for r in table.rows]
+    return [{k: (unescape_cell(r[i]) if i < len(r) else None) for i, k in enumerate(table.header)} for r in table.rows]
 
 
 def read_job_records(path: str | Path) -> tuple[list[dict], list[str]]:
@@ -441,13 +444,14 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
         header += [c for c in columns if c not in header]
         for r in rows:
             header += [k for k in r if k not in header]
-        buf = io.StringIO()
+        buf = io.StringIO(BOM if old and old.bom else "")
+        buf.seek(0, io.SEEK_END)
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(header)
         for fields in old.rows if old else []:  # complete rows get blanks for new columns, others stay as they are
             writer.writerow(fields + [""] * (len(header) - len(fields)) if len(fields) == len(old.header) else fields)
         for r in rows:
-            writer.writerow([_cell(r.get(k)) for k in header])
+            writer.writerow([escape_cell(_cell(r.get(k))) for k in header])
         write_atomically(path, buf.getvalue())
 
 
@@ -561,6 +565,34 @@ def running_elsewhere(path: str | Path, keys) -> dict[str, str]:
     claims, me = _read_claims(path), _this_process()
     return {k: _holder_text(c) for k in keys if (c := claims.get(k)) and claim_alive(c) is not False
             and (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
+
+
+BOM = "\ufeff"
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def escape_cell(text: str) -> str:
+    """``text`` as a CSV cell a spreadsheet shows as text: a leading apostrophe before a cell that
+    would start a formula (``=1+2`` -> ``'=1+2``), and before one that starts with an apostrophe
+    already, so that :func:`unescape_cell` gives back the original; numbers (-0.5, -inf) stay
+    numbers. Every writer of records and reports (``write_rows``) escapes; ``read_records``
+    unescapes."""
+    if text.startswith("'") or (text.startswith(FORMULA_STARTS) and not (text[0] in "+-" and _is_number(text))):
+        return "'" + text
+    return text
+
+
+def unescape_cell(text: str) -> str:
+    return text[1:] if text.startswith("'") else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _cell(v) -> str:

@@ -467,3 +467,55 @@ def test_a_seed_numpy_cannot_take_is_refused(uea_fixture, workdir, capsys, seed)
     """Case 11: NumPy's RandomState takes 0 .. 2**32 - 1."""
     err = exit_line(capsys, "validate", *TINY, f"seed={seed}")
     assert f"bad value for seed: {seed} (expected an integer between 0 and 4294967295)" in err
+
+
+# --- files that cannot be trusted (issue 38 cases 5 and 6) ------------------------------------------------
+def test_a_records_file_with_a_byte_order_mark_is_read_and_kept_alike(uea_fixture, workdir, capsys):
+    """Case 5: `run` and `report` read a BOM alike (a spreadsheet's export); the BOM stays."""
+    from bench_cli.records import BOM, append_record
+
+    path = workdir / "res.csv"
+    append_record(path, {"run_id": "r0", "status": "ok", "task": "uea", "dataset": "Fixture", "model": "softmax",
+                         "seed": 0, "test_accuracy": 90.0})
+    path.write_text(BOM + path.read_text(encoding="utf-8"), encoding="utf-8")
+    main(["run", *TINY, "seed=1", f"results.path={path}"])
+    assert path.read_text(encoding="utf-8").startswith(BOM + "run_id,")
+    assert [r["run_id"] for r in read_records(path)][0] == "r0" and len(read_records(path)) == 2
+    main(["report", "--records", str(path), "--no-write"])
+    assert "r0" not in capsys.readouterr().err
+
+
+FORMULAS = {"dataset": "=1+2", "model": "@SUM(1+1)*cmd|' /C calc'!A0", "attention": "+cmd", "error": "\tx",
+            "experiment": "-flag", "git_commit": "'quoted"}
+
+
+def test_cells_that_would_run_as_formulas_are_escaped_and_read_back(workdir):
+    """Case 6: a leading apostrophe (a spreadsheet shows the text); read_records strips it, so
+    every value reads back as written; numbers, negative ones too, stay numbers."""
+    import csv
+
+    from bench_cli.records import append_record
+
+    path = workdir / "runs.csv"
+    append_record(path, {"run_id": "r0", "status": "ok", "seed": -1, "test_score": -0.5, "test_loss": float("-inf"),
+                         **FORMULAS})
+    (raw,) = csv.DictReader(path.open(newline=""))
+    assert {k: raw[k] for k in FORMULAS} == {k: "'" + v for k, v in FORMULAS.items()}
+    assert (raw["seed"], raw["test_score"], raw["test_loss"]) == ("-1", "-0.5", "-inf")
+    (row,) = read_records(path)
+    assert {k: row[k] for k in FORMULAS} == FORMULAS and row["test_score"] == "-0.5"
+
+
+def test_a_report_csv_escapes_formulas_too(workdir, capsys):
+    import csv
+
+    from bench_cli.records import append_record
+
+    path = workdir / "runs.csv"
+    for seed, dataset in enumerate(("=1+2", "@SUM(1+1)")):  # two datasets: a column of the report
+        append_record(path, {"run_id": f"r{seed}", "status": "ok", "task": "uea", "dataset": dataset,
+                             "model": "softmax", "seed": seed, "test_accuracy": 90.0 + seed})
+    main(["report", "--records", str(path)])
+    cells = [c for r in csv.reader(open(workdir / "reproduced" / "runs.csv", newline="")) for c in r]
+    assert not [c for c in cells if c.startswith(("=", "@"))] and any(c.startswith("'=") or c.startswith("'@")
+                                                                       for c in cells)
