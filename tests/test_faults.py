@@ -519,3 +519,22 @@ def test_a_report_csv_escapes_formulas_too(workdir, capsys):
     cells = [c for r in csv.reader(open(workdir / "reproduced" / "runs.csv", newline="")) for c in r]
     assert not [c for c in cells if c.startswith(("=", "@"))] and any(c.startswith("'=") or c.startswith("'@")
                                                                        for c in cells)
+
+
+@pytest.mark.parametrize("name", [[], ["primal_dual/table1"]])
+def test_a_report_over_nan_or_inf_scores_shows_them_and_leaves_them_out_of_means(workdir, capsys, name):
+    """Case 9: no traceback from statistics; such a seed is named in a note, the mean is of the rest."""
+    from bench_cli.records import append_record
+
+    path = workdir / "runs.csv"
+    for seed, score in enumerate((98.0, float("nan"), float("inf"), 96.0)):
+        append_record(path, {"run_id": f"r{seed}", "status": "ok", "task": "uea", "dataset": "JapaneseVowels",
+                             "model": "softmax", "seed": seed, "experiment": "primal_dual/table1",
+                             "test_accuracy": score, "test_score": score, "variant_key": "v"})
+    main(["report", *name, "--records", str(path), "--width", "400"])
+    out = capsys.readouterr().out
+    assert "Left out of the means, as failed seeds: ok records whose value is not finite: " in out
+    import re
+
+    assert re.search(r"seed 1 \(test_\w+ nan\)", out) and re.search(r"seed 2 \(test_\w+ inf\)", out)
+    assert "97.0" in out  # the mean of 98 and 96

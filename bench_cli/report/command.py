@@ -350,6 +350,7 @@ def average_notes(report: Report) -> list[str]:
 
 def notes(report: Report) -> list[str]:
     headline, out = report.tables[0], select.duplicates_note(report.duplicates)
+    out += select.not_finite_note(headline.cells.values())
     ignored = sum(c.ignored for c in headline.cells.values())
     if ignored:
         out.append(f"{ignored} older records of other configurations of the same cells were ignored (newest variant shown).")

@@ -108,7 +108,8 @@ def notes(cells: dict, dropped: int) -> list[str]:
     return (select.duplicates_note(dropped)
             + ([f"{ignored} older records of other configurations of the same groups were ignored "
                 "(newest variant shown)."] if ignored else [])
-            + ([f"{gaps} group(s) without an ok run (n 0): their score is a gap, never a 0."] if gaps else []))
+            + ([f"{gaps} group(s) without an ok run (n 0): their score is a gap, never a 0."] if gaps else [])
+            + select.not_finite_note(cells.values()))
 
 
 def report_records(overrides: list[str], opts: dict) -> None:
