@@ -244,9 +244,10 @@ def _ls_datasets(data_root: Path) -> None:
         cls = task_class(name)
         for ds in cls.datasets(data_root):
             status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
-            style = {"local": "green", "package": "cyan", "missing": "dim"}[status]
+            style = {"local": "green", "package": "cyan", "missing": "dim", "damaged": "red"}[status]
             shown = {"local": "local", "package": "in package",
-                     "missing": f"missing: attnbench data {cls.fetcher} {ds}"}[status]
+                     "missing": f"missing: attnbench data {cls.fetcher} {ds}",
+                     "damaged": f"damaged: attnbench data {cls.fetcher} {ds} --force"}[status]
             rows.append([name, ds, f"[{style}]{shown}[/]"])
     show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
 

@@ -538,3 +538,22 @@ def test_a_report_over_nan_or_inf_scores_shows_them_and_leaves_them_out_of_means
 
     assert re.search(r"seed 1 \(test_\w+ nan\)", out) and re.search(r"seed 2 \(test_\w+ inf\)", out)
     assert "97.0" in out  # the mean of 98 and 96
+
+
+@pytest.mark.parametrize("damage", ['{"num_train": 4', "[1, 2]"])
+def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(workdir, capsys, damage):
+    """Case 7: a cut or non-object generator.json of the generated ListOps set."""
+    from tasks.lra import listops_generator as G
+
+    folder = workdir / "data" / "lra_generated" / "listops-1000"
+    G.write_dataset(folder, num_train=8, num_val=2, num_test=2, seed=0, max_depth=3, max_args=3, min_length=5,
+                    max_length=30)
+    (folder / "generator.json").write_text(damage)
+    run = ["task=lra_listops", "task.dataset=listops_generated", "task.max_len=32", "task.seq_len=32"]
+    for args in (["validate", *run], ["validate", *run, "+task.generator.seed=0"],
+                 ["data", "lra_listops", "--generate", "--num-train=8"]):
+        err = exit_line(capsys, *args)
+        assert f"{folder / 'generator.json'} is damaged" in err and "--force" in err, err
+    main(["ls", "datasets"])
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "damaged: attnbench data lra_listops" in out

@@ -137,9 +137,31 @@ def generator_differences(data_root: Path, wanted: dict[str, int]) -> dict:
     """{option: the value the generated ListOps set was made with (its generator.json)} for each
     option in ``wanted`` (integers: generator_integers) it was not made with; {} when the set is
     the one wanted."""
-    meta_path = generated_listops_dir(data_root) / "generator.json"
-    made = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    made = generator_meta(data_root) or {}
     return {k: made.get(k) for k, v in wanted.items() if made.get(k) != v}
+
+
+def generator_meta(data_root: Path) -> dict | None:
+    """What the generated ListOps set was made with (its generator.json; None without one). A file
+    that is not a JSON object (cut short, edited) is one line naming it: what the set holds is
+    then unknown, so it is made again."""
+    meta_path = generated_listops_dir(data_root) / "generator.json"
+    problem = generator_meta_problem(meta_path)
+    if problem:
+        raise DataNotFoundError(f"{meta_path} is damaged ({problem}): make the set again with "
+                                f"`{generate_command(data_root)} --force`")
+    return json.loads(meta_path.read_text()) if meta_path.is_file() else None
+
+
+def generator_meta_problem(meta_path: Path) -> str | None:
+    """Why ``meta_path`` (a generator.json) cannot be read as one; None when it can or is absent."""
+    if not meta_path.is_file():
+        return None
+    try:
+        made = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        return f"not JSON: {str(e).splitlines()[0]}"
+    return None if isinstance(made, dict) else f"a JSON {type(made).__name__}, not an object"
 
 
 def generate_command(data_root: Path, generator=None) -> str:
@@ -162,7 +184,11 @@ class ListOpsFetcher(Fetcher):
         return list(LISTOPS_DATASETS)
 
     def status(self, dataset: str, data_root: Path) -> str:
-        return "local" if listops_files(dataset, data_root) else "missing"
+        if not listops_files(dataset, data_root):
+            return "missing"
+        damaged = dataset == "listops_generated" and generator_meta_problem(
+            generated_listops_dir(data_root) / "generator.json")
+        return "damaged" if damaged else "local"
 
     def missing_message(self, dataset: str, data_root: Path, generator=None, **options) -> str:
         root = Path(data_root).expanduser()
@@ -186,6 +212,8 @@ class ListOpsFetcher(Fetcher):
         files = listops_files(dataset, data_root)
         if files is None:
             raise DataNotFoundError(self.missing_message(dataset, data_root, generator))
+        if dataset == "listops_generated":
+            generator_meta(data_root)  # a damaged generator.json: one line now, not after training
         if dataset == "listops_generated" and generator:
             differ = generator_differences(data_root, wanted)
             if differ:
