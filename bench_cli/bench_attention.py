@@ -127,7 +127,31 @@ def parse_args(argv=None) -> SimpleNamespace | None:
         except ValueError:
             raise UserError(f"option {name} of `attnbench bench` takes {kind.__name__} values (got {given})") from None
         values[name[2:].replace("-", "_")] = value
-    return SimpleNamespace(**values)
+    args = SimpleNamespace(**values)
+    check_sizes(args)
+    return args
+
+
+def check_sizes(args) -> None:
+    """Every size at least 1, the heads dividing d_model, the variants known, and the largest
+    length's dense attention within the memory available: before anything is allocated."""
+    from bench_cli.core.errors import unknown_choice
+    from bench_cli.core.sizes import check_at_least, check_fits, check_heads, dense_attention_bytes
+
+    for n in args.seq_lens:
+        check_at_least("--seq-lens", n, command="bench")
+    for option in ("--d-model", "--heads", "--batch", "--repeats", "--threads"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None:
+            check_at_least(option, value, command="bench")
+    check_heads(args.d_model, args.heads, "bench")
+    unknown = sorted(set(args.variants or ()) - set(available_attentions()))
+    if unknown:
+        raise unknown_choice("variant", unknown[0], available_attentions())
+    longest = max(args.seq_lens)
+    check_fits(f"`attnbench bench` at N={longest} (batch {args.batch}, {args.heads} heads)",
+               dense_attention_bytes(args.batch, args.heads, longest, args.d_model),
+               "give smaller --seq-lens or --batch")
 
 
 def render(rows, title: str, notes: list[str] = ()) -> None:
@@ -161,10 +185,7 @@ def main(argv=None) -> list[tuple]:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = available_attentions()
-    if args.variants:
-        unknown = sorted(set(args.variants) - set(names))
-        if unknown:
-            raise SystemExit(f"unknown variants: {', '.join(unknown)}; valid: {', '.join(names)}")
+    if args.variants:  # known: check_sizes
         names = ["softmax"] + [n for n in names if n in args.variants and n != "softmax"]
     rows, results = [], []
     for n in args.seq_lens:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bench_cli.core.errors import UserError, first_line
+from bench_cli.core.sizes import check_fits, check_heads, dense_attention_bytes
 from models.attention import (AttentionSpec, Capabilities, attention_spec, build_attention,
                               collect_auxiliary_loss)
 
@@ -505,6 +506,10 @@ def parse_setup(args: list[str]) -> Setup | None:
         raise UserError("check-attention: --d-model and --heads must be positive and --length at least 4")
     if setup.batch < 2:
         raise UserError("check-attention: --batch must be at least 2 (the samples of a batch are compared)")
+    check_heads(setup.d_model, setup.heads, "check-attention")
+    check_fits(f"check-attention {name} at --length {setup.length} (--batch {setup.batch})",
+               dense_attention_bytes(setup.batch, setup.heads, setup.length, setup.d_model, bytes_per_value=8),
+               "give a smaller --length or --batch")
     if spec.capabilities.needs_grid and "grid" not in setup.options and math.isqrt(setup.length) ** 2 != setup.length:
         raise UserError(f"check-attention: {name} needs a grid: give a square --length (e.g. 16), "
                         f"got {setup.length}")

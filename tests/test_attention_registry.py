@@ -160,7 +160,9 @@ def test_speed_benchmark_runs_every_variant(capsys):
     assert timed == EXPECTED  # 16 is a 4 x 4 grid, so conv2d runs too
     assert all(fwd > 0 and bwd > 0 for _, _, fwd, bwd in results)
     assert "x softmax" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    from bench_cli.core.errors import UserError
+
+    with pytest.raises(UserError, match="unknown variant 'nope'"):  # the CLI's one line, exit 2 (test_faults)
         main(["--variants", "nope"])
 
 

@@ -557,3 +557,22 @@ def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(work
     main(["ls", "datasets"])
     out = capsys.readouterr().out.replace("\n", " ")
     assert "damaged: attnbench data lra_listops" in out
+
+
+# --- sizes checked before anything is allocated (issue 38 case 10) -----------------------------------------
+@pytest.mark.parametrize("args, expected", [
+    (["bench", "--seq-lens", "0"], "option --seq-lens of `attnbench bench` must be an integer of at least 1 (got 0)"),
+    (["bench", "--seq-lens", "-1"], "option --seq-lens of `attnbench bench` must be an integer of at least 1 (got -1)"),
+    (["bench", "--seq-lens", "1000000000"], "`attnbench bench` at N=1000000000 (batch 1, 2 heads) needs at least"),
+    (["bench", "--batch", "0"], "option --batch of `attnbench bench` must be an integer of at least 1 (got 0)"),
+    (["bench", "--heads", "3"], "--heads 3 does not divide --d-model 64"),
+    (["bench", "--repeats", "0"], "option --repeats of `attnbench bench` must be an integer of at least 1 (got 0)"),
+    (["bench", "--variants", "nosuch"], "unknown variant 'nosuch'"),
+    (["check-attention", "softmax", "--length", "100000000"], "check-attention softmax at --length 100000000"),
+    (["check-attention", "softmax", "--heads", "3"], "--heads 3 does not divide --d-model 16"),
+    (["data", "lra_listops", "--generate", "--num-train=-1"], "option num_train must be an integer at least 1, got -1"),
+    (["data", "lra_listops", "--generate", "--num-train=100000000000"], "a generated ListOps set of these sizes needs"),
+    (["data", "lra_listops", "--generate", "--min-length=50", "--max-length=10"], "--min-length=50 is above"),
+])
+def test_sizes_that_cannot_be_are_one_line_before_anything_is_allocated(workdir, capsys, args, expected):
+    assert expected in exit_line(capsys, *args)

@@ -130,7 +130,34 @@ def generator_integers(options: dict, source: str) -> dict[str, int]:
         if isinstance(v, bool) or not text.lstrip("+-").isdigit():
             raise UserError(f"{source} {k} must be an integer, got {v!r}")
         params[k] = int(text)
+        low = GENERATOR_MINIMUM.get(k, 1)
+        if params[k] < low or (k == "seed" and params[k] > 2**32 - 1):
+            bounds = "0 to 2**32 - 1" if k == "seed" else f"at least {low}"
+            raise UserError(f"{source} {k} must be an integer {bounds}, got {params[k]}")
     return params
+
+
+GENERATOR_MINIMUM = {"seed": 0, "max_args": 2}  # every other option (sizes, lengths, depth): at least 1
+
+
+def check_generated_size(target: Path, params: dict) -> None:
+    """Refuse, in one line, a set that would not fit on the disk that holds ``target`` (about two
+    bytes per token, an expression of the average of min_length and max_length tokens)."""
+    import shutil
+
+    from tasks.lra.listops_generator import DEFAULTS
+
+    p = {**DEFAULTS, **params}
+    if p["min_length"] > p["max_length"]:
+        raise UserError(f"--min-length={p['min_length']} is above --max-length={p['max_length']}")
+    needed = 2 * (p["num_train"] + p["num_val"] + p["num_test"]) * (p["min_length"] + p["max_length"]) // 2
+    folder = target
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise UserError(f"a generated ListOps set of these sizes needs about {needed / 2**30:,.1f} GiB in {target}, "
+                        f"{free / 2**30:,.1f} GiB is free: give smaller --num-train/--num-val/--num-test or lengths")
 
 
 def generator_differences(data_root: Path, wanted: dict[str, int]) -> dict:
@@ -257,6 +284,7 @@ class ListOpsFetcher(Fetcher):
         workers = params.pop("workers", None)
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be a positive integer, got {workers}")
+        check_generated_size(target, params)
         if listops_files("listops_generated", data_root) and not force:
             differ = generator_differences(data_root, {k: v for k, v in {**DEFAULTS, **params}.items() if k != "task"})
             if not differ:
