@@ -89,8 +89,25 @@ def check_settings(cfg: DictConfig) -> None:
     if blocked is not None:
         raise UserError(f"paths.output_dir={output}: cannot write in {blocked} (read-only or not a folder); "
                         f"choose another paths.output_dir=DIR")
+    check_model_sizes(cfg)
     if protocol == "holdout" and OmegaConf.select(cfg, "task.val_fraction", default=None) is not None:
         _number(cfg, "task.val_fraction", minimum=0, maximum=1, exclusive=True)
+
+
+BACKBONE_SIZES = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff")
+
+
+def check_model_sizes(cfg: DictConfig) -> None:
+    """The backbone's sizes and the task's length: integers of at least 1, heads dividing d_model
+    (a 0 or a negative size would fail deep inside the model's first forward)."""
+    for name in BACKBONE_SIZES:
+        _number(cfg, f"task.backbone.{name}", minimum=1, integer=True, optional=True)
+    _number(cfg, "task.max_len", minimum=1, integer=True, optional=True)
+    d_model = OmegaConf.select(cfg, "task.backbone.d_model", default=None)
+    heads = OmegaConf.select(cfg, "task.backbone.n_heads", default=None)
+    if isinstance(d_model, int) and isinstance(heads, int) and d_model % heads:
+        raise UserError(f"task.backbone.n_heads={heads} does not divide task.backbone.d_model={d_model} "
+                        "(each head gets d_model / n_heads)")
 
 
 def check_config(cfg: DictConfig, build: bool = False, recorded: bool = False):
@@ -130,6 +147,11 @@ def check_model_builds(task, cfg: DictConfig, recorded: bool = False) -> None:
     except (TypeError, ValueError) as e:
         raise UserError(f"cannot build model '{cfg.model.name}': {first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - the model's own code failing, not a setting
+        from bench_cli.measure import is_oom
+
+        if is_oom(e):  # sizes that cannot fit: refused, never a row
+            raise UserError(f"model '{cfg.model.name}' does not fit in memory at these sizes (one sample): "
+                            f"{first_line(e)}") from None
         if not recorded:
             raise UserError(f"model '{cfg.model.name}' fails on a synthetic batch: {type(e).__name__}: "
                             f"{first_line(e)}") from None

@@ -576,3 +576,15 @@ def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(work
 ])
 def test_sizes_that_cannot_be_are_one_line_before_anything_is_allocated(workdir, capsys, args, expected):
     assert expected in exit_line(capsys, *args)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("task.backbone.d_model=0", "bad value for task.backbone.d_model: 0 (expected an integer of at least 1)"),
+    ("task.backbone.n_heads=3", "task.backbone.n_heads=3 does not divide task.backbone.d_model=16"),
+    ("task.backbone.n_layers=-1", "bad value for task.backbone.n_layers: -1"),
+    ("task.max_len=0", "bad value for task.max_len: 0"),
+    ("task.max_len=1000000000", "does not fit in memory at these sizes"),
+])
+def test_run_sizes_that_cannot_be_are_refused_not_recorded(uea_fixture, workdir, capsys, override, expected):
+    assert expected in exit_line(capsys, "run", *TINY, override, "results.path=res.csv")
+    assert not (workdir / "res.csv").exists()
