@@ -56,6 +56,8 @@ def _run_job(cfg: DictConfig) -> None:
 
     from bench_cli.runner import run_experiment
 
+    from rich.markup import escape
+
     hc = HydraConfig.get()
     try:
         with progress_bar(bool(cfg.trainer.progress)) as progress:
@@ -69,10 +71,10 @@ def _run_job(cfg: DictConfig) -> None:
         return
     print_summary(row, str(cfg.results.path))
     if row.get("_append_error"):
-        err_console.print(f"[bold red]error:[/] {row['_append_error']}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(row['_append_error'])}", highlight=False, soft_wrap=True)
         raise SystemExit(1)
     if row["status"] != "ok":
-        console.print(f"[red]run {row['status']}[/]: {row.get('error', '')}  (details: {row['output_dir']})",
+        console.print(f"[red]run {row['status']}[/]: {escape(row.get('error') or '')}  (details: {row['output_dir']})",
                       soft_wrap=True)  # the folder's path unbroken
         raise SystemExit(1)
 

@@ -138,7 +138,10 @@ def _value(v, name: str = "") -> str:
 
 
 def fail(message: str, code: int = 2):
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # the message as written: 'plugins=[mymod]' or 'exclude=[a*]' are not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

@@ -588,3 +588,40 @@ def test_sizes_that_cannot_be_are_one_line_before_anything_is_allocated(workdir,
 def test_run_sizes_that_cannot_be_are_refused_not_recorded(uea_fixture, workdir, capsys, override, expected):
     assert expected in exit_line(capsys, "run", *TINY, override, "results.path=res.csv")
     assert not (workdir / "res.csv").exists()
+
+
+# --- Hydra's override syntaxes: one reading in run, validate and sweep (issue 38) ----------------------------
+@pytest.mark.parametrize("override, sweep_jobs", [
+    ("seed=choice(0,1)", ["softmax seed=0", "softmax seed=1"]),
+    ("seed=range(0,3,step=2)", ["softmax seed=0", "softmax seed=2"]),
+    ("model=glob(attention_b*)", ["attention_bn seed=0", "attention_bn_sh seed=0"]),
+    ("seed=0,1", ["softmax seed=0", "softmax seed=1"]),
+])
+def test_sweep_syntaxes_are_sweeps_alone(uea_fixture, workdir, capsys, override, sweep_jobs):
+    for command in ("validate", "run"):
+        assert f"'{override}' is a sweep (comma list, choice, range, glob); use `attnbench sweep`" in \
+            exit_line(capsys, command, *TINY, override)
+    main(["sweep", *TINY, override, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"{len(sweep_jobs)} jobs" in out and all(f"uea/Fixture {job}" in out for job in sweep_jobs)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("trainer.optimizer.lr=interval(0.001,0.01)", "interval() is for search sweepers (Optuna, Ax), which attnbench"),
+    ("task.dataset=glob(F*)", "glob() selects options of a config group"),
+    ("model=glob(zz*)", "'model=glob(zz*)' matches no model; model options: "),
+    ("model=glob(*,exclude=[a*])", "is a sweep"),  # the brackets shown as typed, not taken for markup
+])
+def test_syntaxes_no_command_takes_are_one_line_in_every_command(uea_fixture, workdir, capsys, override, expected):
+    commands = {"model=glob(zz*)": [["sweep", "--dry-run"]], "model=glob(*,exclude=[a*])": [["validate"]]}.get(
+        override, [["validate"], ["run"], ["sweep", "--dry-run"]])
+    for command in commands:
+        err = exit_line(capsys, *command, *TINY, override)
+        assert expected in err and (override in err or "matches no" in err), err
+
+
+def test_quoted_values_read_alike_in_run_validate_and_sweep(uea_fixture, workdir, capsys):
+    main(["validate", *TINY, "task.dataset='Fixture'"])
+    assert "ok: uea/Fixture" in capsys.readouterr().out
+    main(["sweep", *TINY, 'task.dataset="Fixture"', "--dry-run"])
+    assert "uea/Fixture softmax seed=0" in capsys.readouterr().out
