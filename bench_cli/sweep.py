@@ -135,7 +135,8 @@ def job_label(cfg, overrides=(), swept=frozenset()) -> str:
     """'uea/JapaneseVowels softmax seed=0', then every swept override it does not show
     (model.attention.name=boomatt), so no two jobs of a sweep read alike."""
     ds = OmegaConf.select(cfg, "task.dataset", default=None)
-    extra = [o for o in overrides if _override_key(o) in swept and _override_key(o) not in LABEL_SHOWS]
+    extra = [o for o in overrides if _override_key(o) in swept and _override_key(o) not in LABEL_SHOWS
+             and "/" not in _override_key(o)]  # experiment/zoo/_case=...: a choice of what the label shows
     return " ".join([f"{cfg.task.name}/{ds or '-'} {cfg.model.name} seed={cfg.seed}", *extra])
 
 

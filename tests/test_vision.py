@@ -581,7 +581,8 @@ def test_every_vision_experiment_job_composes_and_its_model_fits_and_builds():
 
 def test_incompatible_vision_configurations_are_refused_with_one_line(workdir, capsys):
     assert "unknown deit dataset 'mnist'" in fail_line(capsys, "validate", "task=deit", "task.dataset=mnist")
-    assert "not divisible by n_heads=3" in fail_line(capsys, "validate", "task=vit", "task.backbone.n_heads=3")
+    assert "task.backbone.n_heads=3 does not divide task.backbone.d_model=128" in fail_line(
+        capsys, "validate", "task=vit", "task.backbone.n_heads=3")
     assert "pooling 'cls' needs cls_token" in fail_line(capsys, "validate", "task=vit", "task.backbone.pooling=cls")
     assert "fp16 needs CUDA" in fail_line(capsys, "run", "task=vit", "trainer.precision=fp16", "trainer.device=cpu")
     assert "trainer.strategy=ddp needs one process per device" in fail_line(
