@@ -407,10 +407,10 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
     """Unknown group options ('model=no_such_model') list the valid choices; ``+key`` outside the
     keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused.
     Hydra's sweep syntaxes (comma lists, choice, range, glob) are `sweep`'s alone, interval none's."""
+    note_searchpath(overrides)
+    quick_check(overrides)  # a misspelt key is refused before Hydra is imported
     from hydra.core.override_parser.types import Glob
 
-    note_searchpath(overrides)
-    quick_check(overrides)
     chosen: dict[str, list[str]] = {"task": [], "experiment": []}
     for o in parse_overrides(overrides):
         if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not addable(o.key_or_group):
