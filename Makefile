@@ -12,20 +12,23 @@ TEST_ENV := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline
 help: ## Show this help
 	@awk -f mk/help.awk -v width=$$([ -t 1 ] && tput cols 2>/dev/null || echo 80) -v color=$$([ -t 1 ] && echo 1 || echo 0) $(filter-out %.awk,$(MAKEFILE_LIST))
 
-install: $(STAMP) ## Create .venv and install attnbench (torch 2.13.0 CPU build first)
+install: $(STAMP) ## Create .venv and install attnbench with every extra (torch 2.13.0 CPU build first)
 
 # -qq: errors only (the machines' pip config lists local indexes that warn once per package).
+# Every extra (every family) and the test tools; constraints.txt holds this machine's CPU builds.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -qq torch==2.13.0
-	$(BIN)/pip install -qq -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -qq -c constraints.txt -e '.[all,test]'
 	@touch $(STAMP)
 
 run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides
 	$(BIN)/attnbench run $(ARGS)
 
-test: install ## Run the test suite (offline)
-	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=10 $(PYTEST_ARGS)
+# One pytest-xdist worker per core (TEST_WORKERS=0: one process, for a debugger).
+TEST_WORKERS ?= auto
+test: install ## Run the test suite (offline, one worker per core)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
 
 bench: install ## Time every attention variant against softmax at N=1024 and 4096
 	$(BIN)/python -m bench_cli.bench_attention $(ARGS)

@@ -16,15 +16,13 @@ from __future__ import annotations
 import statistics
 from types import SimpleNamespace
 
-import torch
-
-from bench_cli.measure import seconds
-from models.attention import attention_spec, available_attentions, build_attention
-from models.attention.modifiers import default_sh_factors
+# torch and the registry are imported where they are used: `attnbench bench --help` answers at once.
 
 
 def variant_options(name: str, n: int, heads: int) -> dict | None:
     """Options to build ``name`` for length n; None if the variant cannot run at this length."""
+    from models.attention.modifiers import default_sh_factors
+
     if name in ("super", "linformer", "soft"):  # sized by the sequence length (W^A, E, SOFT's landmark window)
         return {"max_len": n}
     if name == "conv2d" and int(n**0.5) ** 2 != n:
@@ -36,6 +34,8 @@ def variant_options(name: str, n: int, heads: int) -> dict | None:
 
 def skip_reason(name: str, n: int, args) -> str | None:
     """Why ``name`` is not timed at length n (shown under the table), or None."""
+    from models.attention import attention_spec
+
     if args.causal and not attention_spec(name).capabilities.causal:
         return "not causal"
     if variant_options(name, n, args.heads) is None:
@@ -49,6 +49,10 @@ CAUSAL_NOTES = {"primal": "causal with data_dependent=false (Listing 1: the samp
 
 def build_runners(name, n, args):
     """(forward, forward_backward) closures for ``name`` at length n, or None if it cannot run."""
+    import torch
+
+    from models.attention import build_attention
+
     if skip_reason(name, n, args):
         return None
     options = variant_options(name, n, args.heads)
@@ -73,6 +77,8 @@ def build_runners(name, n, args):
 def time_length(names, n, args) -> dict:
     """Median (forward, fwd+bwd) seconds per variant; repeats are interleaved round-robin over
     the variants so that load from other processes hits all of them alike."""
+    from bench_cli.measure import seconds
+
     runners = {name: build_runners(name, n, args) for name in names}
     live = {name: r for name, r in runners.items() if r is not None}
     times = {name: ([], []) for name in live}
@@ -86,18 +92,28 @@ def time_length(names, n, args) -> dict:
 
 
 # --name: (arity for bench_cli.args.parse, type, default); "+" takes one or more values.
+# A default of None is the mode's: AGAINST_SOFTMAX, or AGAINST_REFERENCE with --against-reference.
 BENCH_OPTIONS = {
-    "--seq-lens": ("+", int, [1024, 4096]),
+    "--seq-lens": ("+", int, None),
     "--d-model": (True, int, 64),
     "--heads": (True, int, 2),
-    "--batch": (True, int, 1),
-    "--repeats": (True, int, 3),
+    "--batch": (True, int, None),
+    "--repeats": (True, int, None),
     "--causal": (False, bool, False),  # time causal forward passes
     "--variants": ("+", str, None),  # subset of variants (softmax is always timed)
     "--threads": (True, int, None),  # torch.set_num_threads
+    "--against-reference": (False, bool, False),  # the baselines against their reference code (bench_reference.py)
 }
+AGAINST_SOFTMAX = {"seq_lens": [1024, 4096], "batch": 1, "repeats": 3, "threads": None}
+AGAINST_REFERENCE = {"seq_lens": [2048, 4096], "batch": 2, "repeats": 5, "threads": 1}
+
+
 USAGE = ("usage: attnbench bench [--seq-lens N [N ...]] [--d-model D] [--heads H] [--batch B] [--repeats R] "
-         "[--causal] [--variants NAME [NAME ...]] [--threads T]\n\n" + __doc__.strip())
+         "[--causal] [--variants NAME [NAME ...]] [--threads T]\n"
+         "       attnbench bench --against-reference [--seq-lens N [N ...]] [--batch B] [--repeats R] "
+         "[--variants NAME [NAME ...]] [--threads T]\n\n" + __doc__.strip() + "\n\nDefaults: --seq-lens 1024 4096 "
+         "--batch 1 --repeats 3 (all threads); with --against-reference --seq-lens 2048 4096 --batch 2 --repeats 5 "
+         "--threads 1.")
 
 
 def parse_args(argv=None) -> SimpleNamespace | None:
@@ -111,7 +127,9 @@ def parse_args(argv=None) -> SimpleNamespace | None:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = parse("bench", argv, {**{k: arity for k, (arity, _, _) in BENCH_OPTIONS.items()}, "-h": False, "--help": False})
     if p.get("-h") or p.get("--help"):
-        print(USAGE)
+        from bench_cli.bench_reference import __doc__ as against_reference  # torch-free at import, as this module
+
+        print(USAGE + "\n\n" + against_reference.strip())
         return None
     extra = p.positional + p.overrides
     if extra:
@@ -127,6 +145,11 @@ def parse_args(argv=None) -> SimpleNamespace | None:
         except ValueError:
             raise UserError(f"option {name} of `attnbench bench` takes {kind.__name__} values (got {given})") from None
         values[name[2:].replace("-", "_")] = value
+    for key, default in (AGAINST_REFERENCE if values["against_reference"] else AGAINST_SOFTMAX).items():
+        if values[key] is None:
+            values[key] = default
+    if values["against_reference"] and values["causal"]:
+        raise UserError("`attnbench bench --against-reference` times the bidirectional ListOps layer; drop --causal")
     args = SimpleNamespace(**values)
     check_sizes(args)
     return args
@@ -145,9 +168,12 @@ def check_sizes(args) -> None:
         if value is not None:
             check_at_least(option, value, command="bench")
     check_heads(args.d_model, args.heads, "bench")
-    unknown = sorted(set(args.variants or ()) - set(available_attentions()))
-    if unknown:
-        raise unknown_choice("variant", unknown[0], available_attentions())
+    if not args.against_reference:  # the reference mode names its own baselines (bench_reference.py)
+        from models.attention import available_attentions
+
+        unknown = sorted(set(args.variants or ()) - set(available_attentions()))
+        if unknown:
+            raise unknown_choice("variant", unknown[0], available_attentions())
     longest = max(args.seq_lens)
     check_fits(f"`attnbench bench` at N={longest} (batch {args.batch}, {args.heads} heads)",
                dense_attention_bytes(args.batch, args.heads, longest, args.d_model),
@@ -182,6 +208,14 @@ def main(argv=None) -> list[tuple]:
     args = parse_args(argv)
     if args is None:
         return []
+    if args.against_reference:
+        from bench_cli.bench_reference import run
+
+        return run(args)
+    import torch
+
+    from models.attention import available_attentions
+
     if args.threads:
         torch.set_num_threads(args.threads)
     names = available_attentions()

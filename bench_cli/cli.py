@@ -16,6 +16,7 @@ from bench_cli import compose as C
 from bench_cli.args import parse
 from bench_cli.core.errors import (UserError, catch_termination, exit_code_of, first_line, interruption_name,
                                    path_error, unknown_choice)
+from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 
 # Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
@@ -36,13 +37,19 @@ commands:
                          run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
                          launchers; resumes: jobs with an ok record are skipped
   report NAME            paper vs reproduced table of an experiment (results/reproduced/)
+  evaluate CHECKPOINT [--split test]
+                         evaluate a run's checkpoint (trainer.checkpoint.keep_final=true) on a split
   profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
+  bench --against-reference [--seq-lens ...]
+                         time the efficient-attention baselines against their reference code
   bench-cli [--repeat N] time --help, ls and a misspelt override next to `import torch`
   bench-overhead [--repeats N] [--cases NAME,...]
                          time `attnbench run` against a bare PyTorch loop of the same config
   check-attention NAME [--length N ...] [KEY=VALUE ...]
                          conformance suite of a registered attention (built-in or plugin)
+  smoke [--device cuda|cpu] [--only TASK,...]
+                         every family briefly on every GPU (fp32, autocast, DDP, profile); results/smoke/
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn_sh
 trainer.max_epochs=50 seed=3 +key=value; `attnbench run --cfg job` prints the composed config.
@@ -140,12 +147,14 @@ def cmd_run(args: list[str]) -> None:
         raise UserError(f"unknown option '{next(iter(p.hydra))}' for `attnbench run` (overrides are key=value; "
                         f"Hydra's --cfg job, --info and --help work)")
     overrides = p.overrides
-    cfg = C.compose_run(overrides)  # the run's config, composed once
+    with PHASES("compose"):
+        cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
     from bench_cli.records import new_run_id
     from bench_cli.validate import check_config
 
-    check_config(cfg, build=True, recorded=True)  # a model that fails when it runs is a failed row
+    with PHASES("validate"):
+        check_config(cfg, build=True, recorded=True)  # a model that fails when it runs is a failed row
     note_invocation()
     # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
     # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
@@ -159,7 +168,9 @@ def cmd_run(args: list[str]) -> None:
     try:
         C.run_job(cfg, _run_job)
     except KeyboardInterrupt as e:
-        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}",
+        resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
+                   != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
+        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
              code=exit_code_of(e))
 
 
@@ -379,6 +390,18 @@ def cmd_check_attention(args: list[str]) -> None:
     check(args)
 
 
+def cmd_smoke(args: list[str]) -> None:
+    from bench_cli.smoke import cmd_smoke as smoke  # GPU smoke check of every family (issue 37)
+
+    smoke(args)
+
+
+def cmd_evaluate(args: list[str]) -> None:
+    from bench_cli.evaluate import cmd_evaluate as evaluate  # imports torch: lazily
+
+    evaluate(args)
+
+
 def cmd_bench_overhead(args: list[str]) -> None:
     from bench_cli.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
 
@@ -387,7 +410,8 @@ def cmd_bench_overhead(args: list[str]) -> None:
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
             "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
-            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead}
+            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead,
+            "smoke": cmd_smoke, "evaluate": cmd_evaluate}
 
 
 def available_commands() -> list[str]:
@@ -439,6 +463,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     cmd, rest = args[0], args[1:]
+    PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)
     _TYPED[:] = ["attnbench", *args]
     if cmd not in available_commands():
         fail(str(unknown_choice("command", cmd, available_commands())))
@@ -461,5 +486,35 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"interrupted: attnbench {cmd} stopped ({interruption_name(e)})", code=exit_code_of(e))
 
 
+def entry() -> None:
+    """The console script (and ``python -m bench_cli.cli``): ``main``, then, after `run`, the process
+    ends without tearing the interpreter down. Every file of the run is written and closed by
+    then; what is left is freeing torch's, Hydra's and the data libraries' objects one by one,
+    about 1 s on 2 cores, that no user waits for gladly (bench-overhead's "exit"). Not when
+    something may still need the normal shutdown: wandb's service, child processes."""
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code
+    if _TYPED[1:2] == ["run"] and "wandb" not in sys.modules:
+        import multiprocessing
+
+        if not multiprocessing.active_children():
+            import logging
+
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+                code = 1
+            logging.shutdown()  # Hydra's log file handlers flushed and closed
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # a closed pipe: nothing more to say there
+                    pass
+            os._exit(code or 0)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    main()
+    entry()

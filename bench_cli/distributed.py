@@ -76,7 +76,21 @@ def _slurm_master() -> str:
             return out.stdout.split()[0]
     except OSError:
         pass
-    return nodes.split(",")[0]
+    return first_host(nodes)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list in its compressed form, as ``scontrol show hostnames``
+    gives it: 'node[01-02,05],gpu7' -> 'node01', 'rack[1-2]-n[3-4]' -> 'rack1-n3'."""
+    import re
+
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):  # the first entry: up to a comma outside brackets
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            end = i
+            break
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], nodelist[:end])
 
 
 def setup(strategy: str, device_name: str = "auto") -> DistEnv:

@@ -44,9 +44,9 @@ class WandbLogger(NullLogger):
                           f"(upload later with `wandb sync`)", highlight=False, soft_wrap=True)
         if not console.is_terminal:  # wandb's own coloured lines would put raw escape codes in the log
             os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
+        from bench_cli.core.extras import require
 
-        self.wandb = wandb
+        self.wandb = wandb = require("wandb", "wandb", "logger=wandb")
         self.run = wandb.init(
             project=cfg.get("project", "attnbench"), entity=cfg.get("entity"), group=cfg.get("group"),
             tags=list(cfg.get("tags") or []), name=name, config=config, dir=str(run_dir),

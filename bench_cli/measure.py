@@ -387,19 +387,46 @@ def process_peak_rss_bytes() -> int:
 # --------------------------------------------------------------------------- time
 
 
-def seconds(fn: Callable[[], Any], device: torch.device | None = None) -> float:
-    """Wall-clock seconds of ``fn()``, the device synchronised before and after (CUDA runs
-    asynchronously: without it a timer measures the launch, not the work). The one timer of a
-    run's inference timing, `attnbench profile` and `make bench`."""
-    def sync():
-        if device is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)
+class RegionTimer:
+    """Seconds of a timed region that may span many calls (a training segment between two
+    evaluations). On CUDA, which runs asynchronously, two CUDA events on the device's current
+    stream: ``stop`` records the end event and waits for it, once per region, never per step;
+    elsewhere wall-clock ``time.perf_counter``. ``timer_name`` says which."""
 
-    sync()
-    start = time.perf_counter()
+    def __init__(self, device: torch.device | None = None):
+        self.device = device if device is not None and device.type == "cuda" else None
+
+    def start(self) -> None:
+        if self.device is not None:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record(torch.cuda.current_stream(self.device))
+        else:
+            self._start_s = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.device is None:
+            return time.perf_counter() - self._start_s
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self.device))
+        end.synchronize()
+        return self._start.elapsed_time(end) / 1000.0  # milliseconds
+
+
+def seconds(fn: Callable[[], Any], device: torch.device | None = None) -> float:
+    """Seconds of ``fn()``: the one timer of a run's inference timing, `attnbench profile` and
+    `make bench`. A :class:`RegionTimer` around the call; on CUDA the device is synchronised once
+    before it, so work queued earlier does not count."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timer = RegionTimer(device)
+    timer.start()
     fn()
-    sync()
-    return time.perf_counter() - start
+    return timer.stop()
+
+
+def timer_name(device: torch.device | None) -> str:
+    """The clock ``seconds`` reads on ``device`` (for the records)."""
+    return "CUDA events" if device is not None and device.type == "cuda" else "time.perf_counter"
 
 
 # --------------------------------------------------------------------------- all measurements
@@ -452,7 +479,22 @@ def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, de
                    peak_mem_infer_bytes=peak_memory_inference(model, inputs),
                    memory_method=("CUDA allocator peak" if device.type == "cuda"
                                   else f"MemTracker on real tensors ({device.type})"))
+        if device.type == "cuda":  # the allocator's peak, and beside it the estimate a CPU run would record
+            out.update(cuda_memory_columns(model, inputs, loss_fn))
     return out
+
+
+def cuda_memory_columns(model: nn.Module, inputs: Inputs, loss_fn: LossFn) -> dict:
+    """What a CUDA measurement records beside ``peak_mem_*_bytes`` (there the allocator's peak,
+    ``torch.cuda.max_memory_allocated``): which method gave them, and the MemTracker estimate on
+    fake tensors (what the CPU records; None when the model reads tensor values)."""
+    try:
+        train, infer = (peak_memory_train_step(model, inputs, loss_fn, meta=True),
+                        peak_memory_inference(model, inputs, meta=True))
+    except MetaCountingError:
+        train = infer = None
+    return {"peak_mem_source": "torch.cuda.max_memory_allocated", "peak_mem_train_estimate_bytes": train,
+            "peak_mem_infer_estimate_bytes": infer}
 
 
 class ValueReads(TorchDispatchMode):

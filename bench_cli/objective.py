@@ -34,6 +34,16 @@ class Objective:
                 loss = loss + self.eta * auxiliary
         return loss
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the objective (bench_cli.checkpoint): its settings. No state
+        carries over from one step to the next: the KSVD term of a step is computed from that
+        step's forward pass (models/attention/primal.py), averaged over its passes only."""
+        return {"eta": self.eta, "layers": self.layers}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state != self.state_dict():
+            raise ValueError(f"the objective differs: the checkpoint's {state}, this run's {self.state_dict()}")
+
     def on(self, model: torch.nn.Module, batch: dict) -> Callable:
         """``loss_fn(output)`` of one batch, for the measurements (bench_cli.measure)."""
         return lambda output: self(model, output, batch)

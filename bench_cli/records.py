@@ -36,7 +36,8 @@ NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
 # Dotted keys inside the semantic groups that never change a result either: how a run shows
 # progress, its evaluation batch and threads, and task.generator (which generated ListOps the run
 # expects: a check of the data, refused when they differ; the record describes the data it read).
-NON_SEMANTIC_KEYS = ("trainer.progress", "trainer.eval_batch_size", "trainer.num_threads", "task.generator")
+NON_SEMANTIC_KEYS = ("trainer.progress", "trainer.eval_batch_size", "trainer.num_threads", "task.generator",
+                     "trainer.checkpoint", "trainer.resume")  # where and how often a fit is saved: same result
 
 
 # Keys added to the config after records were first written, with the value that reproduces the
@@ -463,7 +464,19 @@ def append_record(path: str | Path, row: dict) -> None:
 # --- claims: which process runs which job of a records file ------------------------------------
 # Two sweeps of one records file plan the same jobs; each job is claimed under the file's lock
 # before it runs, in ``<file>.claims`` (JSON: job_key -> the claiming process), and released
-# when its record is written. A claim whose process is gone (kill -9) is taken over.
+# when its record is written. A claim whose process is gone (kill -9) is taken over: on this host
+# the process is looked up; a claim from another host lives while its heartbeat (refreshed every
+# HEARTBEAT_S by the running job: ``heartbeat``) is younger than the time-to-live
+# (``results.claim_ttl_s``, CLAIM_TTL_S by default: a dead node or an OOM-killed job anywhere frees
+# its jobs after that long).
+HEARTBEAT_S = 30.0
+CLAIM_TTL_S = 600.0
+
+
+def claim_ttl(cfg) -> float:
+    """The time-to-live of a claim from another host, in seconds (``results.claim_ttl_s``)."""
+    ttl = OmegaConf.select(cfg, "results.claim_ttl_s", default=None)
+    return CLAIM_TTL_S if ttl is None else float(ttl)
 def _claims_path(path: Path) -> Path:
     return path.with_name(path.name + ".claims")
 
@@ -496,17 +509,36 @@ def _this_process() -> dict:
     import socket
     from datetime import datetime, timezone
 
-    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
-            "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
+          "since": now, "heartbeat": now}
+    if os.environ.get("SLURM_JOB_ID"):  # a requeued Slurm job keeps its id: its earlier claim is its own
+        me["slurm_job"] = os.environ["SLURM_JOB_ID"]
+    return me
 
 
-def claim_alive(claim: dict) -> bool | None:
-    """Whether the process that holds ``claim`` still runs; None when it runs on another host
-    (it cannot be checked from here)."""
+def heartbeat_age(claim: dict) -> float | None:
+    """Seconds since the claim's last heartbeat (its ``since`` for a claim written before
+    heartbeats); None when it has neither."""
+    from datetime import datetime, timezone
+
+    try:
+        beat = datetime.fromisoformat(str(claim.get("heartbeat") or claim["since"]))
+    except (KeyError, ValueError):
+        return None
+    if beat.tzinfo is None:
+        beat = beat.replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - beat).total_seconds()
+
+
+def claim_alive(claim: dict, ttl_s: float = CLAIM_TTL_S) -> bool:
+    """Whether the process that holds ``claim`` still runs: on this host, that process exists;
+    on another host, its heartbeat is younger than ``ttl_s``."""
     import socket
 
     if claim.get("host") != socket.gethostname():
-        return None
+        age = heartbeat_age(claim)
+        return age is not None and age < ttl_s
     try:
         pid = int(claim["pid"])
         os.kill(pid, 0)
@@ -519,12 +551,37 @@ def claim_alive(claim: dict) -> bool | None:
 
 
 def _holder_text(claim: dict) -> str:
-    alive = claim_alive(claim)
-    where = f" on {claim.get('host')}" if alive is None else ""
-    return f"running in pid {claim.get('pid')}{where} since {claim.get('since', '?')}"
+    import socket
+
+    if claim.get("host") == socket.gethostname():
+        return f"running in pid {claim.get('pid')} since {claim.get('since', '?')}"
+    return (f"running in pid {claim.get('pid')} on {claim.get('host')} since {claim.get('since', '?')} "
+            f"(heartbeat {_age_text(heartbeat_age(claim))} ago)")
 
 
-def claim_job(path: str | Path, key: str, ok_rows_from: int = 0) -> tuple[bool, str]:
+def _age_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def claim_state(claim: dict, ttl_s: float = CLAIM_TTL_S) -> str:
+    """What a dry run says of a claimed job: running (where, heartbeat age) or stale."""
+    if claim_alive(claim, ttl_s):
+        return _holder_text(claim)
+    return f"stale claim of pid {claim.get('pid')} on {claim.get('host')} ({_dead_reason(claim, ttl_s)}): taken over by the next sweep"
+
+
+def _dead_reason(claim: dict, ttl_s: float) -> str:
+    import socket
+
+    if claim.get("host") == socket.gethostname():
+        return "no longer running"
+    return (f"last heartbeat {claim.get('heartbeat') or claim.get('since', '?')}, "
+            f"{_age_text(heartbeat_age(claim))} ago, over the {_age_text(ttl_s)} time-to-live")
+
+
+def claim_job(path: str | Path, key: str, ok_rows_from: int = 0, ttl_s: float = CLAIM_TTL_S) -> tuple[bool, str]:
     """Claim job ``key`` of the records file ``path`` for this process, under the file's lock:
     (True, note) when this process may run it (note says whose dead claim it took over, or is
     empty); (False, why) when the file holds an ``ok`` row of it (from row ``ok_rows_from`` on:
@@ -540,9 +597,12 @@ def claim_job(path: str | Path, key: str, ok_rows_from: int = 0) -> tuple[bool, 
         me, note = _this_process(), ""
         held = claims.get(key)
         if held and (held.get("pid"), held.get("host")) != (me["pid"], me["host"]):
-            if claim_alive(held) is not False:
+            where = "" if held.get("host") == me["host"] else f" on {held.get('host')}"
+            requeued = held.get("slurm_job") is not None and held.get("slurm_job") == me.get("slurm_job")
+            if not requeued and claim_alive(held, ttl_s):
                 return False, _holder_text(held)
-            note = f"taking over the claim of pid {held.get('pid')} (since {held.get('since', '?')}), no longer running"
+            note = (f"taking over the claim of pid {held.get('pid')}{where} (since {held.get('since', '?')}), "
+                    + (f"the same Slurm job {me['slurm_job']}, requeued" if requeued else _dead_reason(held, ttl_s)))
         claims[key] = me
         _write_claims(path, claims)
     return True, note
@@ -559,11 +619,56 @@ def release_job(path: str | Path, key: str) -> None:
             _write_claims(path, claims)
 
 
-def running_elsewhere(path: str | Path, keys) -> dict[str, str]:
+def refresh_claim(path: str | Path, key: str) -> None:
+    """This process's claim of job ``key``: its heartbeat set to now (a claim another process
+    took over is left alone)."""
+    path = target(path)
+    with _locked(path):
+        claims, me = _read_claims(path), _this_process()
+        held = claims.get(key) or {}
+        if (held.get("pid"), held.get("host")) == (me["pid"], me["host"]):
+            held["heartbeat"] = me["heartbeat"]
+            _write_claims(path, claims)
+
+
+@contextmanager
+def heartbeat(path: str | Path, key: str, every_s: float = HEARTBEAT_S):
+    """While it holds, a background thread refreshes this process's claim of ``key`` every
+    ``every_s`` seconds, however long an epoch takes."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(every_s):
+            try:
+                refresh_claim(path, key)
+            except (OSError, UserError):  # a full disk, a records file gone: the next beat tries again
+                pass
+
+    thread = threading.Thread(target=beat, name="attnbench-claim-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def claimed_jobs(path: str | Path, keys, ttl_s: float = CLAIM_TTL_S) -> dict[str, str]:
+    """job_key -> what its claim says (running where, or stale), for the ``keys`` claimed by
+    another process (a dry run's status column)."""
+    path = target(path)
+    claims, me = _read_claims(path), _this_process()
+    return {k: claim_state(c, ttl_s) for k in keys if (c := claims.get(k))
+            and (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
+
+
+def running_elsewhere(path: str | Path, keys, ttl_s: float = CLAIM_TTL_S) -> dict[str, str]:
     """job_key -> who runs it, for the ``keys`` that another live process has claimed."""
     path = target(path)
     claims, me = _read_claims(path), _this_process()
-    return {k: _holder_text(c) for k in keys if (c := claims.get(k)) and claim_alive(c) is not False
+    return {k: _holder_text(c) for k in keys if (c := claims.get(k)) and claim_alive(c, ttl_s)
             and (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
 
 

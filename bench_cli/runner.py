@@ -19,7 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli import distributed as D
 from bench_cli import records, schema
+from bench_cli.checkpoint import Checkpoints
 from bench_cli.core.errors import UserError, warn_once
+from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.loggers import LineLogger, Loggers, make_logger
 from bench_cli.head_diversity import record_head_diversity
 from bench_cli.objective import Objective
@@ -203,6 +205,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     appended to ``results.path``; if that append fails (full disk, read-only filesystem) the run
     folder still holds it and the message says where."""
     started = time.perf_counter()
+    PHASES.forget(*RUN_STAGES)
     run_id = run_id or records.new_run_id()
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -221,17 +224,32 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     if env.is_main:
         records.write_run_marker(run_dir, row)
     loggers: list = []
+    checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
+                                 | {"config": resolved}, started, distributed=env.world_size > 1)
     error = None
     try:
-        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers, resolved)
-    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
+        train_and_measure(cfg, row, env, run_dir, progress, line_prefix, loggers, resolved, checkpoints)
+    except (Exception, KeyboardInterrupt, SystemExit) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
         error = e
     finally:
-        finish(cfg, row, error, env, run_dir, started, loggers[0] if loggers else None)
-    if isinstance(error, (UserError, KeyboardInterrupt)):
+        finish(cfg, row, error, env, run_dir, started, loggers[0] if loggers else None, checkpoints)
+    if isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         raise error
     row["_error"], row["_rank"] = error, env.rank
     return row
+
+
+RUN_STAGES = ("data", "model", "fit", "measure", "record")  # the stages of one run (PHASES)
+
+
+def write_phases(run_dir: Path, **extra) -> None:
+    """``phases.json``: this process's stages in seconds and its age (exec to now), for
+    `attnbench bench-overhead`'s split of the time outside training; best effort (a diagnostic)."""
+    try:
+        payload = {**PHASES.as_dict(), **extra, "process_age_s": process_age_s()}
+        write_atomically(run_dir / "phases.json", json.dumps(payload))
+    except OSError:
+        pass
 
 
 def save_resolved(resolved: dict, path: Path) -> None:
@@ -258,18 +276,20 @@ def setup_frozen():
 
 
 def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, line_prefix: str, loggers: list,
-                      resolved: dict) -> None:
-    """Set up the task, build the model, train it, measure it: the row's result columns.
-    ``resolved``: the config resolved (the logger's copy)."""
+                      resolved: dict, checkpoints: Checkpoints | None = None) -> None:
+    """Set up the task, build the model, train it (resuming from ``checkpoints``), measure it: the
+    row's result columns. ``resolved``: the config resolved (the logger's copy)."""
     device = D.device_for(env, select_device(str(cfg.trainer.device)))
     row["device"] = str(device) + (f" x {env.world_size} processes" if env.world_size > 1 else "")
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(int(cfg.trainer.num_threads))
-    task = build_task(cfg)
-    seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
-    task.setup(row["protocol"])
-    seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
-    model = task.build_model(cfg.model).to(device)
+    with PHASES("data"):
+        task = build_task(cfg)
+        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
+        task.setup(row["protocol"])
+    with PHASES("model"):
+        seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))  # model init independent of data loading
+        model = task.build_model(cfg.model).to(device)
     if env.world_size > 1:  # same initial weights everywhere; each process its own dropout
         torch.manual_seed(int(cfg.seed) + env.rank)
     logger = None
@@ -281,32 +301,44 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
         loggers.append(logger)
     objective = Objective.of(task, cfg.model)
     trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), objective=objective, logger=logger,
-                      progress=progress if env.is_main else None, dist=env)
-    with setup_frozen():
+                      progress=progress if env.is_main else None, dist=env, checkpoints=checkpoints)
+    with setup_frozen(), PHASES("fit"):
         result = trainer.fit(row["protocol"])
     row.update(result.metrics)
     if env.is_main:
-        row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
-        row.update(record_head_diversity(cfg, task, model, device))  # measure.head_diversity (primal-dual Table 4)
+        with PHASES("measure"):
+            row.update(schema.measurement_columns(measure(task, model, cfg, device, objective)))
+            row.update(record_head_diversity(cfg, task, model, device))  # measure.head_diversity (primal-dual Table 4)
     row["metrics_json"] = {"data": task.describe(), "history": result.history}
     row["status"] = "ok"
 
 
-def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir: Path, started: float, logger) -> None:
-    """How the run ended (status, error, error.txt), its wall time, then the record: to the run
-    folder first, then appended to ``results.path``; the loggers' summary; the processes shut down."""
+def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir: Path, started: float, logger,
+           checkpoints: Checkpoints | None = None) -> None:
+    """How the run ended (status, error, error.txt), its wall time (every sitting's), then the
+    record: to the run folder first, then appended to ``results.path``; an ok job's checkpoints
+    removed (unless kept); the loggers' summary; the processes shut down."""
     row.update(schema.ending(error))
-    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt)):
+    if error is not None and not isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
         write_atomically(run_dir / name, "".join(traceback.format_exception(error)))
-    row["wall_time_s"] = round(time.perf_counter() - started, 3)
+    earlier = checkpoints.earlier_wall_s if checkpoints is not None else 0.0
+    row["wall_time_s"] = round(earlier + time.perf_counter() - started, 3)
+    if checkpoints is not None:
+        row.update(checkpoints.columns())
+    else:
+        row.update(sittings=1)
     if env.is_main:
-        write_atomically(run_dir / "record.json", json.dumps(row, indent=1, default=str))
-        try:
-            records.append_record(cfg.results.path, row)
-        except (OSError, records.RecordsFileError) as e:  # the record is safe in the run folder; say where
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
-            row["_append_error"] = f"could not append to {cfg.results.path} ({reason}); the record is in {run_dir / 'record.json'}"
+        with PHASES("record"):
+            write_atomically(run_dir / "record.json", json.dumps(row, indent=1, default=str))
+            try:
+                records.append_record(cfg.results.path, row)
+            except (OSError, records.RecordsFileError) as e:  # the record is safe in the run folder; say where
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+                row["_append_error"] = f"could not append to {cfg.results.path} ({reason}); the record is in {run_dir / 'record.json'}"
+        write_phases(run_dir, train_time_s=row.get("train_time_s"))
+    if checkpoints is not None and env.is_main:
+        checkpoints.finish(row["status"])
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])

@@ -45,6 +45,10 @@ COLUMNS = [
     # which evaluation the protocol reported (bench_cli.core.task.Protocol.selection): 'best val',
     # 'best test' or 'last test' (the paper protocol as the reference code: task.paper_selection)
     "selection",
+    # checkpoints and resume (bench_cli/checkpoint.py): the checkpoint the run continued from (empty:
+    # from the start), in how many sittings it ran (time columns add them up), the job's checkpoint
+    # folder and its size when the run ended (an ok job's is then removed unless keep_final)
+    "resumed_from", "sittings", "checkpoint_dir", "checkpoint_bytes",
 ]
 IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
 STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
@@ -114,6 +118,8 @@ def ending(error: BaseException | None) -> dict:
         return {"status": "ok"}
     if isinstance(error, KeyboardInterrupt):
         return {"status": "interrupted", "error": f"interrupted ({interruption_name(error)})"}
+    if isinstance(error, SystemExit):  # sys.exit inside the run: a launcher's signal handler (submitit's requeue)
+        return {"status": "interrupted", "error": f"interrupted ({getattr(error, 'signal_name', f'exit {error.code}')})"}
     status = "nan" if isinstance(error, DivergedError) else "oom" if is_oom(error) else "failed"
     return {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0][:500]}
 

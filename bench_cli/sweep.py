@@ -363,7 +363,18 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _run_job(cfg, hc, position, plan.total, head, label)
+        if not claimed:  # a job of several processes: not claimed
+            return _run_job(cfg, hc, position, plan.total, head, label)
+        with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
+            return _run_job(cfg, hc, position, plan.total, head, label)
+    except KeyboardInterrupt as e:  # recorded by the runner; in the sweep's own process it stops the sweep
+        if os.getpid() == plan.sweep_pid:
+            raise
+        from bench_cli.ui import console
+
+        console.print(f"{head} [red]interrupted[/] ({interruption_name(e)}) {label}: the same sweep command resumes it "
+                      "from its checkpoint", highlight=False, soft_wrap=True)
+        return "interrupted"
     finally:
         if claimed:
             records.release_job(str(cfg.results.path), key)
@@ -382,7 +393,7 @@ def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str) -> bo
     if env is not None and env.world_size > 1:
         return None
     path = str(cfg.results.path)
-    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0))
+    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0), records.claim_ttl(cfg))
     if not claimed:
         console.print(f"{head} [yellow]skipped[/], {escape(note)}: {label}", highlight=False, soft_wrap=True)
     elif note:
@@ -520,7 +531,10 @@ def cmd_sweep(args: list[str]) -> None:
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
     if dry_run:
-        _print_plan(jobs, done, force, missing)
+        claimed = {}
+        for path in paths:
+            claimed.update(records.claimed_jobs(path, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
+        _print_plan(jobs, done, force, missing, claimed)
         return
     if not todo:
         console.print("[green]nothing to do[/]: every job has an ok record (use --force to rerun)")
@@ -529,9 +543,22 @@ def cmd_sweep(args: list[str]) -> None:
         if not force and job.key in done:
             console.print(f"{_head(i, len(jobs))} [dim]skip[/]    {job.label}  (ok record {done[job.key].get('run_id', '')})",
                           highlight=False, soft_wrap=True)
+    check_launcher_reachable(sweep.master)
     n_failed = run_sweep(sweep, todo, paths, done if not force else {}, force=force)
     if n_failed:
         raise SystemExit(min(n_failed, MAX_EXIT))
+
+
+def check_launcher_reachable(master: DictConfig) -> None:
+    """A Slurm launcher (hydra/launcher=slurm, slurm_ddp, submitit_slurm) where no Slurm is
+    reachable (no ``sbatch`` on the PATH) is one line, before submitit's traceback."""
+    import shutil
+
+    target = str(OmegaConf.select(master, "hydra.launcher._target_", default="") or "")
+    if target.endswith(".SlurmLauncher") and shutil.which("sbatch") is None:
+        raise UserError("hydra/launcher=slurm: no Slurm is reachable from here (no sbatch on the PATH); run the sweep "
+                        "on the cluster's login node, or here with hydra/launcher=local (a subprocess per job) or "
+                        "hydra/launcher=joblib_cpu (jobs side by side)")
 
 
 def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict, force: bool = False) -> int:
@@ -561,9 +588,10 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     return max(n_failed, 1) if errors else n_failed
 
 
-def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str]) -> None:
-    """The dry run's table: every job, whether it is done, and whether its data is here (``missing``:
-    job_key -> what is missing); then each missing dataset once, with how to get it."""
+def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str]) -> None:
+    """The dry run's table: every job, whether it is done or claimed by another process (``claimed``:
+    job_key -> running where, or a stale claim), and whether its data is here (``missing``: job_key
+    -> what is missing); then each missing dataset once, with how to get it."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -574,6 +602,8 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        if j.key in claimed and (force or j.key not in done):
+            status = escape(claimed[j.key])
         if j.key in missing:
             status += ", [red]data missing[/]"
         t.add_row(str(i), j.label, j.key, status)
@@ -583,6 +613,20 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
                       "until it is here):", highlight=False)
         for message in dict.fromkeys(missing.values()):
             console.print(f"  {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _print_checkpoints(rows: list[dict]) -> None:
+    """Where the checkpoints of the jobs that did not finish are and how big (the same command
+    resumes them; bench_cli/checkpoint.py)."""
+    from bench_cli.checkpoint import folder_bytes
+    from bench_cli.ui import console, human
+
+    folders = {Path(r["checkpoint_dir"]) for r in rows if r.get("checkpoint_dir")}
+    folders = sorted(f for f in folders if folder_bytes(f))
+    if folders:
+        roots = ", ".join(sorted({str(f.parent) for f in folders}))
+        console.print(f"checkpoints of {len(folders)} unfinished jobs: {human(sum(map(folder_bytes, folders)), 'B')} "
+                      f"in {roots} (the same command resumes them)", highlight=False, soft_wrap=True)
 
 
 RUNNING_ELSEWHERE = "running elsewhere"  # an outcome: another process holds the job's claim
@@ -600,7 +644,7 @@ def outcomes(jobs: list[Job], paths, before: dict[str, int], done_before: dict) 
         for r in rows[before.get(p, 0):]:
             new[r.get("job_key", "")] = r
         ok.update({r["job_key"]: r for r in rows if r.get("status") == "ok" and r.get("job_key")})
-        running.update(records.running_elsewhere(p, [j.key for j in jobs]))
+        running.update(records.running_elsewhere(p, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
     out = []
     for j in jobs:
         if j.key in new:
@@ -634,6 +678,7 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
             t.add_row(j.label, s, escape((r or {}).get("error") or "no record (killed, or the launcher failed)"),
                       (r or {}).get("output_dir", ""))
         wide(console, 160).print(t)
+        _print_checkpoints([r for _, _, r in bad if r])
     style = "red" if bad else "green"
     console.print(f"[{style}]sweep done[/] in {seconds:.0f} s: {len(jobs)} jobs: {parts}", soft_wrap=True)
     return len(bad)

@@ -19,7 +19,6 @@ import math
 import os
 import random
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,10 +28,12 @@ from torch.utils.data import DataLoader
 from bench_cli import distributed as D
 from bench_cli.core import metrics as M
 from bench_cli import schema
-from bench_cli.core.errors import DivergedError, UserError, unknown_choice
+from bench_cli.checkpoint import Checkpoints, set_rng_state, rng_state
+from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signals_deferred, unknown_choice
 from bench_cli.objective import Objective
 from bench_cli.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
+from bench_cli.measure import RegionTimer
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -218,6 +219,16 @@ class Selection:
     def best_value(self) -> float:
         return self.metric.sort_key(self.key[0])  # sort_key is its own inverse
 
+    def state_dict(self) -> dict:
+        return {"key": None if self.key is None else list(self.key), "epoch": self.epoch, "step": self.step,
+                "since_best": self.since_best, "weights": self.state}
+
+    def load_state_dict(self, state: dict, device: torch.device) -> None:
+        self.key = None if state["key"] is None else tuple(state["key"])
+        self.epoch, self.step, self.since_best = state["epoch"], state["step"], state["since_best"]
+        weights = state["weights"]
+        self.state = None if weights is None else {k: v.to(device) if torch.is_tensor(v) else v for k, v in weights.items()}
+
 
 PRECISIONS = ("32", "bf16", "fp16")
 
@@ -232,8 +243,10 @@ def autocast(device: torch.device, precision: str):
 
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
-                 objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE):
+                 objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
+                 checkpoints: Checkpoints | None = None):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
+        self.checkpoints = checkpoints  # the job's checkpoints (bench_cli.checkpoint); None: not saved
         self.model, self.logger, self.progress = model, logger, progress
         self.objective = objective or Objective(task)  # the task loss (+ eta x the KSVD term)
         self.dist, self.precision = dist, str(cfg.get("precision", "32"))
@@ -331,7 +344,10 @@ class Trainer:
         """Train on the schedule (``Schedule``), evaluating the protocol's selection split after the
         first, every ``eval_every_epochs``-th and the last epoch or every ``eval_every_steps``
         optimiser steps (the LRA code's ``eval_frequency``); then evaluate what the protocol
-        reports with the selected weights."""
+        reports with the selected weights. With ``checkpoints``, the fit is saved as they say and
+        continues from the job's newest checkpoint, to the result an uninterrupted fit gives; a
+        termination signal (bench_cli.core.errors.catch_termination) stops it at the next step
+        boundary, after a checkpoint."""
         proto = self.task.resolve_protocol(protocol)  # the paper protocol's rule is the task config's
         train_loader = self.loader("train", train=True)
         plan = self.schedule(train_loader)
@@ -342,8 +358,12 @@ class Trainer:
         result = TrainResult(self.task.selection_metric(), proto, plan, train_metrics_source=source)
         selection = Selection(result.metric, self.task.loss_metric(), proto.holds_out or train_eval != [],
                               self.cfg.early_stopping.get("patience"), keeps=proto.keeps)
-        loop = _Loop(self, plan, opt, sched, scaler, result, selection)
-        loop.run(train_loader)
+        loop = _Loop(self, plan, opt, sched, scaler, result, selection, train_loader)
+        resume = self.checkpoints.load() if self.checkpoints is not None else None
+        if resume is not None:
+            loop.restore(resume)
+        with signals_deferred():
+            loop.run(resume["position"] if resume is not None else None)
         result.best_epoch, result.best_step = selection.epoch, selection.step
         self.evaluate_reported(result, selection, train_eval)
         return result
@@ -373,9 +393,14 @@ class _Loop:
     host-device sync per step. The losses stay on the device and are read once per evaluation,
     where their finiteness is checked (``read_losses``)."""
 
-    def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection):
+    def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection,
+                 train_loader: DataLoader):
         self.t, self.plan, self.opt, self.sched, self.scaler = trainer, plan, opt, sched, scaler
-        self.result, self.selection = result, selection
+        self.result, self.selection, self.train_loader = result, selection, train_loader
+        self.checkpoints = trainer.checkpoints
+        self.checkpoint_every = self.checkpoints.settings.every if self.checkpoints is not None else 0
+        self.clock = RegionTimer(trainer.device)  # training time not yet added to the result (CUDA events on a GPU)
+        self.epoch_start_generator: torch.Tensor | None = None  # the loader generator's state at the epoch's start
         self.train_metrics = result.train_metrics_source == "batches"
         self.step, self.train_stats = 0, {}
         self.losses: list[torch.Tensor] = []  # each training batch's loss since the last evaluation (on the device)
@@ -387,14 +412,18 @@ class _Loop:
         self.bar = (progress.add_task("train", total=plan.total_steps if plan.by_steps else plan.epochs, status="")
                     if progress else None)
 
-    def run(self, train_loader) -> None:
-        t, plan = self.t, self.plan
-        for epoch in range(1, plan.epochs + 1):
+    def run(self, position: dict | None = None) -> None:
+        """The epochs of the schedule, from the first or from a checkpoint's ``position``."""
+        t, plan, train_loader = self.t, self.plan, self.train_loader
+        first = 1 if position is None else plan.epochs + 1 if position["finished"] else position["epoch"]
+        if position is not None and position["finished"]:
+            set_rng_state(position["rng"])
+        for epoch in range(first, plan.epochs + 1):
             t.train_model.train()
             if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
                 train_loader.sampler.set_epoch(epoch - 1)
             try:
-                stop = self.epoch(train_loader, epoch)
+                stop = self.epoch(train_loader, epoch, position if epoch == first else None)
             except Exception:  # a model may fail on the weights a non-finite loss left: that is the cause
                 self.raise_if_diverged(D.SINGLE)
                 raise
@@ -405,9 +434,68 @@ class _Loop:
                 t.progress.update(self.bar, advance=1)
             if stop or self.step >= plan.total_steps:
                 break
+            due = not plan.by_steps and (plan.evaluates_after(epoch) if not self.checkpoint_every
+                                         else epoch % self.checkpoint_every == 0)
+            self.boundary(due, epoch + 1, 0)
         if self.losses:  # steps after the last evaluation (none on the schedules above): still checked
             self.read_losses()
         self.result.steps_run = self.step
+        if position is None or not position["finished"]:
+            keep_final = self.checkpoints is not None and self.checkpoints.settings.keep_final
+            self.boundary(keep_final, self.result.epochs_run, 0, finished=True)
+
+    def boundary(self, due: bool, epoch: int, batches: int, finished: bool = False) -> None:
+        """A point where the fit can be saved and resumed: ``epoch`` is the epoch to continue with,
+        after ``batches`` of its loader batches (``finished``: training is over). A checkpoint when
+        ``due`` or when a termination signal came; then the signal stops the run."""
+        signum = pending_signal()
+        if self.checkpoints is not None and (due or signum):
+            self.checkpoints.save(self.state(epoch, batches, finished))
+        if signum:
+            hand_on(signum)
+
+    def state(self, epoch: int, batches: int, finished: bool) -> dict:
+        """What the rest of the fit depends on (bench_cli.checkpoint), at a boundary."""
+        generator = self.train_loader.generator
+        position = {"epoch": epoch, "batches": batches, "step": self.step, "finished": finished, "rng": rng_state(),
+                    "epoch_start_generator": self.epoch_start_generator if batches else generator.get_state()}
+        return {"position": position, "model": self.t.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict() if self.sched is not None else None,
+                "scaler": self.scaler.state_dict(), "selection": self.selection.state_dict(),
+                "objective": self.t.objective.state_dict(),
+                "result": {"history": self.result.history, "epochs_run": self.result.epochs_run,
+                           "train_time_s": self.result.train_time_s},
+                "pending": {"losses": list(self.losses), "loss_at": [list(a) for a in self.loss_at],
+                            "train_stats": dict(self.train_stats)}}
+
+    def restore(self, state: dict) -> None:
+        """The fit as ``state`` left it (the random states and the loader's position are restored
+        where the loop reaches the position: ``epoch``). A checkpoint that does not fit this model
+        or optimiser is one line."""
+        t, device = self.t, self.t.device
+        try:
+            t.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            if self.sched is not None:
+                self.sched.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            t.objective.load_state_dict(state["objective"])
+            self.selection.load_state_dict(state["selection"], device)
+            result = state["result"]
+            self.result.history = list(result["history"])
+            self.result.epochs_run, self.result.train_time_s = result["epochs_run"], result["train_time_s"]
+            pending = state["pending"]
+            self.losses = [loss.to(device) for loss in pending["losses"]]
+            self.loss_at = [tuple(a) for a in pending["loss_at"]]
+            self.train_stats = {k: v.to(device) if torch.is_tensor(v) else v for k, v in pending["train_stats"].items()}
+            self.step = state["position"]["step"]
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as e:
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"checkpoint {t.checkpoints.resumed_from} does not fit this run ({reason}): "
+                            "remove it, or run with trainer.resume=false") from None
+        if self.bar is not None:
+            done = self.step if self.bar_unit == "steps" else self.result.epochs_run
+            t.progress.update(self.bar, completed=done)
 
     def read_losses(self) -> tuple[float, int]:
         """Sum and number of the training losses since the last evaluation, over every process,
@@ -438,26 +526,44 @@ class _Loop:
             epoch = self.loss_at[-1][0] if self.loss_at else self.result.epochs_run
             raise DivergedError(f"loss is not finite on another process (by epoch {epoch})")
 
-    def epoch(self, train_loader, epoch: int) -> bool:
+    def epoch(self, train_loader, epoch: int, position: dict | None = None) -> bool:
         """One pass over the training loader (or until the step budget); True when early stopping
-        says stop at an evaluation inside the epoch (``eval_every_steps``)."""
+        says stop at an evaluation inside the epoch (``eval_every_steps``). ``position``: a
+        checkpoint's, inside this epoch: its batches are drawn again (the same, from the loader
+        generator's state at the epoch's start) and skipped, then the random states are restored."""
         t, plan, result = self.t, self.plan, self.result
-        t0, stop = time.perf_counter(), False
+        stop = False
         self.opt.zero_grad(set_to_none=True)
         n_batches = len(train_loader)
-        for i, batch in enumerate(train_loader):
+        generator = train_loader.generator
+        if position is not None:
+            generator.set_state(position["epoch_start_generator"])
+        self.epoch_start_generator = generator.get_state()
+        batches, skip = iter(train_loader), position["batches"] if position is not None else 0
+        for _ in range(skip):
+            next(batches)
+        if position is not None:  # the skipped batches drew from the loader's generator as the first time
+            set_rng_state(position["rng"])
+        self.clock.start()
+        for i, batch in enumerate(batches, start=skip):
             last_micro = (i + 1) % plan.accum == 0 or i + 1 == n_batches
             self.backward(to_device(batch, t.device), last_micro, epoch, i)
             if last_micro:
                 self.optimiser_step()
-                if plan.evaluates_at_step(self.step):
-                    result.train_time_s += time.perf_counter() - t0
+                evaluates = plan.evaluates_at_step(self.step)
+                if evaluates:
+                    result.train_time_s += self.clock.stop()
                     stop = self.evaluate_and_select(epoch)
                     t.train_model.train()
-                    t0 = time.perf_counter()
+                    self.clock.start()
                 if stop or self.step >= plan.total_steps:
                     break
-        result.train_time_s += time.perf_counter() - t0
+                due = plan.by_steps and (evaluates if not self.checkpoint_every else self.step % self.checkpoint_every == 0)
+                if due or pending_signal():  # the clock paused only then: on CUDA a stop waits for the device
+                    result.train_time_s += self.clock.stop()  # a checkpoint is not training time
+                    self.boundary(due, epoch, i + 1)
+                    self.clock.start()
+        result.train_time_s += self.clock.stop()
         return stop
 
     def backward(self, batch: dict, last_micro: bool, epoch: int, i: int) -> None:

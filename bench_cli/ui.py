@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -116,6 +117,11 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
     # Paths below the table, never folded inside a cell, so they can be copied (issue 22).
     print_path(f"record (run_id {row['run_id']})", records_path or "-")
     print_path("run folder", str(row.get("output_dir", "-")))
+    if row.get("checkpoint_dir"):  # bench_cli/checkpoint.py
+        size = human(row.get("checkpoint_bytes") or 0, "B")
+        kept = Path(row["checkpoint_dir"]).is_dir()
+        print_path(f"checkpoints ({size}{'' if kept else '; removed, the run is ok: trainer.checkpoint.keep_final=true keeps them'})",
+                   row["checkpoint_dir"])
 
 
 def print_path(label: str, path: str, out: Console | None = None) -> None:
@@ -138,9 +144,8 @@ def _value(v, name: str = "") -> str:
 
 
 def fail(message: str, code: int = 2):
-    from rich.markup import escape
+    from rich.markup import escape  # a message is text: `pip install 'attnbench[vision]'` keeps its brackets
 
-    # the message as written: 'plugins=[mymod]' or 'exclude=[a*]' are not rich markup
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 

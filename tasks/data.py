@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 import tarfile
-import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import DataNotFoundError, warn_once
+from bench_cli.core.extras import require
 from bench_cli.core.files import atomic_open, write_atomically
 
 CACHE_VERSION = 1  # bump when a family's preprocessing changes (it is part of every cache key)
@@ -33,30 +33,125 @@ def file_digest(path: Path, algorithm: str = "sha256") -> str:
     return h.hexdigest()
 
 
-def download(url: str, target: Path, *, what: str, where: str, md5: str | None = None,
-             sha256: str | None = None, timeout: float = 60) -> str:
-    """Download ``url`` to ``target`` (through ``target.part``; nothing is left behind on failure),
-    verify ``md5``/``sha256`` when given, write ``<target>.sha256`` beside it and return the sha256.
+# HTTP statuses worth another try: the server is busy or the request timed out; any other 4xx/5xx
+# is the server refusing, and retrying would not change its answer.
+TRANSIENT_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 
-    Raises DataNotFoundError (one line: what failed, and where the files must go instead)."""
+
+class _Transient(Exception):
+    """A failure another attempt may get past (a dropped connection, a timeout, a busy server)."""
+
+
+def _is_transient(err: BaseException) -> bool:
+    import http.client
+    import socket
+    import urllib.error
+
+    if isinstance(err, urllib.error.HTTPError):
+        return err.code in TRANSIENT_STATUSES
+    if isinstance(err, urllib.error.URLError):  # the connection's own error, wrapped
+        err = err.reason if isinstance(err.reason, BaseException) else err
+        if isinstance(err, socket.gaierror):  # no such host, or no network: retrying will not help
+            return False
+    return isinstance(err, (TimeoutError, ConnectionError, http.client.IncompleteRead, http.client.RemoteDisconnected))
+
+
+def download(url: str, target: Path, *, what: str, where: str, md5: str | None = None,
+             sha256: str | None = None, size: int | None = None, timeout: float = 60, attempts: int = 6,
+             backoff_s: float = 2.0) -> str:
+    """Download ``url`` to ``target`` and return its sha256; ``<target>.sha256`` is written beside it.
+
+    The bytes go to ``<target>.part``, which an interrupted transfer leaves behind: the next attempt
+    (and the next `attnbench data`) asks for the rest with an HTTP Range request, and starts over
+    when the server ignores the Range. A dropped connection, a timeout or a busy server (HTTP 408,
+    429, 5xx) is retried ``attempts`` times in all, waiting ``backoff_s`` doubled at each retry. The
+    size (``size``, else the server's Content-Length) and ``md5``/``sha256`` are checked before the
+    file is moved into place; a mismatch removes the partial file. Progress: bytes, speed, ETA.
+
+    Raises DataNotFoundError (one line: what failed, and where the file must go instead). Why not a
+    library: pooch has no resume of a partial file, and huggingface_hub's resuming ``http_get`` is
+    an internal helper of a package only the text extra installs, while every family downloads."""
+    import time
+
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r, open(part, "wb") as f:
-            shutil.copyfileobj(r, f, length=1 << 22)
-    except OSError as e:
+    instead = f"fetch it by hand and put it so that {where} exists ({what})"
+    for attempt in range(attempts):
+        try:
+            total = _fetch_into(url, part, what, timeout, instead)
+            break
+        except _Transient as e:
+            if attempt + 1 == attempts:
+                raise DataNotFoundError(f"cannot download {url} after {attempts} attempts ({e}); run the command "
+                                        f"again to resume from {part.stat().st_size if part.exists() else 0} "
+                                        f"bytes, or {instead}") from None
+            time.sleep(backoff_s * 2 ** attempt)
+    got, expected = part.stat().st_size, size if size is not None else total
+    if expected is not None and got != expected:
         part.unlink(missing_ok=True)
-        raise DataNotFoundError(f"cannot download {url} ({getattr(e, 'reason', e)}); fetch it elsewhere "
-                                f"and put it so that {where} exists ({what})") from None
-    for algorithm, expected in (("md5", md5), ("sha256", sha256)):
-        if expected and file_digest(part, algorithm) != expected:
+        raise DataNotFoundError(f"corrupt download {url} ({got} bytes, expected {expected}); removed, run the command again")
+    for algorithm, digest in (("md5", md5), ("sha256", sha256)):
+        if digest and file_digest(part, algorithm) != digest:
             part.unlink(missing_ok=True)
-            raise DataNotFoundError(f"corrupt download {url} ({algorithm} differs from {expected}); retry")
+            raise DataNotFoundError(f"corrupt download {url} ({algorithm} differs from {digest}); removed, "
+                                    f"run the command again")
     os.replace(part, target)
     digest = file_digest(target)
     write_atomically(target.with_name(target.name + ".sha256"), f"{digest}  {target.name}\n")
     return digest
+
+
+def _fetch_into(url: str, part: Path, what: str, timeout: float, instead: str) -> int | None:
+    """One attempt: append the rest of ``url`` to ``part`` (from its current size, by an HTTP Range
+    request), or write it afresh when the server sends the whole file. Returns the file's size when
+    the server said it. _Transient for failures worth retrying, DataNotFoundError for a refusal."""
+    import urllib.error
+    import urllib.request
+
+    from bench_cli.core.progress import count_progress
+
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # nothing after `have`: the part may be the whole file (checked by the caller)
+            total = (e.headers.get("Content-Range") or "").rpartition("/")[2]
+            return int(total) if total.isdigit() else None
+        if _is_transient(e):
+            raise _Transient(f"HTTP {e.code} {e.reason}") from None
+        raise DataNotFoundError(f"the server refused {url} (HTTP {e.code} {e.reason}); {instead}") from None
+    except OSError as e:
+        if _is_transient(e):
+            raise _Transient(str(getattr(e, "reason", e))) from None
+        raise DataNotFoundError(f"cannot download {url} ({getattr(e, 'reason', e)}); {instead}") from None
+    with response:
+        resumed = response.status == 206 and _range_start(response.headers.get("Content-Range")) == have
+        start = have if resumed else 0  # a 200 to a Range request: the whole file again, from byte 0
+        length = response.headers.get("Content-Length")
+        total = start + int(length) if length is not None else None
+        done = start
+        try:
+            with open(part, "ab" if resumed else "wb") as f, \
+                    count_progress(what, total or 0, in_bytes=True, start=start) as shown:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    f.write(block)
+                    done += len(block)
+                    shown(done, total or 0)
+        except OSError as e:  # the connection dropped mid-body (what was written stays in the part)
+            raise _Transient(f"connection lost after {done} bytes: {e}") from None
+        if total is not None and done < total:  # the server closed early without an error
+            raise _Transient(f"connection closed after {done} of {total} bytes")
+    return total
+
+
+def _range_start(content_range: str | None) -> int | None:
+    """The first byte of a ``Content-Range: bytes START-END/TOTAL`` header."""
+    try:
+        return int(content_range.split()[1].split("-")[0])
+    except (AttributeError, IndexError, ValueError):
+        return None
 
 
 def unpack(archive: Path, into: Path, members: Callable[[str], str | None] | None = None) -> None:
@@ -148,10 +243,7 @@ def load_hf_dataset(path: str, config: str | None = None, *, missing: str, **kwa
                              ("datasets.config", "HF_DATASETS_OFFLINE")):
             if module in sys.modules and hasattr(sys.modules[module], attr):  # read at import time
                 setattr(sys.modules[module], attr, True)
-    try:
-        import datasets
-    except ImportError:
-        raise DataNotFoundError(f"{missing} (the `datasets` package is not installed)") from None
+    datasets = require("datasets", "text", f"{path} from the HF hub")
     try:
         return datasets.load_dataset(path, config, **kwargs)
     except Exception as e:  # noqa: BLE001 - not cached / hub errors: one line

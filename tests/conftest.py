@@ -7,9 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
+# One intra-op thread in every test process and in every process a test starts (the CLI, sweep
+# workers): the suite runs one worker per core (pytest-xdist), and two threads per worker on a
+# 2-core machine made the tiny models several times slower (OpenMP threads waiting on each other).
+# Set before torch is imported, so its thread pool starts at that size.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

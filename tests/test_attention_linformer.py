@@ -3,14 +3,13 @@
 yingyichen-cyy/PrimalAttention PrimalAttention_LRA/*/attentions/), on copied weights (float64)."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from models.attention import attention_spec, build_attention
 from models.attention.linformer import share_projection_across_layers
+from models.attention.reference.linformer import code_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS, K, MAX_LEN = 8, 2, 3, 7
@@ -20,30 +19,6 @@ def make(**options):
     torch.manual_seed(0)
     return build_attention("linformer", d_model=D_MODEL, n_heads=HEADS,
                            **{"linformer_k": K, "max_len": MAX_LEN, **options}).eval()
-
-
-# --- transcription of the reference -----------------------------------------------------------------
-def code_attention(m, x, mask):
-    """attention.py Attention.forward: W_q/W_k/W_v, split_heads, attn(Q, K, V, mask.float()), ff."""
-    b, n, _ = x.shape
-
-    def split_heads(t):  # X.reshape(b, n, num_head, head_dim).transpose(1, 2)
-        return t.reshape(b, n, m.n_heads, m.d_head).transpose(1, 2)
-
-    q = split_heads(x @ m.q_proj.weight.T + m.q_proj.bias)
-    k = split_heads(x @ m.k_proj.weight.T + m.k_proj.bias)
-    v = split_heads(x @ m.v_proj.weight.T + m.v_proj.bias)
-    out = code_linformer(q, k, v, mask.to(x.dtype), m.projection, m.d_head)
-    out = out.transpose(1, 2).reshape(b, n, m.n_heads * m.d_head)  # combine_heads
-    return out @ m.out_proj.weight.T + m.out_proj.bias
-
-
-def code_linformer(Q, K, V, mask, E, head_dim):
-    """attention_linformer.py LinformerAttention.forward."""
-    K = torch.matmul(E, K * mask[:, None, :, None])
-    V = torch.matmul(E, V * mask[:, None, :, None])
-    dot = torch.matmul(Q, torch.transpose(K, -2, -1)) / math.sqrt(head_dim)
-    return torch.matmul(torch.softmax(dot, dim=-1), V)
 
 
 def padded_batch(n=MAX_LEN):

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from models.attention import attention_spec, build_attention
+from models.attention.reference.common import linear
+from models.attention.reference.longformer import code_longformer
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS = 8, 2
@@ -33,44 +35,6 @@ def batch(n, padded, seed=1):
         mask[0, n - 3:] = False  # right padding
         mask[1, [2, 5]] = False  # holes (token 0 stays real: the reference makes it global regardless)
     return x, mask
-
-
-def linear(t, layer):
-    return t @ layer.weight.T + layer.bias
-
-
-def code_longformer(m, x, mask, first_token_view):
-    """Reference output (B, N, d_model)."""
-    b, n, _ = x.shape
-    h, d, w = m.n_heads, m.d_head, m.window_size // 2
-    attention_mask = mask.double() - 1  # 0 local, -1 padding
-    if first_token_view:
-        attention_mask[:, 0] = 1  # global
-    q = linear(x, m.q_proj).view(b, n, h, d) / math.sqrt(d)
-    k = linear(x, m.k_proj).view(b, n, h, d)
-    v = linear(x, m.v_proj).view(b, n, h, d)
-    out = torch.zeros(b, n, h, d)
-    for bi in range(b):
-        global_idx = [j for j in range(n) if attention_mask[bi, j] > 0]
-        for hi in range(h):
-            for i in range(n):
-                if attention_mask[bi, i] < 0:
-                    continue  # masked query: probabilities zeroed
-                if attention_mask[bi, i] > 0:  # global query: all keys
-                    scores = k[bi, :, hi] @ q[bi, i, hi] - 10000.0 * (attention_mask[bi] < 0)
-                    out[bi, i, hi] = torch.softmax(scores, 0) @ v[bi, :, hi]
-                    continue
-                scores, values = [], []
-                for g in global_idx:
-                    scores.append(q[bi, i, hi] @ k[bi, g, hi])
-                    values.append(v[bi, g, hi])
-                for j in range(i - w, i + w + 1):
-                    if 0 <= j < n:
-                        scores.append(q[bi, i, hi] @ k[bi, j, hi] - 10000.0 * (attention_mask[bi, j] != 0))
-                        values.append(v[bi, j, hi])
-                probs = torch.softmax(torch.stack(scores), 0)
-                out[bi, i, hi] = probs @ torch.stack(values)
-    return linear(out.reshape(b, n, h * d), m.out_proj)
 
 
 def dense_pattern(m, x, allowed):

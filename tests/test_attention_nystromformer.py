@@ -3,13 +3,14 @@
 copy in yingyichen-cyy/PrimalAttention reads max_seq_len for seq_len), on copied weights (float64)."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+import torch.nn.functional as F
 
 from models.attention import attention_spec, build_attention
+from models.attention.base import depthwise_sequence_conv
 from models.attention.nystromformer import iterative_pinv
+from models.attention.reference.nystromformer import code_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS, LANDMARKS, CONV = 8, 2, 4, 5
@@ -23,56 +24,6 @@ def make(**options):
         if hasattr(m, "conv"):
             m.conv.weight.normal_()
     return m
-
-
-# --- transcription of the reference -----------------------------------------------------------------
-def code_attention(m, x, mask):
-    """attention.py Attention.forward: W_q/W_k/W_v, split_heads, attn(Q, K, V, mask.float()), ff."""
-    b, n, _ = x.shape
-
-    def split_heads(t):
-        return t.reshape(b, n, m.n_heads, m.d_head).transpose(1, 2)
-
-    q = split_heads(x @ m.q_proj.weight.T + m.q_proj.bias)
-    k = split_heads(x @ m.k_proj.weight.T + m.k_proj.bias)
-    v = split_heads(x @ m.v_proj.weight.T + m.v_proj.bias)
-    out = code_nystrom(m, q, k, v, mask.to(x.dtype), seq_len=n)
-    out = out.transpose(1, 2).reshape(b, n, m.n_heads * m.d_head)
-    return out @ m.out_proj.weight.T + m.out_proj.bias
-
-
-def code_nystrom(m, Q, K, V, mask, seq_len):
-    """attention_nystrom.py NystromAttention.forward; seq_len = the padded length (max_seq_len)."""
-    num_head, head_dim, num_landmarks = m.n_heads, m.d_head, m.num_landmarks
-    Q = Q * mask[:, None, :, None] / math.sqrt(math.sqrt(head_dim))
-    K = K * mask[:, None, :, None] / math.sqrt(math.sqrt(head_dim))
-    if num_landmarks == seq_len:
-        attn = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) - 1e9 * (1 - mask[:, None, None, :]), dim=-1)
-        X = torch.matmul(attn, V)
-    else:
-        Q_landmarks = Q.reshape(-1, num_head, num_landmarks, seq_len // num_landmarks, head_dim).mean(dim=-2)
-        K_landmarks = K.reshape(-1, num_head, num_landmarks, seq_len // num_landmarks, head_dim).mean(dim=-2)
-        kernel_1 = torch.softmax(torch.matmul(Q, K_landmarks.transpose(-1, -2)), dim=-1)
-        kernel_2 = torch.softmax(torch.matmul(Q_landmarks, K_landmarks.transpose(-1, -2)), dim=-1)
-        kernel_3 = torch.softmax(torch.matmul(Q_landmarks, K.transpose(-1, -2))
-                                 - 1e9 * (1 - mask[:, None, None, :]), dim=-1)
-        X = torch.matmul(torch.matmul(kernel_1, code_iterative_inv(kernel_2, m.pinv_init)), torch.matmul(kernel_3, V))
-    if m.conv_kernel_size is not None:
-        X = X + m.conv(V * mask[:, None, :, None])  # nn.Conv2d(num_head, num_head, (k, 1), padding=(k//2, 0), groups)
-    return X
-
-
-def code_iterative_inv(mat, init_option, n_iter=6):
-    I = torch.eye(mat.size(-1))
-    K = mat
-    if init_option == "original":
-        V = 1 / torch.max(torch.sum(K, dim=-2)) * K.transpose(-1, -2)
-    else:
-        V = 1 / torch.max(torch.sum(K, dim=-2), dim=-1).values[:, :, None, None] * K.transpose(-1, -2)
-    for _ in range(n_iter):
-        KV = torch.matmul(K, V)
-        V = torch.matmul(0.25 * V, 13 * I - torch.matmul(KV, 15 * I - torch.matmul(KV, 7 * I - KV)))
-    return V
 
 
 def padded_batch(n):
@@ -175,3 +126,18 @@ def test_forward_backward_finite():
     m(x, mask)[mask].pow(2).sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("k", [1, 4, 35])
+def test_value_convolution_is_the_references_conv2d(k):
+    """The k shifted multiply-adds (and their hand-written backward) equal nn.Conv2d(H, H, (k, 1),
+    padding=(k // 2, 0), groups=H) of the reference on values in split_heads' layout."""
+    v = torch.randn(2, 40, 3, 5).transpose(1, 2).requires_grad_()
+    w = torch.randn(3, 1, k, 1, requires_grad=True)
+    expected = F.conv2d(v, w, padding=(k // 2, 0), groups=3)
+    out = depthwise_sequence_conv(v, w)
+    torch.testing.assert_close(out, expected)
+    g = torch.randn_like(expected)
+    for ours, theirs in zip(torch.autograd.grad((out * g).sum(), (v, w)), torch.autograd.grad((expected * g).sum(), (v, w))):
+        torch.testing.assert_close(ours, theirs)
+    assert torch.autograd.gradcheck(depthwise_sequence_conv, (v[:1, :, :7].detach().requires_grad_(), w))

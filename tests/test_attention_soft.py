@@ -6,16 +6,14 @@ depthwise conv of V), on the module's weights, float64.
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from models.attention import attention_spec, build_attention
 from models.attention.soft import newton_pseudo_inverse
+from models.attention.reference.soft import code_newton_inv, code_soft
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 
@@ -37,64 +35,6 @@ def inputs(batch=2, length=LENGTH, padded=True, seed=1):
     mask[0, length - 4:] = False  # right padding
     mask[1, [2, 7]] = False  # holes
     return x, mask
-
-
-def linear(t, layer):
-    return t @ layer.weight.T + layer.bias
-
-
-# ------------------------------------------------------------------ transcription of soft.py
-
-
-def code_newton_inv(mat, max_iter):
-    P = mat
-    I = torch.eye(mat.size(-1))
-    alpha = 2 / (torch.max(torch.sum(mat, dim=-1)) ** 2)
-    beta = 0.5
-    V = alpha * P
-    pnorm = torch.max(torch.sum(torch.abs(I - torch.matmul(P, V)), dim=-2))
-    err_cnt = 0
-    while pnorm > 1.01 and err_cnt < 10:
-        alpha *= beta
-        V = alpha * P
-        pnorm = torch.max(torch.sum(torch.abs(I - torch.matmul(P, V)), dim=-2))
-        err_cnt += 1
-    for _ in range(max_iter):
-        C = 2 * V - V @ P @ V
-        if C.abs().max().item() > 1e4:
-            break
-        V = C
-    return V
-
-
-def code_soft(m, X, mask=None, max_iter=20):
-    b, n, _ = X.shape
-    num_head, head_dim = m.n_heads, m.d_head
-    mask = torch.ones(b, n) if mask is None else mask.to(X)
-
-    def split_heads(t):
-        return t.reshape(t.size(0), t.size(1), num_head, head_dim).transpose(1, 2)
-
-    Q = split_heads(linear(X, m.q_proj)) * mask[:, None, :, None]
-    V = split_heads(linear(X, m.v_proj)) * mask[:, None, :, None]
-    # SoftmaxFreeAttentionKernel.forward
-    Q = Q / math.sqrt(math.sqrt(head_dim))
-    num_landmarks = n // m.ratio  # the reference's config num_landmarks (max_seq_len // ratio)
-    Q_landmarks = Q.reshape(b * num_head, n, head_dim).transpose(-1, -2)
-    Q_landmarks = F.conv1d(Q_landmarks, m.landmark_conv.weight, stride=m.ratio)  # Qlandmark_op
-    Q_landmarks = Q_landmarks.transpose(-1, -2).reshape(b, num_head, num_landmarks, head_dim)
-    norm = m.landmark_norm
-    Q_landmarks = F.gelu(F.layer_norm(Q_landmarks, (head_dim,), norm.weight, norm.bias, norm.eps))  # Qnorm_act
-    K_landmarks = Q_landmarks
-    kernel_1_ = torch.exp(-(torch.cdist(Q, K_landmarks, p=2) ** 2) / 2)
-    kernel_2_ = torch.exp(-(torch.cdist(Q_landmarks, K_landmarks, p=2) ** 2) / 2)
-    kernel_3_ = kernel_1_.transpose(-1, -2)
-    out = torch.matmul(torch.matmul(kernel_1_, code_newton_inv(kernel_2_, max_iter)), torch.matmul(kernel_3_, V))
-    if m.value_conv is not None:
-        k = m.value_conv.kernel_size[0]
-        out = out + F.conv2d(V, m.value_conv.weight, padding=(k // 2, 0), groups=num_head)
-    out = out.transpose(1, 2).reshape(b, n, num_head * head_dim)  # combine_heads
-    return linear(out, m.out_proj)  # ff
 
 
 # ------------------------------------------------------------------ tests

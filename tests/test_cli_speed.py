@@ -32,7 +32,7 @@ for args in json.loads(sys.argv_json):
 print("FLAGS " + json.dumps(flags))
 """
 
-QUICK = [["--help"], ["ls", "models"], ["ls"], ["ls", "tasks"], ["ls", "experiments"],
+QUICK = [["--help"], ["bench", "--help"], ["ls", "models"], ["ls"], ["ls", "tasks"], ["ls", "experiments"],
          ["run", "modle=softmax"], ["run", "task=uae"], ["run", "records.path=x"]]
 
 

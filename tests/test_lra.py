@@ -488,26 +488,40 @@ def test_retrieval_training_step_at_4096_on_cpu():
 
 
 # --- end to end ----------------------------------------------------------------------------------------
+SHORT = ["task.max_len=64", "task.seq_len=64"]
+QUICK_STEPS = ["trainer.max_steps=2", "trainer.eval_every_steps=1", "task.subset.train=8"]
+
+
 @pytest.mark.slow
-def test_every_lra_task_trains_on_fixtures(lra_root, workdir):
+def test_listops_trains_on_fixtures_and_evaluates_every_2_steps(lra_root, workdir):
     write_listops(lra_root / "lra_generated" / "listops-1000")
-    write_aan(lra_root / "lra_release" / "tsv_data")
-    write_cifar(lra_root / "cifar-10-batches-py", per_batch=4)
-    write_pathfinder(lra_root / "lra_release" / "pathfinder32" / "curv_contour_length_14")
-    write_acl_imdb(lra_root / "aclImdb")
-    short = ["task.max_len=64", "task.seq_len=64"]
     row = run("task=lra_listops", "task.dataset=listops_generated", "model=attention_bn_sh", "model.attention.beta=0.2",
-              *short)
+              *SHORT)
     assert row["status"] == "ok" and row["dataset"] == "listops_generated" and row["attention"] == "attention_bn_sh"
     assert int(row["steps_run"]) == 4 and int(row["best_step"]) in (2, 4)
     history = json.loads(row["metrics_json"])["history"]
     assert [h["step"] for h in history] == [2, 4]  # evaluated every 2 optimiser steps
-    quick = ["trainer.max_steps=2", "trainer.eval_every_steps=1", "task.subset.train=8"]
-    for args in (["task=lra_retrieval", *short], ["task=lra_text", *short], ["task=lra_image"],
-                 ["task=lra_pathfinder", "task.pixel_mask=none"]):
-        row = run(*args, *quick, "model=softmax")
-        assert row["status"] == "ok", row.get("error")
-        assert int(row["steps_run"]) == 2 and np.isfinite(float(row["test_loss"])), args
+
+
+# each LRA task of the release, on a fixture in its official format (one test each: they spread
+# over the test workers)
+LRA_FIXTURES = {
+    "lra_retrieval": (lambda root: write_aan(root / "lra_release" / "tsv_data"), SHORT),
+    "lra_text": (lambda root: write_acl_imdb(root / "aclImdb"), SHORT),
+    "lra_image": (lambda root: write_cifar(root / "cifar-10-batches-py", per_batch=4), []),
+    "lra_pathfinder": (lambda root: write_pathfinder(root / "lra_release" / "pathfinder32" / "curv_contour_length_14"),
+                       ["task.pixel_mask=none"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", list(LRA_FIXTURES))
+def test_every_lra_task_trains_on_fixtures(lra_root, workdir, task):
+    write, extra = LRA_FIXTURES[task]
+    write(lra_root)
+    row = run(f"task={task}", *extra, *QUICK_STEPS, "model=softmax")
+    assert row["status"] == "ok", row.get("error")
+    assert int(row["steps_run"]) == 2 and np.isfinite(float(row["test_loss"])), task
 
 
 def write_learnable_listops(directory: Path, n=(200, 50, 50)) -> None:

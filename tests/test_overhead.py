@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,3 +167,34 @@ def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure():
             assert gc.get_freeze_count() > 0
             raise RuntimeError("a job that fails while training")
     assert gc.get_freeze_count() == 0
+
+
+def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages(uea_fixture, workdir, capsys):
+    """`attnbench bench-overhead`'s two sides on the same config: the bare loop (the resolved config
+    loaded as YAML, no Hydra) reaches the run's exact test metric, and both report the stages that
+    the benchmark subtracts (startup, compose, data, model, fit; the run also validate, measure and
+    record), each a duration inside the process's age."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from bench_cli.cli import main
+    from bench_cli.profile import overhead as O
+    from bench_cli.records import read_records
+
+    overrides = [*TINY, "seed=0", "results.path=res.csv"]
+    main(["run", *overrides])
+    (row,) = read_records(workdir / "res.csv")
+    phases = json.loads((Path(row["output_dir"]) / "phases.json").read_text())
+    assert {"compose", "validate", "data", "model", "fit", "measure", "record", "train_time_s"} <= phases.keys()
+    assert 0 < phases["train_time_s"] <= phases["fit"] < phases["process_age_s"]
+
+    config = workdir / "bare.yaml"
+    config.write_text(OmegaConf.to_yaml(compose(overrides), resolve=True))
+    capsys.readouterr()
+    O.bare_main(str(config))
+    bare = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert bare["test"] == float(row["test_score"])
+    assert {"compose", "data", "model", "fit"} <= bare["phases"].keys() and 0 < bare["train_s"] <= bare["phases"]["fit"]
+    split = O.stages({"phases": phases, "process_s": phases["process_age_s"] + 0.5, "train_s": phases["train_time_s"]})
+    assert list(split) == list(O.STAGES) and split["exit"] == pytest.approx(0.5)

@@ -4,9 +4,11 @@ the claim of a dead process (kill -9) is taken over, and a rerun finds every job
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,29 @@ def start_time(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
 
 
-def hold_claim(path: Path, key: str, pid: int, host: str | None = None, process_start: str | None = None) -> None:
+def hold_claim(path: Path, key: str, pid: int, host: str | None = None, process_start: str | None = None,
+               heartbeat: str | None = None) -> None:
     """The claims file as another process that claimed ``key`` leaves it."""
     claim = {"pid": pid, "host": host or socket.gethostname(), "since": "2025-01-01T00:00:00+00:00",
-             "process_start": process_start}
+             "process_start": process_start, "heartbeat": heartbeat}
     path.with_name(path.name + ".claims").write_text(json.dumps({key: claim}))
+
+
+def ago(seconds: float) -> str:
+    from datetime import datetime, timedelta, timezone
+
+    return (datetime.now(timezone.utc) - timedelta(seconds=seconds)).isoformat(timespec="seconds")
+
+
+def test_a_running_job_refreshes_its_claim_in_the_background(tmp_path):
+    path = tmp_path / "runs.csv"
+    assert records.claim_job(path, "k1")[0]
+    claims = path.with_name("runs.csv.claims")
+    old = {"k1": {**json.loads(claims.read_text())["k1"], "heartbeat": ago(300)}}
+    claims.write_text(json.dumps(old))
+    with records.heartbeat(path, "k1", every_s=0.05):
+        time.sleep(0.5)  # no epoch boundary here: the thread beats on its own
+    assert records.heartbeat_age(json.loads(claims.read_text())["k1"]) < 5
 
 
 @pytest.fixture
@@ -42,9 +62,17 @@ def test_claims_skip_live_processes_and_take_over_dead_ones(tmp_path, sleeper):
     path = tmp_path / "runs.csv"
     hold_claim(path, "k1", sleeper.pid, process_start=start_time(sleeper.pid))
     assert records.claim_job(path, "k1") == (False, f"running in pid {sleeper.pid} since 2025-01-01T00:00:00+00:00")
-    hold_claim(path, "k1", 4242, host="another-node")  # cannot be checked from here: left alone
+    fresh = ago(60)  # another host's claim lives while its heartbeat is younger than the time-to-live
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=fresh)
     claimed, why = records.claim_job(path, "k1")
-    assert not claimed and "running in pid 4242 on another-node" in why
+    assert not claimed and "running in pid 4242 on another-node" in why and re.search(r"\(heartbeat 6[0-2] s ago\)$", why)
+    stale = ago(11 * 60)
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=stale)
+    claimed, note = records.claim_job(path, "k1")
+    assert claimed and note == (f"taking over the claim of pid 4242 on another-node (since 2025-01-01T00:00:00+00:00), "
+                                f"last heartbeat {stale}, 11 min ago, over the 10 min time-to-live")
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=fresh)
+    assert records.claim_job(path, "k1", ttl_s=30)[0]  # results.claim_ttl_s
 
     sleeper.kill()
     sleeper.wait()
@@ -108,3 +136,40 @@ def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
     capsys.readouterr()
     assert sweep(*args, "--dry-run") == 0  # a rerun finds every job done
     assert "3 jobs, 3 already done" in capsys.readouterr().out
+
+
+def test_a_claim_from_another_host_is_respected_while_fresh_and_taken_over_when_stale(uea_fixture, workdir,
+                                                                                       fake_runs, capsys):
+    """A job of a dead node: `sweep --dry-run` says running (host, heartbeat age) while the heartbeat
+    is fresh and stale after the time-to-live; the sweep then takes it over in one line naming the
+    host, the pid and the last heartbeat."""
+    args = [*tiny(workdir), "trainer.num_threads=1"]
+    (job,) = S.plan(args)
+    res = workdir / "res.csv"
+    hold_claim(res, job.key, 4242, host="node42", heartbeat=ago(30))
+    capsys.readouterr()
+    assert sweep("--dry-run", *args) == 0
+    assert re.search(r"running in pid 4242 on node42 .*\(heartbeat 3[0-2] s ago\)", " ".join(capsys.readouterr().out.split()))
+    assert sweep(*args) == 0 and "1 running elsewhere" in capsys.readouterr().out and not fake_runs
+
+    stale = ago(20 * 60)
+    hold_claim(res, job.key, 4242, host="node42", heartbeat=stale)
+    assert sweep("--dry-run", *args) == 0
+    assert "stale claim of pid 4242 on node42" in " ".join(capsys.readouterr().out.split())
+    assert sweep(*args) == 0
+    out = capsys.readouterr().out
+    assert f"taking over the claim of pid 4242 on node42 (since 2025-01-01T00:00:00+00:00), last heartbeat {stale}" in out
+    assert len(fake_runs) == 1 and "1 ok" in out
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_earlier_claim(tmp_path, monkeypatch):
+    """Slurm requeues a preempted job under the same SLURM_JOB_ID, possibly on another node, while
+    the claim of its first incarnation still has a fresh heartbeat."""
+    path = tmp_path / "runs.csv"
+    claim = {"pid": 4242, "host": "node07", "since": ago(120), "heartbeat": ago(20), "slurm_job": "778"}
+    path.with_name("runs.csv.claims").write_text(json.dumps({"k1": claim}))
+    monkeypatch.setenv("SLURM_JOB_ID", "779")  # another job: the claim is live
+    assert not records.claim_job(path, "k1")[0]
+    monkeypatch.setenv("SLURM_JOB_ID", "778")
+    claimed, note = records.claim_job(path, "k1")
+    assert claimed and note.endswith("the same Slurm job 778, requeued") and "pid 4242 on node07" in note

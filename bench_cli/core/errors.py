@@ -99,9 +99,21 @@ def exit_code_of(err: BaseException) -> int:
     return err.exit_code if isinstance(err, Interrupted) else 130
 
 
+# What Slurm, torchrun, `timeout` and a closed terminal send: SIGTERM, SIGUSR1 (Slurm's warning
+# before a time limit or a preemption with --signal=USR1), SIGUSR2 (submitit's: it requeues the
+# job), SIGHUP.
+TERMINATION_SIGNALS = ("SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGHUP")  # SIGQUIT: Ctrl-\ (a core dump, no row)
+_deferring = [False]
+_pending: list[int] = []
+_previous: dict[int, object] = {}  # signal -> the handler a launcher had installed (submitit's requeue)
+
+
 def catch_termination() -> None:
-    """Turn SIGTERM and SIGQUIT into ``Interrupted`` in the main thread (a no-op elsewhere, where
-    Python cannot install handlers)."""
+    """Turn the termination signals into ``Interrupted`` in the main thread (a no-op elsewhere,
+    where Python cannot install handlers). While ``signals_deferred`` holds (a training loop),
+    the first one is only noted, for the loop to stop at its next step boundary after writing a
+    checkpoint (``pending_signal``), then hand it on to the handler installed before
+    (``hand_on``: submitit requeues the job there); a second one stops at once."""
     import signal
     import threading
 
@@ -109,7 +121,51 @@ def catch_termination() -> None:
         return
 
     def handler(signum, frame):
+        if _deferring[0] and not _pending:
+            _pending.append(signum)
+            return
         raise Interrupted(signum)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGQUIT, handler)  # Ctrl-\ would end the process with a core dump and no row
+    handler.attnbench = True
+    for name in TERMINATION_SIGNALS:
+        if hasattr(signal, name):
+            signum = getattr(signal, name)
+            before = signal.signal(signum, handler)
+            if callable(before) and not getattr(before, "attnbench", False):
+                _previous[signum] = before
+
+
+def hand_on(signum: int) -> None:
+    """The signal to the Python handler that was installed before ``catch_termination`` (a
+    launcher's: submitit requeues the job and exits), if any; then ``Interrupted``."""
+    before = _previous.get(signum)
+    if before is not None:
+        try:
+            before(signum, None)
+        except SystemExit as e:  # it ends the process (submitit, after requeuing): the record names the signal
+            e.signal_name = Interrupted(signum).args[0]
+            raise
+    raise Interrupted(signum)
+
+
+class signals_deferred:
+    """While it holds, a termination signal waits for ``pending_signal`` to be asked. When the
+    outermost one ends with a signal still pending, it is raised then (dropped when an exception
+    is already on its way)."""
+
+    def __enter__(self):
+        self.outer = _deferring[0]
+        _deferring[0] = True
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        _deferring[0] = self.outer
+        if not self.outer and _pending:
+            signum = _pending.pop()
+            if exc_type is None:
+                raise Interrupted(signum)
+
+
+def pending_signal() -> int | None:
+    """The termination signal received while deferred (cleared), or None."""
+    return _pending.pop() if _pending else None

@@ -199,6 +199,13 @@ class Mean(Metric):
         return sums[self.stat("sum")] / max(sums[self.stat("n")], 1.0)
 
 
+def sacrebleu_bleu():
+    """sacrebleu's BLEU class (the text extra)."""
+    from bench_cli.core.extras import require
+
+    return require("sacrebleu.metrics", "text", "BLEU").BLEU
+
+
 @dataclass(frozen=True)
 class BLEU(Metric):
     """Corpus BLEU (sacrebleu, 0-100) of decoded hypotheses against one reference each.
@@ -215,9 +222,7 @@ class BLEU(Metric):
     max_order: int = 4
 
     def scorer(self):
-        from sacrebleu.metrics import BLEU as SacreBLEU
-
-        return SacreBLEU(tokenize=self.tokenize, max_ngram_order=self.max_order)
+        return sacrebleu_bleu()(tokenize=self.tokenize, max_ngram_order=self.max_order)
 
     def signature(self) -> str:
         """sacrebleu's signature of the scorer (one reference, tokeniser, smoothing, version)."""
@@ -239,10 +244,8 @@ class BLEU(Metric):
         return stats
 
     def value(self, sums):
-        from sacrebleu.metrics import BLEU as SacreBLEU
-
         orders = range(1, self.max_order + 1)
-        return float(SacreBLEU.compute_bleu(
+        return float(sacrebleu_bleu().compute_bleu(
             correct=[int(sums[self.stat(f"correct_{n}")]) for n in orders],
             total=[int(sums[self.stat(f"total_{n}")]) for n in orders],
             sys_len=int(sums[self.stat("sys_len")]), ref_len=int(sums[self.stat("ref_len")]),

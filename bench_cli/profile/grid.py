@@ -196,6 +196,8 @@ def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, de
          timed: bool) -> dict:
     import torch
 
+    from bench_cli import measure as M
+
     p = cfg.profile
     b = pcfg.task.backbone
     t = p.timing
@@ -208,7 +210,7 @@ def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, de
         "sdpa_backend": backend, "d_model": int(b.d_model), "n_heads": int(b.n_heads), "n_layers": _layers(b),
         "seq_len": seq_len, "batch_size": int(p.batch_size), "device": str(device),
         "timing_method": (f"warmup={t.warmup}, median of {t.repeats} interleaved repeats, "
-                          f"{torch.get_num_threads()} thread(s)"
+                          f"{torch.get_num_threads()} thread(s), {M.timer_name(device)}"
                           + (f", train step with {cfg.trainer.optimizer.name} step" if t.get("optimizer") else "")
                           + (f", per 1K steps: 1000 train steps + {t.eval_batches_per_1k_steps} inference batches"
                              if t.get("eval_batches_per_1k_steps") else "") if timed else "not timed"),

@@ -36,6 +36,53 @@ def sdpa_mask(mask: torch.Tensor | None, causal: bool, n_q: int, n_k: int, devic
     return allowed
 
 
+class _DepthwiseSequenceConv(torch.autograd.Function):
+    """k shifted multiply-adds accumulated in place, forward and backward (see depthwise_sequence_conv)."""
+
+    @staticmethod
+    def forward(ctx, v, weight):
+        k = weight.shape[2]
+        taps = weight.view(-1, k, 1, 1)  # (H, k, 1, 1)
+        padded = F.pad(v, (0, 0, k // 2, k // 2)).contiguous()
+        n_out = padded.shape[2] - k + 1
+        out = padded[:, :, :n_out] * taps[:, 0]
+        for t in range(1, k):
+            out.addcmul_(padded[:, :, t:t + n_out], taps[:, t])
+        ctx.save_for_backward(padded, weight)
+        ctx.length = v.shape[2]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        padded, weight = ctx.saved_tensors
+        b, h, _, d = padded.shape
+        k = weight.shape[2]
+        taps = weight.view(-1, k, 1, 1)
+        grad = grad.contiguous()
+        n_out = grad.shape[2]
+        grad_v = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_padded = torch.zeros_like(padded)
+            for t in range(k):
+                grad_padded[:, :, t:t + n_out].addcmul_(grad, taps[:, t])
+            grad_v = grad_padded[:, :, k // 2:k // 2 + ctx.length]
+        if ctx.needs_input_grad[1]:  # the correlation of grad with the values, per channel (head, batch, d)
+            channels = h * b * d
+            values = padded.permute(1, 0, 3, 2).reshape(1, channels, -1)
+            filters = grad.permute(1, 0, 3, 2).reshape(channels, 1, n_out)
+            grad_weight = F.conv1d(values, filters, groups=channels).view(h, b * d, k).sum(1).view(weight.shape)
+        return grad_v, grad_weight
+
+
+def depthwise_sequence_conv(v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What ``nn.Conv2d(H, H, (k, 1), padding=(k // 2, 0), groups=H, bias=False)`` with this ``weight``
+    (H, 1, k, 1) computes on values (B, H, N, d): one k-tap filter per head along the sequence (the
+    value-convolution skips of Nystromformer, SOFT and YOSO-E). Written as k shifted multiply-adds
+    accumulated in place (no temporary per tap, forward or backward), which on the CPU runs several
+    times faster than the convolution kernels at this shape (the d channels of a head share a filter)."""
+    return _DepthwiseSequenceConv.apply(v, weight)
+
+
 def softmax_kernel(q, k, v, mask=None, causal=False, dropout_p: float = 0.0, scale=None):
     """softmax(QK^T/sqrt(D)) V through PyTorch's fused kernel (Eqn. 1 of papers/003).
 

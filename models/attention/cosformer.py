@@ -45,6 +45,23 @@ FEATURE_MAPS = {"relu": F.relu, "elu": lambda x: F.elu(x) + 1.0}
 PADDING_MODES = ("valid", "ignore")
 
 
+class _Reweighted(torch.autograd.Function):
+    """(B, H, N, d) features times (..., N, 2, 1) weights -> (B, H, N, 2d), [sin part; cos part]; the
+    backward sums the two halves with one multiply-add (autograd would reduce over a dimension of 2)."""
+
+    @staticmethod
+    def forward(ctx, phi, weights):
+        ctx.save_for_backward(weights)
+        return (phi[..., None, :] * weights).flatten(-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weights,) = ctx.saved_tensors
+        halves = grad.unflatten(-1, (2, -1))
+        grad_phi = halves[..., 0, :] * weights[..., 0, :]
+        return grad_phi.addcmul_(halves[..., 1, :], weights[..., 1, :]), None
+
+
 @register_attention(
     "cosformer",
     paper="Qin et al. 2022, cosFormer: Rethinking Softmax in Attention (ICLR); code OpenNLPLab/cosFormer",
@@ -69,21 +86,24 @@ class CosformerAttention(ProjectedAttention):
     def extra_repr(self) -> str:
         return f"feature_map={self.feature_map}, eps={self.eps}, padding={self.padding}"
 
-    def reweighted_features(self, x: torch.Tensor) -> torch.Tensor:
-        """[phi(x_i) sin(pi i / 2M); phi(x_i) cos(pi i / 2M)], i = 1..N, M = N (cosformer.py ``get_index``)."""
+    def reweighted_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[phi(x_i) sin(pi i / 2M); phi(x_i) cos(pi i / 2M)], i = 1..N, M = N (cosformer.py ``get_index``),
+        times ``mask`` (B, N) if given: one product of phi(x) with the (N, 2, 1) weights, no concatenation."""
         n = x.shape[2]
         angle = (math.pi / 2) * torch.arange(1, n + 1, device=x.device, dtype=x.dtype) / n
-        phi = FEATURE_MAPS[self.feature_map](x)
-        return torch.cat([phi * torch.sin(angle)[:, None], phi * torch.cos(angle)[:, None]], dim=-1)
+        weights = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)[..., None]  # (N, 2, 1)
+        if mask is not None:
+            weights = weights * mask[:, None, :, None, None].to(x.dtype)  # (B, 1, N, 2, 1)
+        return _Reweighted.apply(FEATURE_MAPS[self.feature_map](x), weights)
 
     def kernel(self, q, k, v, mask, causal):
-        q_, k_ = self.reweighted_features(q), self.reweighted_features(k)
-        if mask is not None and self.padding == "valid":
-            k_ = k_ * mask[:, None, :, None].to(k_.dtype)  # padded keys leave numerator and denominator
+        q_ = self.reweighted_features(q)
+        # padding "valid": padded keys leave numerator and denominator
+        k_ = self.reweighted_features(k, mask if self.padding == "valid" else None)
         if causal:
             num = causal_linear_product(q_, k_, v)
             den = torch.einsum("bhnd,bhnd->bhn", q_, k_.cumsum(2))
-        else:
-            num = q_ @ torch.einsum("bhnd,bhne->bhde", k_, v)
-            den = torch.einsum("bhnd,bhd->bhn", q_, k_.sum(2))
-        return num / den.clamp_min(self.eps)[..., None]
+            return num / den.clamp_min(self.eps)[..., None]
+        # numerator and denominator in one product: a column of ones appended to v sums k_
+        both = q_ @ (k_.transpose(-1, -2) @ torch.cat([v, torch.ones_like(v[..., :1])], dim=-1))
+        return both[..., :-1] / both[..., -1:].clamp_min(self.eps)

@@ -109,7 +109,7 @@ class FlowAttention(ProjectedAttention):
 
     def kernel(self, q, k, v, mask, causal):
         phi = FEATURE_MAPS[self.feature_map]
-        q, k = phi(q), phi(k)
+        q, k = phi(q.contiguous()), phi(k.contiguous())  # one copy each out of split_heads' layout, not one per product
         valid = mask if self.padding == "valid" else None
         if valid is not None:
             weight = valid[:, None, :, None].to(q.dtype)
@@ -130,10 +130,12 @@ class FlowAttention(ProjectedAttention):
             n_queries = n_keys = torch.tensor(float(q.shape[2]), dtype=q.dtype, device=q.device)
         else:
             n_queries = n_keys = _safe_divisor(valid.sum(-1).to(q.dtype))[:, None, None]  # self-attention: n = m
-        sink_incoming = 1.0 / torch.einsum("bhnd,bhd->bhn", q + eps, k.sum(2) + eps)
-        source_outgoing = 1.0 / torch.einsum("bhnd,bhd->bhn", k + eps, q.sum(2) + eps)
-        conserved_sink = torch.einsum("bhnd,bhd->bhn", q + eps, (k * source_outgoing[..., None]).sum(2) + eps)
-        conserved_source = torch.einsum("bhnd,bhd->bhn", k + eps, (q * sink_incoming[..., None]).sum(2) + eps)
+        q_eps, k_eps = q + eps, k + eps
+        sink_incoming = 1.0 / (q_eps @ (k.sum(2) + eps)[..., None]).squeeze(-1)
+        source_outgoing = 1.0 / (k_eps @ (q.sum(2) + eps)[..., None]).squeeze(-1)
+        # sum_j phi(k_j) O_j as a vector-matrix product (no N x d temporary)
+        conserved_sink = (q_eps @ ((source_outgoing[..., None, :] @ k).transpose(-1, -2) + eps)).squeeze(-1)
+        conserved_source = (k_eps @ ((sink_incoming[..., None, :] @ q).transpose(-1, -2) + eps)).squeeze(-1)
         conserved_source = self._clamp(conserved_source)
         sink_allocation = torch.sigmoid(conserved_sink * (n_queries / n_keys))
         if self.competition_over == "heads":  # LRA flow_attention.py: softmax over axis -1 of [b, s, h]
@@ -144,7 +146,7 @@ class FlowAttention(ProjectedAttention):
             source_competition = torch.softmax(conserved_source, dim=-1) * n_keys
         if valid is not None:
             source_competition = source_competition * valid[:, None, :]  # a fully padded row: 0, not 1/m
-        kv = torch.einsum("bhnd,bhne->bhde", k, v * source_competition[..., None])
+        kv = k.transpose(-1, -2) @ (v * source_competition[..., None])
         return (q @ kv) * (sink_incoming * sink_allocation)[..., None]
 
     def _causal(self, q, k, v, valid):

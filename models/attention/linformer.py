@@ -79,7 +79,7 @@ class LinformerAttention(ProjectedAttention):
         e = self.projection[:, :, :n]  # first n columns = right-padding to max_len with zeros
         k_projected = torch.einsum("hkn,bhnd->bhkd", e, k)
         v_projected = torch.einsum("hkn,bhnd->bhkd", e, v)
-        scores = q @ k_projected.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = (q @ k_projected.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))  # in place: N x k, not kept by autograd
         return torch.softmax(scores, dim=-1) @ v_projected
 
     @staticmethod

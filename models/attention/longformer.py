@@ -93,11 +93,12 @@ def sliding_window_attention(q, k, v, valid, n_global, window, causal, dropout_p
 
     scores = torch.cat([scores_global.view(b, h, nb, w, g), scores_local], dim=-1)
     allowed = torch.cat([allowed_global.view(b, nb, w, g), allowed_local], dim=-1)[:, None]
-    probs = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min), dim=-1)
-    probs = probs * allowed.any(-1, keepdim=True)  # a query with no key at all outputs 0
+    # the mask in place in the concatenated scores, which autograd does not keep
+    probs = torch.softmax(scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min), dim=-1)
     if dropout_p > 0:
         probs = F.dropout(probs, p=dropout_p)
     out = probs[..., g:] @ v_local + probs[..., :g] @ v[:, :, :g].unsqueeze(2)
+    out = out * allowed.any(-1, keepdim=True)  # a query with no key at all outputs 0
     out = out.reshape(b, h, padded, d)[:, :, :n]
     return out * valid[:, None, :, None]  # padded queries output 0, as transformers zeroes their probabilities
 

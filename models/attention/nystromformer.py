@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
+from models.attention.base import ProjectedAttention, depthwise_sequence_conv
 from models.attention.registry import Capabilities, register_attention
 
 PAPER = "Xiong et al., Nystromformer: A Nystrom-Based Algorithm for Approximating Self-Attention, AAAI 2021"
@@ -111,8 +111,8 @@ class NystromAttention(ProjectedAttention):
             keep = F.pad(keep, (0, padded_n - n))
         keep_rows = keep[:, None, :, None]
         key_penalty = MASK_PENALTY * (1 - keep[:, None, None, :])
-        q = q * keep_rows / d**0.25  # attention_nystrom.py: Q * mask / sqrt(sqrt(head_dim))
-        k = k * keep_rows / d**0.25
+        scaled_keep = keep_rows / d**0.25  # attention_nystrom.py: Q * mask / sqrt(sqrt(head_dim)), one product
+        q, k = q * scaled_keep, k * scaled_keep
 
         if padded_n == m:  # the reference's num_landmarks == seq_len branch: exact softmax
             out = torch.softmax(q @ k.transpose(-1, -2) - key_penalty, dim=-1) @ v
@@ -121,10 +121,11 @@ class NystromAttention(ProjectedAttention):
             k_landmarks = k.reshape(b, h, m, padded_n // m, d).mean(dim=-2)
             kernel_1 = torch.softmax(q @ k_landmarks.transpose(-1, -2), dim=-1)
             kernel_2 = torch.softmax(q_landmarks @ k_landmarks.transpose(-1, -2), dim=-1)
-            kernel_3 = torch.softmax(q_landmarks @ k.transpose(-1, -2) - key_penalty, dim=-1)
+            # products are not kept by autograd (matmul saves its inputs): the mask and the skip go in in place
+            kernel_3 = torch.softmax((q_landmarks @ k.transpose(-1, -2)).sub_(key_penalty), dim=-1)
             out = (kernel_1 @ iterative_pinv(kernel_2, self.pinv_iterations, self.pinv_init)) @ (kernel_3 @ v)
         if self.conv_kernel_size is not None:
-            out = out + self.conv(v * keep_rows)
+            out = out.add_(depthwise_sequence_conv(v * keep_rows, self.conv.weight))
         return out[:, :, :n]
 
     def extra_repr(self) -> str:

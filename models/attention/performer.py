@@ -46,6 +46,8 @@ The reference applies no attention dropout, so ``dropout`` is accepted and unuse
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -76,40 +78,71 @@ def orthogonal_gaussian_matrix(n_rows: int, n_cols: int, generator: torch.Genera
     return norms[:, None] * torch.cat(blocks)
 
 
+class _SoftmaxFeatures(torch.autograd.Function):
+    """exp(projected - offset - c) + floor with its exact gradient, without autograd's N x m
+    temporaries. c is the stabiliser (``shift``): "row" the max of each row of ``projected``, "batch_max"
+    the max over all of it (over the ``valid`` (B, N) keys only, if given; 0 when there are none),
+    "zero" none; its gradient goes to the element that is the max (the first of equal ones)."""
+
+    @staticmethod
+    def forward(ctx, projected, offset, shift, valid, floor):
+        index = found = None
+        if shift == "row":
+            c, index = projected.max(dim=-1, keepdim=True)
+        elif shift == "batch_max":
+            source = projected if valid is None else projected.masked_fill(~valid[:, None, :, None], float("-inf"))
+            index = source.argmax().view(1)  # a 1-element index (a 0-d one would be read on the host)
+            c = source.view(-1).gather(0, index).view(())
+            found = torch.isfinite(c)  # False: no real key at all, c = 0 (read on the device, no sync)
+            c = torch.where(found, c, torch.zeros_like(c))
+        else:
+            c = 0.0
+        exponential = (projected - (offset + c)).exp_()
+        ctx.save_for_backward(exponential, index, found)
+        ctx.shift = shift
+        return exponential + floor
+
+    @staticmethod
+    def backward(ctx, grad):
+        exponential, index, found = ctx.saved_tensors
+        grad_projected = (grad * exponential).contiguous()
+        row_sums = grad_projected.sum(-1, keepdim=True)  # = -d/d(offset + c) of each row
+        if ctx.shift == "row":
+            grad_projected.scatter_add_(-1, index, -row_sums)
+        elif ctx.shift == "batch_max":
+            grad_projected.view(-1).index_add_(0, index, -(row_sums.sum() * found).view(1))
+        return grad_projected, -row_sums, None, None, None
+
+
 def softmax_features(x: torch.Tensor, projection: torch.Tensor, is_query: bool, key_shift: str,
                      valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Positive random features of exp(x . y) (performer-pytorch softmax_kernel; Performer Lemma 1).
-    ``key_shift``: "batch_max" (the reference: max over every key feature of the batch; over the
-    ``valid`` (B, N) keys only, if given) or "zero"."""
+    """Positive random features of exp(x . y) (performer-pytorch softmax_kernel; Performer Lemma 1):
+    ratio (exp(w_r . x' - |x'|^2 / 2 - c) + eps) with x' = x d^(-1/4), ratio = m^(-1/2) folded into
+    the exponent. ``key_shift``: "batch_max" (the reference: max over every key feature of the
+    batch; over the ``valid`` (B, N) keys only, if given) or "zero"."""
     normalizer = x.shape[-1] ** -0.25
     ratio = projection.shape[0] ** -0.5
-    projected = torch.einsum("bhnd,md->bhnm", normalizer * x, projection)
-    half_square_norm = (x**2).sum(-1, keepdim=True) / 2.0 * normalizer**2
-    if is_query:
-        shift = projected.amax(dim=-1, keepdim=True)
-    elif key_shift == "zero":
-        shift = 0.0
-    elif valid is None:
-        shift = projected.max()
-    else:
-        shift = projected.masked_fill(~valid[:, None, :, None], float("-inf")).max()
-        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))  # no real key at all
-    return ratio * (torch.exp(projected - half_square_norm - shift) + SOFTMAX_FEATURE_EPS)
+    projected = x @ (normalizer * projection).T
+    offset = (x * x).sum(-1, keepdim=True) * (normalizer**2 / 2.0) - math.log(ratio)
+    shift = "row" if is_query else key_shift
+    return _SoftmaxFeatures.apply(projected, offset, shift, valid, ratio * SOFTMAX_FEATURE_EPS)
 
 
 def relu_features(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     """performer-pytorch generalized_kernel with kernel_fn = ReLU (Performer Sec. 2.3, FAVOR+ ReLU)."""
-    projected = torch.einsum("bhnd,md->bhnm", x.shape[-1] ** -0.25 * x, projection)
+    projected = x @ (x.shape[-1] ** -0.25 * projection).T
     return F.relu(projected) + RELU_FEATURE_EPS
 
 
 def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """performer-pytorch linear_attention: phi(q)^T (sum_j phi(k_j) v_j^T) / phi(q)^T sum_j phi(k_j)."""
-    context = torch.einsum("bhjm,bhje->bhme", phi_k, v)
-    normalizer = torch.einsum("bhim,bhm->bhi", phi_q, phi_k.sum(dim=2))
+    """performer-pytorch linear_attention: phi(q)^T (sum_j phi(k_j) v_j^T) / phi(q)^T sum_j phi(k_j), the
+    denominator through a column of ones appended to v (one product for both)."""
+    context = phi_k.transpose(-1, -2) @ torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    both = phi_q @ context
+    normalizer = both[..., -1:]
     # normalizer > 0 (positive features), except with every key excluded: then the output is 0
     normalizer = torch.where(normalizer > 0, normalizer, torch.ones_like(normalizer))
-    return torch.einsum("bhim,bhme->bhie", phi_q, context) / normalizer[..., None]
+    return both[..., :-1] / normalizer
 
 
 def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

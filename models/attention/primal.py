@@ -271,6 +271,8 @@ class PrimalAttention(AttentionBase):
 
     def _record_ksvd(self, e, r, trace, weights) -> None:
         """J of Eqn. (1) per sequence and head (see the module docstring)."""
+        # At least float32 under half-precision autocast: e * e of an fp16 score above 256 overflows.
+        e, r = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (e, r))
         lam = self.lam[None, :, None, :]
         if self.ksvd_form == "code":
             lam = lam * lam  # ||Lambda e||^2 = e^T Lambda^2 e

@@ -168,12 +168,13 @@ class ReformerAttention(ProjectedAttention):
         if causal:
             later = q_pos[..., :, None] >= k_pos[..., None, :]
             allowed = later if allowed is None else allowed & later
+        # masks in place in the product, which autograd does not keep (the matmul saves its inputs)
         if allowed is not None:
-            dots = dots.masked_fill(~allowed, mask_value)
+            dots.masked_fill_(~allowed, mask_value)
         # no attention to itself unless nothing else is available (Sec. 2.2 "shared-QK")
-        dots = dots.masked_fill(q_pos[..., :, None] == k_pos[..., None, :], self_value)
+        dots.masked_fill_(q_pos[..., :, None] == k_pos[..., None, :], self_value)
         logits = torch.logsumexp(dots, dim=-1, keepdim=True)
-        probs = torch.exp(dots - logits)
+        probs = torch.softmax(dots, dim=-1)  # exp(dots - logits), fused
         probs = F.dropout(probs, p=self.attention_dropout())
         return probs @ values, logits.squeeze(-1)
 

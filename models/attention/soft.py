@@ -37,17 +37,20 @@ import math
 import torch
 import torch.nn as nn
 
-from models.attention.base import AttentionBase, merge_heads, split_heads
+from models.attention.base import AttentionBase, depthwise_sequence_conv, merge_heads, split_heads
 from models.attention.registry import Capabilities, register_attention
 
 PADDING_MODES = ("zero", "ignore")
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """exp(-||a_i - b_j||^2 / 2) for a (..., N, d), b (..., L, d), by |a|^2 + |b|^2 - 2 a.b
-    (fudan-zvg ``subtraction_gaussian_kernel_torch``; mlpen's port takes ``torch.cdist ** 2``)."""
-    sq = (a * a).sum(-1)[..., :, None] + (b * b).sum(-1)[..., None, :] - 2.0 * a @ b.transpose(-1, -2)
-    return torch.exp(-sq / 2)
+    """exp(-||a_i - b_j||^2 / 2) for a (..., N, d), b (..., L, d), as exp(a.b - |a|^2 / 2 - |b|^2 / 2)
+    (fudan-zvg ``subtraction_gaussian_kernel_torch`` expands the square the same way; mlpen's port
+    takes ``torch.cdist ** 2``)."""
+    half_a = (a * a).sum(-1, keepdim=True) / 2
+    half_b = (b * b).sum(-1)[..., None, :] / 2
+    # in place in the product, which autograd does not keep (the matmul saves its inputs)
+    return (a @ b.transpose(-1, -2)).sub_(half_a).sub_(half_b).exp_()
 
 
 def newton_pseudo_inverse(mat: torch.Tensor, iterations: int, blowup: float = 1e4) -> torch.Tensor:
@@ -63,8 +66,10 @@ def newton_pseudo_inverse(mat: torch.Tensor, iterations: int, blowup: float = 1e
         inverse = alpha * mat
         residual = (eye - mat @ inverse).abs().sum(-2).max()
         halvings += 1
+    flat_mat = mat.reshape(-1, *mat.shape[-2:])
     for _ in range(iterations):
-        step = 2 * inverse - inverse @ mat @ inverse
+        flat = inverse.reshape(-1, *inverse.shape[-2:])
+        step = torch.baddbmm(flat, flat @ flat_mat, flat, beta=2, alpha=-1).view(inverse.shape)  # 2 V - V B V
         if step.abs().max().item() > blowup:  # diverging: keep the last finite iterate
             break
         inverse = step
@@ -120,11 +125,15 @@ class SoftAttention(AttentionBase):
     def landmarks(self, q: torch.Tensor) -> torch.Tensor:
         """(B, H, N, d) -> (B, H, N // ratio, d): strided conv over windows of ``ratio`` tokens, LN, GELU."""
         b, h, n, d = q.shape
-        if n < self.ratio:
-            raise ValueError(f"soft: sequence of {n} tokens is shorter than one landmark window ({self.ratio} = "
+        r = self.ratio
+        if n < r:
+            raise ValueError(f"soft: sequence of {n} tokens is shorter than one landmark window ({r} = "
                              f"max_len {self.max_len} // num_landmarks {self.num_landmarks})")
-        pooled = self.landmark_conv(q.reshape(b * h, n, d).transpose(1, 2)).transpose(1, 2)
-        return nn.functional.gelu(self.landmark_norm(pooled.reshape(b, h, -1, d)))
+        # the conv's windows do not overlap (kernel = stride = r; a last partial window is dropped):
+        # one matmul of each window's r x d values with the weight as (r d) x d
+        windows = q[:, :, :n // r * r].reshape(b, h, n // r, r * d)
+        weight = self.landmark_conv.weight.permute(2, 1, 0).reshape(r * d, d)  # (out, in, r) -> (r in, out)
+        return nn.functional.gelu(self.landmark_norm(windows @ weight))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
                 context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -132,15 +141,17 @@ class SoftAttention(AttentionBase):
         self.check_causal(causal)
         q = split_heads(self.q_proj(x), self.n_heads)
         v = split_heads(self.v_proj(x), self.n_heads)
+        scale = 1 / math.sqrt(math.sqrt(self.d_head))  # K = Q: ||q_i - q_j||^2 / sqrt(d) in the exponent
         if mask is not None and self.padding == "zero":
             weight = mask[:, None, :, None].to(q.dtype)
-            q, v = q * weight, v * weight  # mlpen SoftmaxFreeAttention.forward
-        q = q / math.sqrt(math.sqrt(self.d_head))  # K = Q: ||q_i - q_j||^2 / sqrt(d) in the exponent
+            q, v = q * (weight * scale), v * weight  # mlpen SoftmaxFreeAttention.forward
+        else:
+            q = q * scale
         q_landmarks = self.landmarks(q)
         to_landmarks = gaussian_kernel(q, q_landmarks)  # A, (B, H, N, L)
         among_landmarks = gaussian_kernel(q_landmarks, q_landmarks)  # B, (B, H, L, L)
         out = (to_landmarks @ newton_pseudo_inverse(among_landmarks, self.newton_iterations)) @ (
             to_landmarks.transpose(-1, -2) @ v)
         if self.value_conv is not None:
-            out = out + self.value_conv(v)
+            out = out + depthwise_sequence_conv(v, self.value_conv.weight)
         return self.out_proj(merge_heads(out))

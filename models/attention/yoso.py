@@ -39,26 +39,33 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
+from models.attention.base import ProjectedAttention, depthwise_sequence_conv
 from models.attention.registry import Capabilities, register_attention
 
 PAPER = "Zeng et al. 2021, You Only Sample (Almost) Once (YOSO-E, expectation of YOSO attention)"
 
 
 def collision_expectation(q: torch.Tensor, k: torch.Tensor, hash_code_len: int) -> torch.Tensor:
-    """(1 - arccos(q . k) / pi) ** tau for unit q (..., N, d), k (..., M, d): P[tau-bit hashes collide]."""
-    cosine = (q @ k.transpose(-1, -2)).clamp(-1.0, 1.0)
-    return (1 - torch.acos(cosine) / math.pi) ** hash_code_len
+    """(1 - arccos(q . k) / pi) ** tau for unit q (..., N, d), k (..., M, d): P[tau-bit hashes collide].
+    Computed in place in the N x M product (no autograd through it: YosoExpectation's backward is
+    the reference's surrogate), so the N x M memory is allocated once."""
+    weights = q @ k.transpose(-1, -2)
+    return weights.clamp_(-1.0, 1.0).acos_().mul_(-1 / math.pi).add_(1.0).pow_(hash_code_len)
 
 
 class YosoExpectation(torch.autograd.Function):
-    """(E * allowed) V with the reference's surrogate gradient dE/dcos = (tau / 2) E (kernel.py Cumulation)."""
+    """(E * allowed) V with the reference's surrogate gradient dE/dcos = (tau / 2) E (kernel.py Cumulation).
+    ``key_mask`` (B, 1, 1, M) or None zeroes padded keys; ``causal`` zeroes E_ij for j > i."""
 
     @staticmethod
-    def forward(ctx, q, k, v, allowed, hash_code_len, dropout_keep):
-        weights = collision_expectation(q, k, hash_code_len) * allowed
+    def forward(ctx, q, k, v, key_mask, causal, hash_code_len, dropout_keep):
+        weights = collision_expectation(q, k, hash_code_len)
+        if causal:
+            weights.tril_()
+        if key_mask is not None:
+            weights.mul_(key_mask)
         if dropout_keep is not None:
-            weights = weights * dropout_keep
+            weights.mul_(dropout_keep)
         ctx.save_for_backward(q, k, v, weights)
         ctx.hash_code_len = hash_code_len
         return weights @ v
@@ -67,11 +74,11 @@ class YosoExpectation(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, weights = ctx.saved_tensors
         half_tau = ctx.hash_code_len / 2
-        weighted = (grad @ v.transpose(-1, -2)) * weights
+        weighted = (grad @ v.transpose(-1, -2)).mul_(weights)
         grad_q = weighted @ (half_tau * k)
         grad_k = weighted.transpose(-1, -2) @ (half_tau * q)
         grad_v = weights.transpose(-1, -2) @ grad
-        return grad_q, grad_k, grad_v, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 class YosoEAttention(ProjectedAttention):
@@ -98,24 +105,20 @@ class YosoEAttention(ProjectedAttention):
     def kernel(self, q, k, v, mask, causal):
         if causal and self.conv_window is not None:
             raise ValueError("yoso_e: the value convolution (conv_window) is centred, so it cannot run causally")
-        n, m = q.shape[2], k.shape[2]
-        allowed = torch.ones(n, m, dtype=q.dtype, device=q.device)
-        if causal:
-            allowed = allowed.tril()
+        m = k.shape[2]
         # reference: expectation * Q_mask[:, :, None] * K_mask[:, None, :]; the query mask only zeroes
         # outputs at padded positions, which are never read, so only keys are masked here
-        if mask is not None:
-            allowed = allowed * mask[:, None, None, :].to(q.dtype)
+        key_mask = None if mask is None else mask[:, None, None, :].to(q.dtype)
         keep = None
         p = self.attention_dropout()
         if p > 0:  # not in the reference (dropout 0): drops expectation weights, scaled by 1 / (1 - p)
             keep = (torch.rand(*q.shape[:3], m, device=q.device) >= p).to(q.dtype) / (1 - p)
-        out = YosoExpectation.apply(F.normalize(q, p=2, dim=-1), F.normalize(k, p=2, dim=-1), v, allowed,
+        out = YosoExpectation.apply(F.normalize(q, p=2, dim=-1), F.normalize(k, p=2, dim=-1), v, key_mask, causal,
                                     self.hash_code_len, keep)
         out = F.normalize(out, p=2, dim=-1)
         if self.conv_window is not None:
             v_masked = v if mask is None else v * mask[:, None, :, None].to(v.dtype)
-            out = out + self.conv(v_masked)
+            out = out + depthwise_sequence_conv(v_masked, self.conv.weight)
         return out
 
 

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bench_cli.core.errors import UserError
+from bench_cli.core.extras import require
 
 HDF5_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 ENVS = ("halfcheetah", "hopper", "walker2d")
@@ -56,8 +57,7 @@ def normalized_score(env: str, returns) -> np.ndarray:
 def read_hdf5(path: Path, dataset: str = "") -> dict[str, np.ndarray]:
     """The D4RL v2 arrays of ``path``; a file that is not HDF5 (a broken download) or lacks an array
     is a one-line UserError naming the file and how to fetch it again."""
-    import h5py
-
+    h5py = require("h5py", "rl", "task=d4rl")
     again = f"`attnbench data d4rl {dataset or 'NAME'}`"
     try:
         f = h5py.File(path, "r")

@@ -18,6 +18,8 @@ import warnings
 import numpy as np
 import torch
 
+from bench_cli.core.extras import require
+
 ENV_IDS = {"halfcheetah": "HalfCheetah", "hopper": "Hopper", "walker2d": "Walker2d"}
 
 
@@ -26,18 +28,15 @@ def env_id(env: str, version: str = "v4") -> str:
 
 
 def make_env(env: str, version: str = "v4", max_episode_steps: int | None = None):
-    import gymnasium as gym
-
+    gym = require("gymnasium", "rl", "task=d4rl's rollouts")
     with warnings.catch_warnings():  # "-v4 is out of date": v4 is the D4RL-era model, on purpose
         warnings.simplefilter("ignore")
         return gym.make(env_id(env, version), max_episode_steps=max_episode_steps)
 
 
 def environment_versions() -> dict:
-    import gymnasium
-    import mujoco
-
-    return {"gymnasium": gymnasium.__version__, "mujoco": mujoco.__version__}
+    why = "task=d4rl's rollouts"
+    return {m: require(m, "rl", why).__version__ for m in ("gymnasium", "mujoco")}
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import DataNotFoundError, UserError
+from bench_cli.core.extras import require
 from tasks import register_task
 from bench_cli.core.task import Task, loss_precision
 from tasks.data import cached, collate_padded, download, file_signature, fresh_folder, unpack
@@ -63,10 +64,7 @@ def missing_message(dataset: str, data_root: Path) -> str:
 
 def load_hf(why_missing: str):
     """HF ``Salesforce/wikitext`` (wikitext-103-v1) from the HF cache, or a one-line DataNotFoundError."""
-    try:
-        import datasets
-    except ImportError:
-        raise DataNotFoundError(f"{why_missing} (and the `datasets` package is not installed)") from None
+    datasets = require("datasets", "text", f"{HF_NAME} from the HF hub")
     try:
         return datasets.load_dataset(HF_NAME, HF_CONFIG)
     except Exception as e:  # noqa: BLE001 - offline, not cached, hub errors

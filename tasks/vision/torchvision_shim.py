@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import sys
 
+from bench_cli.core.extras import require
+
 # The schemas torchvision/_meta_registrations.py registers fake kernels for (torchvision/csrc/ops/nms.cpp).
 MISSING_OPS = {
     "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -52,7 +54,7 @@ def import_torchvision():
     """``import torchvision``, defining the two missing schemas first if the plain import fails
     with "operator torchvision::nms does not exist"; any other error propagates."""
     try:
-        import torchvision
+        torchvision = require("torchvision", "vision", "the vision family")
     except RuntimeError as e:
         if MISSING_OP_ERROR not in str(e):
             raise
@@ -69,6 +71,5 @@ def import_timm(submodule: str | None = None):
     import importlib
 
     import_torchvision()
-    import timm
-
+    timm = require("timm", "vision", "the vision family")
     return importlib.import_module(f"timm.{submodule}") if submodule else timm

@@ -1,0 +1,130 @@
+"""Downloads that resume (issue 37, item 4), against a real HTTP server on 127.0.0.1 that misbehaves
+on purpose: it drops the connection mid-body, ignores a Range request once, answers 503 or 403,
+or sends corrupted bytes."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from bench_cli.core.errors import DataNotFoundError
+from tasks.data import download
+
+PAYLOAD = bytes(range(256)) * 1200  # 307,200 bytes: several 1 MB-or-less reads, a drop midway
+SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
+MD5 = hashlib.md5(PAYLOAD).hexdigest()
+
+
+class Server:
+    """``script``: what each successive GET does: 'drop' (half the body, then the connection
+    closes), 'ignore-range' (the whole file with 200 whatever the Range), 'ok' (honours Range),
+    '503', '403', 'corrupt' (one byte changed). The last entry repeats. ``requests``: the Range
+    header of each GET (None without one)."""
+
+    def __init__(self, script: list[str]):
+        self.script, self.requests = list(script), []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                action = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
+                wanted = self.headers.get("Range")
+                outer.requests.append(wanted)
+                if action in ("503", "403"):
+                    self.send_error(int(action))
+                    return
+                body = PAYLOAD if action != "corrupt" else PAYLOAD[:1000] + b"\0" + PAYLOAD[1001:]
+                start = int(wanted[6:].split("-")[0]) if wanted and action == "ok" else 0
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                if action == "drop":
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(body[start:])
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/file.bin"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def fetch(server: Server, target: Path, **kw) -> str:
+    return download(server.url, target, what="the test file", where=str(target), timeout=10, backoff_s=0, **kw)
+
+
+def test_a_dropped_connection_resumes_with_a_range_request(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["drop", "ok"]) as s:
+        digest = fetch(s, target, sha256=SHA256)
+    assert target.read_bytes() == PAYLOAD and digest == SHA256
+    assert s.requests == [None, f"bytes={len(PAYLOAD) // 2}-"]  # the second asked only for the rest
+    assert not (tmp_path / "file.bin.part").exists()
+    assert (tmp_path / "file.bin.sha256").read_text() == f"{SHA256}  file.bin\n"
+
+
+def test_a_server_that_ignores_range_once_sends_the_whole_file_again(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["drop", "ignore-range", "ok"]) as s:
+        fetch(s, target, md5=MD5)
+    assert target.read_bytes() == PAYLOAD  # not the first half twice
+    assert s.requests == [None, f"bytes={len(PAYLOAD) // 2}-"]
+
+
+def test_a_partial_file_left_by_an_earlier_command_is_resumed(tmp_path):
+    target = tmp_path / "file.bin"
+    (tmp_path / "file.bin.part").write_bytes(PAYLOAD[:100_000])
+    with Server(["ok"]) as s:
+        fetch(s, target, sha256=SHA256)
+    assert target.read_bytes() == PAYLOAD and s.requests == ["bytes=100000-"]
+
+
+def test_a_busy_server_is_retried(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["503", "503", "ok"]) as s:
+        fetch(s, target)
+    assert target.read_bytes() == PAYLOAD and len(s.requests) == 3
+
+
+def test_a_corrupted_download_is_refused_and_removed(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["corrupt"]) as s, pytest.raises(DataNotFoundError, match="corrupt download .*sha256 differs"):
+        fetch(s, target, sha256=SHA256)
+    assert not target.exists() and not (tmp_path / "file.bin.part").exists()
+
+
+def test_a_refusal_is_one_line_saying_what_to_do_and_is_not_retried(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["403"]) as s, pytest.raises(DataNotFoundError) as e:
+        fetch(s, target)
+    assert len(s.requests) == 1
+    message = str(e.value)
+    assert "\n" not in message and "refused" in message and "HTTP 403" in message
+    assert f"fetch it by hand and put it so that {target} exists" in message
+
+
+def test_giving_up_keeps_the_part_for_the_next_command(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["drop"]) as s, pytest.raises(DataNotFoundError, match="after 2 attempts .*run the command again"):
+        fetch(s, target, attempts=2)
+    assert (tmp_path / "file.bin.part").stat().st_size == len(PAYLOAD) // 2
+    with Server(["ok"]) as s:
+        fetch(s, target, sha256=SHA256)  # the next command asks for the rest only
+    assert target.read_bytes() == PAYLOAD and s.requests == [f"bytes={len(PAYLOAD) // 2}-"]
