@@ -239,7 +239,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     return row
 
 
-RUN_STAGES = ("data", "model", "fit", "measure", "record")  # the stages of one run (PHASES)
+RUN_STAGES = ("data", "model", "fit", "resume", "checkpoint", "measure", "record")  # the stages of one run (PHASES)
 
 
 def write_phases(run_dir: Path, **extra) -> None:

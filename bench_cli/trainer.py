@@ -29,7 +29,8 @@ from bench_cli import distributed as D
 from bench_cli.core import metrics as M
 from bench_cli import schema
 from bench_cli.checkpoint import Checkpoints, set_rng_state, rng_state
-from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signals_deferred, unknown_choice
+from bench_cli.core.phases import PHASES
+from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signal_pending, signals_deferred, unknown_choice
 from bench_cli.objective import Objective
 from bench_cli.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
@@ -359,9 +360,10 @@ class Trainer:
         selection = Selection(result.metric, self.task.loss_metric(), proto.holds_out or train_eval != [],
                               self.cfg.early_stopping.get("patience"), keeps=proto.keeps)
         loop = _Loop(self, plan, opt, sched, scaler, result, selection, train_loader)
-        resume = self.checkpoints.load() if self.checkpoints is not None else None
-        if resume is not None:
-            loop.restore(resume)
+        with PHASES("resume"):  # reading and restoring a checkpoint (bench-overhead shows its cost)
+            resume = self.checkpoints.load() if self.checkpoints is not None else None
+            if resume is not None:
+                loop.restore(resume)
         with signals_deferred():
             loop.run(resume["position"] if resume is not None else None)
         result.best_epoch, result.best_step = selection.epoch, selection.step
@@ -450,7 +452,8 @@ class _Loop:
         ``due`` or when a termination signal came; then the signal stops the run."""
         signum = pending_signal()
         if self.checkpoints is not None and (due or signum):
-            self.checkpoints.save(self.state(epoch, batches, finished))
+            with PHASES("checkpoint"):
+                self.checkpoints.save(self.state(epoch, batches, finished))
         if signum:
             hand_on(signum)
 
@@ -559,7 +562,7 @@ class _Loop:
                 if stop or self.step >= plan.total_steps:
                     break
                 due = plan.by_steps and (evaluates if not self.checkpoint_every else self.step % self.checkpoint_every == 0)
-                if due or pending_signal():  # the clock paused only then: on CUDA a stop waits for the device
+                if due or signal_pending():  # the clock paused only then: on CUDA a stop waits for the device
                     result.train_time_s += self.clock.stop()  # a checkpoint is not training time
                     self.boundary(due, epoch, i + 1)
                     self.clock.start()

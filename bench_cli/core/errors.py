@@ -169,3 +169,8 @@ class signals_deferred:
 def pending_signal() -> int | None:
     """The termination signal received while deferred (cleared), or None."""
     return _pending.pop() if _pending else None
+
+
+def signal_pending() -> bool:
+    """Whether a termination signal waits (not cleared): a cheap check at every step."""
+    return bool(_pending)

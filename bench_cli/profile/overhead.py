@@ -281,14 +281,14 @@ def listops_root() -> Path:
 
 # The stages both processes go through, and the harness's own (validation, measurement, record);
 # "exit" is the process's time after its last stage (interpreter shutdown, threads joined).
-STAGES = ("startup", "compose", "validate", "data", "model", "fit", "measure", "record", "exit")
+STAGES = ("startup", "compose", "validate", "data", "model", "fit", "resume", "checkpoint", "measure", "record", "exit")
 
 
 def stages(side: dict) -> dict[str, float]:
     """Seconds per stage of one process; "fit" without its training passes, "exit" the rest."""
     phases = dict(side["phases"])
     out = {k: float(phases.get(k, 0.0)) for k in STAGES if k != "exit"}
-    out["fit"] -= side["train_s"]  # the evaluations and the loop's bookkeeping
+    out["fit"] -= side["train_s"] + out["resume"] + out["checkpoint"]  # the evaluations and the loop's bookkeeping
     age = phases.get("process_age_s")
     out["exit"] = side["process_s"] - age if age is not None else float("nan")
     return out
@@ -325,6 +325,11 @@ def measure_case(name: str, overrides: list[str], repeats: int, workdir: Path) -
         for k in ("process_s", "cpu_s", "train_s"):
             row[f"{side}_{k}"] = median([r[k] for r in rs])
         row[f"{side}_stages"] = {st: median([stages(r)[st] for r in rs]) for st in STAGES}
+    # the resume itself: a run that keeps its final checkpoint, then the same run again, which
+    # continues from it (nothing left to train): its "resume" stage reads and restores everything
+    kept = [*overrides, "trainer.checkpoint.keep_final=true", f"trainer.checkpoint.root={workdir / 'kept'}"]
+    harness(kept, env, workdir)
+    row["resume_s"] = harness(kept, env, workdir)["phases"].get("resume", float("nan"))
     ratios = [h["process_s"] / b["process_s"] for b, h in zip(runs["bare"], runs["harness"])]
     row["process_ratio"], row["process_ratio_range"] = median(ratios), (min(ratios), max(ratios))
     row["outside_train_s"] = {side: row[f"{side}_process_s"] - row[f"{side}_train_s"] for side in runs}
@@ -346,9 +351,15 @@ def render(rows: list[dict], load: tuple[tuple, tuple]) -> None:
     show_table("where the time outside training goes: harness - bare, seconds (median)",
                ["case", *STAGES],
                [[r["case"], *(f"{r['harness_stages'][st] - r['bare_stages'][st]:+.2f}" for st in STAGES)] for r in rows])
+    show_table("checkpoints (on by default: one at every evaluation), harness median",
+               ["case", "writes s", "% of training", "resume s"],
+               [[r["case"], f"{r['harness_stages']['checkpoint']:.3f}",
+                 f"{100 * r['harness_stages']['checkpoint'] / r['harness_train_s']:.2f}",
+                 f"{r['resume_s']:.3f}"] for r in rows])
     console.print("stages: startup = exec to main (interpreter, imports); compose = Hydra (the bare loop loads the "
                   "resolved YAML); validate = the run's checks; data = task setup; model = build; fit = evaluations "
-                  "and bookkeeping beyond the training passes; measure = FLOPs, memory (cached per shapes); "
+                  "and bookkeeping beyond the training passes; resume = looking for (and restoring) a checkpoint; "
+                  "checkpoint = writing them; measure = FLOPs, memory (cached per shapes); "
                   "record = record.json and the CSV append; exit = after the last stage", soft_wrap=False)
     console.print(f"load average (1 min) {load[0][0]:.2f} before, {load[1][0]:.2f} after, on {os.cpu_count()} cores"
                   + ("  [bold red]noisy: rerun on an idle machine[/]" if max(load[0][0], load[1][0]) > (os.cpu_count() or 1)
