@@ -94,12 +94,22 @@ def _option_value(command: str, name: str, arity: Arity, eq: str, value: str, re
         return rest[:1] if rest and rest[0] in arity else []
     values = []
     for r in rest:  # one value, or (arity "+") every value up to the next option or override
-        if r.startswith("-") or (values and arity != "+") or (arity == "+" and "=" in r):
+        if (r.startswith("-") and not _is_number(r)) or (values and arity != "+") or (arity == "+" and "=" in r):
             break
         values.append(r)
     if not values:
         raise UserError(f"option {name} of `attnbench {command}` needs a value")
     return values
+
+
+def _is_number(text: str) -> bool:
+    """A negative number given as a value (``--seq-lens -1``), not an option: its range is the
+    option's to judge."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _valid(options: dict[str, Arity], hydra: bool) -> str:

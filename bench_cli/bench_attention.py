@@ -149,13 +149,40 @@ def parse_args(argv=None) -> SimpleNamespace | None:
     for key, default in (AGAINST_REFERENCE if values["against_reference"] else AGAINST_SOFTMAX).items():
         if values[key] is None:
             values[key] = default
-    if any(v < 1 for v in values["seq_lens"]) or values["batch"] < 1 or values["repeats"] < 1 or (values["threads"] or 1) < 1 \
-            or values["budget"] < 0:
-        raise UserError("`attnbench bench`: --seq-lens, --batch, --repeats and --threads take positive numbers, "
-                        "--budget a number of seconds >= 0")
     if values["against_reference"] and values["causal"]:
         raise UserError("`attnbench bench --against-reference` times the bidirectional ListOps layer; drop --causal")
-    return SimpleNamespace(**values)
+    args = SimpleNamespace(**values)
+    check_sizes(args)
+    return args
+
+
+def check_sizes(args) -> None:
+    """Every size at least 1, the heads dividing d_model, the variants known, and the largest
+    length's dense attention within the memory available: before anything is allocated."""
+    from bench_cli.core.errors import unknown_choice
+    from bench_cli.core.sizes import check_at_least, check_fits, check_heads, dense_attention_bytes
+
+    for n in args.seq_lens:
+        check_at_least("--seq-lens", n, command="bench")
+    for option in ("--d-model", "--heads", "--batch", "--repeats", "--threads"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None:
+            check_at_least(option, value, command="bench")
+    check_heads(args.d_model, args.heads, "bench")
+    if args.budget is not None and args.budget < 0:
+        from bench_cli.core.errors import UserError
+
+        raise UserError(f"option --budget of `attnbench bench` takes seconds >= 0 (got {args.budget:g})")
+    if not args.against_reference:  # the reference mode names its own baselines (bench_reference.py)
+        from models.attention import available_attentions
+
+        unknown = sorted(set(args.variants or ()) - set(available_attentions()))
+        if unknown:
+            raise unknown_choice("variant", unknown[0], available_attentions())
+    longest = max(args.seq_lens)
+    check_fits(f"`attnbench bench` at N={longest} (batch {args.batch}, {args.heads} heads)",
+               dense_attention_bytes(args.batch, args.heads, longest, args.d_model),
+               "give smaller --seq-lens or --batch")
 
 
 HEADERS = ["variant", "N", "forward ms", "x softmax [IQR]", "fwd+bwd ms", "x softmax [IQR]", "fwd tok/s",
@@ -200,10 +227,7 @@ def main(argv=None) -> list[tuple]:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = available_attentions()
-    if args.variants:
-        unknown = sorted(set(args.variants) - set(names))
-        if unknown:
-            raise SystemExit(f"unknown variants: {', '.join(unknown)}; valid: {', '.join(names)}")
+    if args.variants:  # known: check_sizes
         names = ["softmax"] + [n for n in names if n in args.variants and n != "softmax"]
     from bench_cli.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
 

@@ -15,6 +15,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from bench_cli.core.files import write_atomically
+
 TABLE = Path(__file__).with_name("catalog_table.py")
 
 
@@ -87,5 +89,5 @@ def table_source() -> str:
 
 
 if __name__ == "__main__":
-    TABLE.write_text(table_source())
+    write_atomically(TABLE, table_source())
     print(f"wrote {TABLE}")

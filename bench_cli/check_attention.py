@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, first_line
+from bench_cli.core.sizes import check_fits, check_heads, dense_attention_bytes
 from models.attention import (AttentionSpec, Capabilities, attention_spec, build_attention,
                               collect_auxiliary_loss)
 
@@ -433,7 +434,7 @@ def run_suite(setup: Setup) -> list[Outcome]:
             outcomes.append(Outcome(prop, FAIL, str(e)))
             continue
         except Exception as e:  # the attention raised: the property fails with its message
-            message = (str(e).strip().splitlines() or [""])[0]
+            message = first_line(e)
             outcomes.append(Outcome(prop, FAIL, f"{type(e).__name__}: {message}"))
             continue
         outcomes.append(Outcome(prop, NOT_DECLARED, NOT_DECLARED_DETAIL[prop]) if detail is None
@@ -467,7 +468,7 @@ def attention_options(overrides: list[str]) -> dict:
             override = parser.parse_override(text)
         except Exception as e:  # Hydra's grammar error: its message says where
             raise UserError(f"check-attention: cannot parse the attention option '{text}': "
-                            f"{str(e).strip().splitlines()[0]}") from None
+                            f"{first_line(e)}") from None
         key = override.get_key_element()
         if not key.isidentifier() or override.is_sweep_override():
             raise UserError(f"check-attention: attention options are KEY=VALUE with one value, got '{text}'")
@@ -505,6 +506,10 @@ def parse_setup(args: list[str]) -> Setup | None:
         raise UserError("check-attention: --d-model and --heads must be positive and --length at least 4")
     if setup.batch < 2:
         raise UserError("check-attention: --batch must be at least 2 (the samples of a batch are compared)")
+    check_heads(setup.d_model, setup.heads, "check-attention")
+    check_fits(f"check-attention {name} at --length {setup.length} (--batch {setup.batch})",
+               dense_attention_bytes(setup.batch, setup.heads, setup.length, setup.d_model, bytes_per_value=8),
+               "give a smaller --length or --batch")
     if spec.capabilities.needs_grid and "grid" not in setup.options and math.isqrt(setup.length) ** 2 != setup.length:
         raise UserError(f"check-attention: {name} needs a grid: give a square --length (e.g. 16), "
                         f"got {setup.length}")
@@ -514,7 +519,7 @@ def parse_setup(args: list[str]) -> Setup | None:
         try:
             setup.build(causal)
         except (TypeError, ValueError) as e:
-            raise UserError(f"check-attention: cannot build {name}: {str(e).strip().splitlines()[0]}") from None
+            raise UserError(f"check-attention: cannot build {name}: {first_line(e)}") from None
     return setup
 
 

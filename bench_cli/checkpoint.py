@@ -125,10 +125,11 @@ class CheckpointError(UserError):
 
 def write_atomically(path: Path, state: dict) -> None:
     """``torch.save`` to a temporary file beside ``path``, synced, renamed over it."""
-    from bench_cli.records import replace_atomically
+    from bench_cli.core.files import atomic_open
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, lambda f: torch.save(state, f), binary=True)
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
 
 
 def folder_bytes(folder: Path) -> int:

@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli import compose as C
 from bench_cli.args import parse
-from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name,
-                                   unknown_choice)
+from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, first_line,
+                                   interruption_name, path_error, unknown_choice)
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.ui import console, err_console, fail, print_summary, progress_bar, show_table
 
@@ -66,6 +66,8 @@ def _run_job(cfg: DictConfig) -> None:
 
     from bench_cli.runner import run_experiment
 
+    from rich.markup import escape
+
     hc = HydraConfig.get()
     try:
         with progress_bar(bool(cfg.trainer.progress)) as progress:
@@ -79,10 +81,10 @@ def _run_job(cfg: DictConfig) -> None:
         return
     print_summary(row, str(cfg.results.path))
     if row.get("_append_error"):
-        err_console.print(f"[bold red]error:[/] {row['_append_error']}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(row['_append_error'])}", highlight=False, soft_wrap=True)
         raise SystemExit(1)
     if row["status"] != "ok":
-        console.print(f"[red]run {row['status']}[/]: {row.get('error', '')}  (details: {row['output_dir']})",
+        console.print(f"[red]run {row['status']}[/]: {escape(row.get('error') or '')}  (details: {row['output_dir']})",
                       soft_wrap=True)  # the folder's path unbroken
         raise SystemExit(1)
 
@@ -115,9 +117,10 @@ def check_model_on_data(task, cfg: DictConfig):
         model.eval()
         with torch.no_grad():
             model(**task.model_inputs(example_batch(task, "train", 2, torch.device("cpu"))))
-    except (TypeError, ValueError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - validate records nothing: any failure is its one line
         raise UserError(f"model '{cfg.model.name}' cannot run on {cfg.task.name}/{task.dataset_name}: "
-                        f"{str(e).splitlines()[0]}") from None
+                        f"{'' if isinstance(e, (TypeError, ValueError)) else type(e).__name__ + ': '}"
+                        f"{first_line(e)}") from None
     return model
 
 
@@ -186,7 +189,7 @@ def cmd_run(args: list[str]) -> None:
     from bench_cli.validate import check_config
 
     with PHASES("validate"):
-        check_config(cfg, build=True)
+        check_config(cfg, build=True, recorded=True)  # a model that fails when it runs is a failed row
     note_invocation()
     # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
     # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
@@ -289,9 +292,10 @@ def _ls_datasets(data_root: Path) -> None:
         cls = task_class(name)
         for ds in cls.datasets(data_root):
             status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
-            style = {"local": "green", "package": "cyan", "missing": "dim"}[status]
+            style = {"local": "green", "package": "cyan", "missing": "dim", "damaged": "red"}[status]
             shown = {"local": "local", "package": "in package",
-                     "missing": f"missing: attnbench data {cls.fetcher} {ds}"}[status]
+                     "missing": f"missing: attnbench data {cls.fetcher} {ds}",
+                     "damaged": f"damaged: attnbench data {cls.fetcher} {ds} --force"}[status]
             rows.append([name, ds, f"[{style}]{shown}[/]"])
     show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
 
@@ -512,6 +516,11 @@ def main(argv: list[str] | None = None) -> None:
         COMMANDS[cmd](rest)
     except UserError as e:
         fail(str(e))
+    except OSError as e:  # a path the user gave that cannot be written (a run records its own failures)
+        problem = path_error(e)
+        if problem is None:
+            raise
+        fail(str(problem))
     except KeyboardInterrupt as e:  # any command: one line, no traceback (run records it first)
         fail(f"interrupted: attnbench {cmd} stopped ({interruption_name(e)})", code=exit_code_of(e))
 

@@ -415,11 +415,14 @@ def check_experiment_tasks(experiments: list[str], tasks: list[str]) -> None:
 
 def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None:
     """Unknown group options ('model=no_such_model') list the valid choices; ``+key`` outside the
-    keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused."""
+    keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused.
+    Hydra's sweep syntaxes (comma lists, choice, range, glob) are `sweep`'s alone, interval none's."""
     note_searchpath(overrides)
-    quick_check(overrides)
-    parsed = parse_overrides(overrides)
-    for o in parsed:
+    quick_check(overrides)  # a misspelt key is refused before Hydra is imported
+    from hydra.core.override_parser.types import Glob
+
+    chosen: dict[str, list[str]] = {"task": [], "experiment": []}
+    for o in parse_overrides(overrides):
         if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not addable(o.key_or_group):
             raise UserError(f"'{o.input_line}': nothing reads {o.key_or_group}, so adding it would change nothing; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}"
@@ -429,19 +432,34 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
             raise UserError(f"'{o.input_line}': nothing reads a top-level key {o.key_or_group}; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}")
         key = o.key_or_group
+        if o.is_interval_sweep():  # no command of attnbench samples: one line, the same everywhere
+            raise UserError(f"'{o.input_line}': interval() is for search sweepers (Optuna, Ax), which attnbench does "
+                            "not run; `attnbench sweep` takes comma lists, choice(), range() and glob()")
+        if isinstance(o.value(), Glob) and key.split("@")[0] not in GROUPS:  # Hydra would expand it to nothing
+            raise UserError(f"'{o.input_line}': glob() selects options of a config group ({', '.join(sorted(GROUPS))}); "
+                            f"for the values of {key} give them as a comma list or choice()")
         if o.is_sweep_override() and not allow_sweep:
-            raise UserError(f"'{o.input_line}' is a sweep; use `attnbench sweep` for several values")
+            raise UserError(f"'{o.input_line}' is a sweep (comma list, choice, range, glob); use `attnbench sweep` "
+                            "for several values")
         if key.startswith("hydra") or o.is_delete():
             continue
         group = key.split("@")[0]
         if group in GROUPS and "." not in group:
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            if isinstance(o.value(), Glob):  # glob(...) of a group: the options it matches (Hydra needs a loader)
+                values = o.value().filter(group_options(group))
+                if not values:
+                    raise UserError(f"'{o.input_line}' matches no {group}; {group} options: "
+                                    f"{', '.join(group_options(group))}")
+            else:
+                values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
             for v in values:
                 if v is None and group == "experiment":
                     continue
                 if str(v) not in group_options(group):
                     raise unknown_choice(group, str(v), group_options(group))
-    check_experiment_tasks(*chosen_experiments_and_tasks(parsed))
+                if group in chosen:
+                    chosen[group].append(str(v))
+    check_experiment_tasks(chosen["experiment"], chosen["task"])
 
 
 def chosen_experiments_and_tasks(parsed: list) -> tuple[list[str], list[str]]:

@@ -85,7 +85,7 @@ def ratio_figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
         ax.set_xticklabels([str(n) for n in seq])
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -189,10 +189,18 @@ def _pba_figure4(plt, sel4, f4, variants, backend) -> Path:
     return _save(fig, f4["path"], plt)
 
 
+def save_figure(fig, path, **options) -> None:
+    """``fig.savefig(path)`` written atomically (the format from the file's suffix)."""
+    from bench_cli.core.files import atomic_open
+
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", **options)
+
+
 def _save(fig, path, plt) -> Path:
     path = Path(str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, first_line
 
 PLUGINS_ENV = "ATTNBENCH_PLUGINS"
 ENTRY_POINT_GROUP = "attnbench.plugins"
@@ -80,11 +80,13 @@ def import_plugin(module: str, found_by: str, distribution: str | None = None, v
             obj()
     except NameTakenError as e:
         raise PluginError(f"plugin {module} ({found_by}): {e}") from None
-    except Exception as e:  # noqa: BLE001 - any error of user code is one line naming the module
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any error of user code (even sys.exit) is one line
         hint = ""
         if isinstance(e, ModuleNotFoundError) and e.name == module.split(".")[0]:
             hint = " (put its folder on PYTHONPATH or install its package)"
-        first = (str(e).strip().splitlines() or [""])[0]
+        first = first_line(e)
+        if isinstance(e, SystemExit):
+            first = f"exit status {e.code or 0}" if isinstance(e.code, int) or e.code is None else first
         raise PluginError(f"plugin {module} ({found_by}) failed to import: {type(e).__name__}: {first}{hint}") from None
     if distribution is None:
         distribution = _distribution_of(module)

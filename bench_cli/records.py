@@ -17,10 +17,8 @@ import io
 import json
 import os
 import platform
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError
+from bench_cli.core.files import unwritable_folder, write_atomically
 from bench_cli.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
@@ -236,7 +235,7 @@ def write_run_marker(run_dir: Path, row: dict) -> None:
     marker = {k: row.get(k) for k in ("run_id", "time", "task", "dataset", "model", "seed", "protocol",
                                        "experiment", "job_key")}
     marker.update(pid=os.getpid(), host=socket.gethostname())
-    (Path(run_dir) / "run.json").write_text(json.dumps(marker, indent=1) + "\n")
+    write_atomically(Path(run_dir) / "run.json", json.dumps(marker, indent=1) + "\n")
 
 
 def run_state(run_dir: Path) -> dict | None:
@@ -284,17 +283,14 @@ def check_results_path(path: str | Path) -> None:
     and an existing file is an attnbench record file (its header starts with the record columns)
     that reads strictly and takes appends (:func:`check_appendable`)."""
     path = target(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    probe = unwritable_folder(path.parent)
+    if probe is not None:
         raise UserError(f"results.path={path}: cannot write in {probe} (read-only or not a folder); "
                         f"choose another results.path=FILE")
     if path.exists():
         if not path.is_file():
             raise UserError(f"results.path={path} is not a file")
-        with open(path, newline="", errors="replace") as f:
+        with open(path, newline="", errors="replace", encoding="utf-8-sig") as f:  # a BOM is read as `report` reads it
             first = f.readline().strip()
         header = first.split(",")
         if first and header[: len(_IDENTITY)] != list(_IDENTITY):
@@ -326,6 +322,7 @@ class Table:
     header: list[str]
     rows: list[list[str]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
+    bom: bool = False  # the file starts with a UTF-8 byte order mark (a spreadsheet's export): kept
 
     def wide_rows(self) -> list[int]:
         """Lines of the rows with more fields than the header."""
@@ -356,9 +353,11 @@ def read_table(path: str | Path) -> Table | None:
     if not path.is_file():
         return None
     try:
-        lines = list(io.StringIO(path.read_text(), newline=""))  # the physical lines, endings kept
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise RecordsFileError(f"{path} is not a text CSV file ({e.reason} at byte {e.start})") from None
+    bom = text.startswith(BOM)
+    lines = list(io.StringIO(text[len(BOM):] if bom else text, newline=""))  # the physical lines, endings kept
     reader = csv.reader(lines, strict=True)
     table = None
     while True:
@@ -374,7 +373,7 @@ def read_table(path: str | Path) -> Table | None:
         if not fields:  # a blank line
             continue
         if table is None:
-            table = Table(fields)
+            table = Table(fields, bom=bom)
             continue
         n, width = len(fields), len(table.header)
         if reader.line_num > start and n != width:
@@ -403,7 +402,7 @@ def read_records(path: str | Path) -> list[dict]:
     for line in table.wide_rows():
         _warn_once(Path(path), line, "the row has more fields than the header (written by another version?): "
                                      "the fields beyond the header have no column name and are not read")
-    return [{k: (r[i] if i < len(r) else None) for i, k in enumerate(table.header)} for r in table.rows]
+    return [{k: (unescape_cell(r[i]) if i < len(r) else None) for i, k in enumerate(table.header)} for r in table.rows]
 
 
 def read_job_records(path: str | Path) -> tuple[list[dict], list[str]]:
@@ -446,45 +445,15 @@ def write_rows(path: str | Path, rows: list[dict], columns: list[str] = COLUMNS,
         header += [c for c in columns if c not in header]
         for r in rows:
             header += [k for k in r if k not in header]
-        buf = io.StringIO()
+        buf = io.StringIO(BOM if old and old.bom else "")
+        buf.seek(0, io.SEEK_END)
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(header)
         for fields in old.rows if old else []:  # complete rows get blanks for new columns, others stay as they are
             writer.writerow(fields + [""] * (len(header) - len(fields)) if len(fields) == len(old.header) else fields)
         for r in rows:
-            writer.writerow([_cell(r.get(k)) for k in header])
-        _replace_atomically(path, buf.getvalue())
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text``: written to a temporary file beside it, synced, renamed over it."""
-    replace_atomically(path, lambda f: f.write(text))
-
-
-def replace_atomically(path: Path, write, binary: bool = False) -> None:
-    """``path`` holds what ``write(file)`` writes: to a temporary file beside it (text, or
-    ``binary``), synced, renamed over it; a crash before the rename leaves ``path`` as it was."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        # mkstemp creates 0600: keep the existing file's mode, or the umask's for a new file
-        os.fchmod(fd, _file_mode(path))
-        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _file_mode(path: Path) -> int:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+            writer.writerow([escape_cell(_cell(r.get(k))) for k in header])
+        write_atomically(path, buf.getvalue())
 
 
 def append_record(path: str | Path, row: dict) -> None:
@@ -522,7 +491,7 @@ def _read_claims(path: Path) -> dict:
 
 def _write_claims(path: Path, claims: dict) -> None:
     if claims:
-        _replace_atomically(_claims_path(path), json.dumps(claims, indent=1, sort_keys=True) + "\n")
+        write_atomically(_claims_path(path), json.dumps(claims, indent=1, sort_keys=True) + "\n")
     else:
         _claims_path(path).unlink(missing_ok=True)
 
@@ -701,6 +670,34 @@ def running_elsewhere(path: str | Path, keys, ttl_s: float = CLAIM_TTL_S) -> dic
     claims, me = _read_claims(path), _this_process()
     return {k: _holder_text(c) for k in keys if (c := claims.get(k)) and claim_alive(c, ttl_s)
             and (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
+
+
+BOM = "\ufeff"
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def escape_cell(text: str) -> str:
+    """``text`` as a CSV cell a spreadsheet shows as text: a leading apostrophe before a cell that
+    would start a formula (``=1+2`` -> ``'=1+2``), and before one that starts with an apostrophe
+    already, so that :func:`unescape_cell` gives back the original; numbers (-0.5, -inf) stay
+    numbers. Every writer of records and reports (``write_rows``) escapes; ``read_records``
+    unescapes."""
+    if text.startswith("'") or (text.startswith(FORMULA_STARTS) and not (text[0] in "+-" and _is_number(text))):
+        return "'" + text
+    return text
+
+
+def unescape_cell(text: str) -> str:
+    return text[1:] if text.startswith("'") else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _cell(v) -> str:

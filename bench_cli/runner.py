@@ -20,12 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 from bench_cli import distributed as D
 from bench_cli import records, schema
 from bench_cli.checkpoint import Checkpoints
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, warn_once
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.loggers import LineLogger, Loggers, make_logger
 from bench_cli.head_diversity import record_head_diversity
 from bench_cli.objective import Objective
 from bench_cli.trainer import Trainer, seed_everything, select_device
+from bench_cli.core.files import write_atomically
 
 
 def build_task(cfg: DictConfig):
@@ -72,7 +73,7 @@ def measure(task, model, cfg: DictConfig, device, objective: Objective) -> dict:
     flops = ("meta" if cfg.measure.get("meta_flops", False) else "real") if cfg.measure.flops else "off"
     memory = "real" if cfg.measure.memory else "off"
     cache = MeasureCache.of(cfg, model, task, batch, device, (flops, memory))
-    measured = cache.load() if cache else None
+    measured = cache.load(M.count_parameters(model)) if cache else None
     if measured is None:
         with M.ValueReads() as reads:
             measured = M.measure_model(model, task.model_inputs(batch), objective.on(model, batch),
@@ -131,22 +132,25 @@ class MeasureCache:
             digest.update(source.read_bytes())
         return cls(Path(cfg.results.path).parent / ".measure_cache" / f"{digest.hexdigest()[:32]}.json")
 
-    def load(self) -> dict | None:
+    def load(self, params: int) -> dict | None:
+        """The entry, if it is one: a dict of numbers and strings measured on a model of ``params``
+        parameters; anything else is a miss (measured again, with a warning)."""
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            entry = json.loads(self.path.read_text())
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError):
+            entry = None
+        if isinstance(entry, dict) and entry.get("params") == params and all(
+                v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool)) for v in entry.values()):
+            return entry
+        warn_once(f"warning: measurement cache {self.path} is not an entry for this model: measured again")
+        return None
 
     def store(self, measured: dict) -> None:
-        import os
-        import tempfile
-
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(measured, f)
-            os.replace(tmp, self.path)
+            write_atomically(self.path, json.dumps(measured))
         except OSError:  # a read-only results folder: measured again next time
             pass
 
@@ -244,7 +248,7 @@ def write_phases(run_dir: Path, **extra) -> None:
     `attnbench bench-overhead`'s split of the time outside training; best effort (a diagnostic)."""
     try:
         payload = {**PHASES.as_dict(), **extra, "process_age_s": process_age_s()}
-        records._replace_atomically(run_dir / "phases.json", json.dumps(payload))
+        write_atomically(run_dir / "phases.json", json.dumps(payload))
     except OSError:
         pass
 
@@ -255,7 +259,7 @@ def save_resolved(resolved: dict, path: Path) -> None:
     import yaml
     from omegaconf._utils import get_omega_conf_dumper
 
-    path.write_text(yaml.dump(resolved, default_flow_style=False, allow_unicode=True, sort_keys=False,
+    write_atomically(path, yaml.dump(resolved, default_flow_style=False, allow_unicode=True, sort_keys=False,
                               Dumper=get_omega_conf_dumper()), encoding="utf-8")
 
 
@@ -322,7 +326,7 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
     row.update(schema.ending(error))
     if error is not None and not isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         name = "error.txt" if env.is_main else f"error_rank{env.rank}.txt"
-        (run_dir / name).write_text("".join(traceback.format_exception(error)))
+        write_atomically(run_dir / name, "".join(traceback.format_exception(error)))
     earlier = checkpoints.earlier_wall_s if checkpoints is not None else 0.0
     row["wall_time_s"] = round(earlier + time.perf_counter() - started, 3)
     if checkpoints is not None:
@@ -331,7 +335,7 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
         row.update(sittings=1)
     if env.is_main:
         with PHASES("record"):
-            (run_dir / "record.json").write_text(json.dumps(row, indent=1, default=str))
+            write_atomically(run_dir / "record.json", json.dumps(row, indent=1, default=str))
             try:
                 records.append_record(cfg.results.path, row)
             except (OSError, records.RecordsFileError) as e:  # the record is safe in the run folder; say where

@@ -219,14 +219,14 @@ def data_present(family: Family) -> bool:
 
 
 def write_checks(path: Path, rows: list[dict]) -> None:
-    from bench_cli.records import _replace_atomically
+    from bench_cli.core.files import write_atomically
 
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=["check", "status", "seconds", "reason"])
     w.writeheader()
     w.writerows(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(path, buf.getvalue())
+    write_atomically(path, buf.getvalue())
 
 
 def cmd_smoke(args: list[str]) -> None:

@@ -49,6 +49,7 @@ from bench_cli import compose as C
 from bench_cli import plugins, records
 from bench_cli.args import parse
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
+from bench_cli.core.files import write_atomically
 
 USAGE = """\
 usage: attnbench sweep [--force] [--dry-run] [overrides...]
@@ -89,10 +90,15 @@ class Job:
     its config (20,000 configs would not fit), which is composed when read."""
     overrides: list[str]
     key: str
-    label: str
+    base_label: str  # job_label of its config; ``label`` adds the swept values it does not show
     records_path: str = field(repr=False)  # results.path
-    variant: tuple = field(repr=False)  # (task, dataset, model): what validation checks once for all
+    variant: tuple = field(repr=False)  # (task, dataset, model config): what validation checks once for all
     composer: C.JobComposer = field(repr=False)
+    swept: frozenset = field(default=frozenset(), repr=False)  # the keys that vary between the sweep's jobs
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.base_label, *label_extras(self.overrides, self.swept)])
 
     @functools.cached_property
     def cfg(self) -> DictConfig:
@@ -126,6 +132,7 @@ class JobPlan:
     # records file -> the row from which an ok row of a job means another process ran it: 0 (any
     # ok row), or with --force the number of rows when the sweep started (those are rerun)
     ok_rows_from: dict = field(default_factory=dict)
+    swept: frozenset = frozenset()  # the keys that vary between the sweep's jobs (their labels show them)
 
     def check(self, overrides: tuple[str, ...], cfg: DictConfig) -> int:
         """The job's position in the plan, after checking that ``cfg`` is the planned config."""
@@ -140,9 +147,35 @@ class JobPlan:
         return position
 
 
-def job_label(cfg) -> str:
+LABEL_SHOWS = {"task", "task.name", "task.dataset", "model", "model.name", "seed"}  # job_label's own part
+
+
+def job_label(cfg, overrides=(), swept=frozenset()) -> str:
+    """'uea/JapaneseVowels softmax seed=0', then every swept override it does not show
+    (model.attention.name=boomatt), so no two jobs of a sweep read alike."""
     ds = OmegaConf.select(cfg, "task.dataset", default=None)
-    return f"{cfg.task.name}/{ds or '-'} {cfg.model.name} seed={cfg.seed}"
+    return " ".join([f"{cfg.task.name}/{ds or '-'} {cfg.model.name} seed={cfg.seed}", *label_extras(overrides, swept)])
+
+
+def label_extras(overrides, swept: frozenset) -> list[str]:
+    """The swept overrides a job's label does not show already."""
+    return [o for o in overrides if _override_key(o) in swept and _override_key(o) not in LABEL_SHOWS
+            and "/" not in _override_key(o)]  # experiment/zoo/_case=...: a choice of what the label shows
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def swept_keys(override_lists) -> frozenset:
+    """The keys whose value differs between the jobs' override lists (or that some jobs lack)."""
+    lists = [list(ovs) for ovs in override_lists]
+    values: dict[str, set] = {}
+    for ovs in lists:
+        for o in ovs:
+            values.setdefault(_override_key(o), set()).add(o.split("=", 1)[-1])
+    present = {k: sum(any(_override_key(o) == k for o in ovs) for ovs in lists) for k in values}
+    return frozenset(k for k, vs in values.items() if len(vs) > 1 or present[k] < len(lists))
 
 
 # --- the plan ---------------------------------------------------------------------------------
@@ -223,6 +256,9 @@ def plan_sweep(overrides: list[str], flags: dict | None = None, progress: bool =
             unique.append(job)
     if unique:  # outside Hydra's session: the check composes the group defaults with the compose API
         C.check_value_types(unique[0].cfg, unique[0].overrides)
+    swept = swept_keys(j.overrides for j in unique)
+    for job in unique:
+        job.swept = swept
     return Sweep(master, unique, dict(flags or {}))
 
 
@@ -232,8 +268,10 @@ def plan(overrides: list[str]) -> list[Job]:
 
 
 def _checked_as(cfg) -> tuple:
-    """Jobs checked once for all: same task, dataset and model (the seeds of one variant)."""
-    return cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), cfg.model.name
+    """Jobs checked once for all: same task, dataset and model config (the seeds of one variant;
+    not the model's name alone: model.attention.name=a,b are two models of one name)."""
+    model = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True, default=str)
+    return cfg.task.name, OmegaConf.select(cfg, "task.dataset", default=None), model
 
 
 def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str, str]:
@@ -257,7 +295,7 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
                                        OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
                 if model_id not in seen_model:
                     seen_model.add(model_id)
-                    check_model_builds(task, cfg)
+                    check_model_builds(task, cfg, recorded=True)  # a model that fails when it runs: a failed row
         except DataNotFoundError as e:
             missing_of[data_id] = str(e)
         except UserError as e:
@@ -393,7 +431,8 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     hc = HydraConfig.get()
     overrides = tuple(hc.overrides.task)
     position = plan.check(overrides, cfg)
-    head, label, key = _head(position, plan.total), job_label(cfg), plan.keys[overrides][1]
+    head, key = _head(position, plan.total), plan.keys[overrides][1]
+    label = job_label(cfg, overrides, plan.swept)
     claimed = claim(cfg, key, plan, head, label)
     if claimed is False:
         return "skipped"
@@ -485,8 +524,9 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None) -> l
 
     master = sweep.master
     keys = {tuple(j.overrides): (i, j.key) for i, j in enumerate(sweep.jobs)}
+    swept = sweep.jobs[0].swept if sweep.jobs else frozenset()
     task_function = functools.partial(run_planned_job, plan=JobPlan(keys, len(sweep.jobs), os.getpid(),
-                                                                    dict(ok_rows_from or {})))
+                                                                    dict(ok_rows_from or {}), swept))
     returns: list = []
     with C.hydra_app(JOB_NAME, sweep.flags) as app:
         setup_globals()
@@ -497,7 +537,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None) -> l
             task_function=task_function, config=master)
         sweep_dir = Path(str(master.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(master, sweep_dir / "multirun.yaml")
+        write_atomically(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(master))
         batches = BasicSweeper.split_overrides_to_chunks([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
         for batch in batches:
             returns += launcher.launch(batch, initial_job_idx=len(returns))

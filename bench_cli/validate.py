@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.core.errors import UserError, unknown_choice
+from bench_cli.core.errors import UserError, first_line, unknown_choice
+from bench_cli.core.files import unwritable_folder
 from bench_cli.records import check_results_path
+
+
+SEED_MAX = 2**32 - 1
 
 
 def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optional=False, exclusive=False):
@@ -43,6 +47,8 @@ def check_settings(cfg: DictConfig) -> None:
     task_type = task_class(str(cfg.task.name))
     task_type.check_protocol(protocol)
     task_type.paper_selection(cfg.task)
+    _number(cfg, "seed", minimum=0, maximum=SEED_MAX, integer=True)  # NumPy's RandomState takes 32 bits
+    _number(cfg, "task.split_seed", minimum=0, maximum=SEED_MAX, integer=True, optional=True)
     _number(cfg, "trainer.max_epochs", minimum=1, integer=True, optional=bool(t.get("max_steps")))
     _number(cfg, "trainer.max_steps", minimum=1, integer=True, optional=True)
     _number(cfg, "trainer.step_budget", minimum=1, integer=True, optional=True)
@@ -81,13 +87,36 @@ def check_settings(cfg: DictConfig) -> None:
 
     checkpoint_settings(t)  # trainer.checkpoint and trainer.resume
     check_results_path(cfg.results.path)
+    output = OmegaConf.select(cfg, "paths.output_dir", default=None)
+    blocked = unwritable_folder(output) if output is not None else None
+    if blocked is not None:
+        raise UserError(f"paths.output_dir={output}: cannot write in {blocked} (read-only or not a folder); "
+                        f"choose another paths.output_dir=DIR")
+    check_model_sizes(cfg)
     if protocol == "holdout" and OmegaConf.select(cfg, "task.val_fraction", default=None) is not None:
         _number(cfg, "task.val_fraction", minimum=0, maximum=1, exclusive=True)
 
 
-def check_config(cfg: DictConfig, build: bool = False):
+BACKBONE_SIZES = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff")
+
+
+def check_model_sizes(cfg: DictConfig) -> None:
+    """The backbone's sizes and the task's length: integers of at least 1, heads dividing d_model
+    (a 0 or a negative size would fail deep inside the model's first forward)."""
+    for name in BACKBONE_SIZES:
+        _number(cfg, f"task.backbone.{name}", minimum=1, integer=True, optional=True)
+    _number(cfg, "task.max_len", minimum=1, integer=True, optional=True)
+    d_model = OmegaConf.select(cfg, "task.backbone.d_model", default=None)
+    heads = OmegaConf.select(cfg, "task.backbone.n_heads", default=None)
+    if isinstance(d_model, int) and isinstance(heads, int) and d_model % heads:
+        raise UserError(f"task.backbone.n_heads={heads} does not divide task.backbone.d_model={d_model} "
+                        "(each head gets d_model / n_heads)")
+
+
+def check_config(cfg: DictConfig, build: bool = False, recorded: bool = False):
     """Check ``cfg`` before a run; returns the task (not set up). With ``build``, also build the
-    model on the task's synthetic shapes (no data read) to catch options the model refuses."""
+    model on the task's synthetic shapes (no data read) to catch options the model refuses;
+    ``recorded``: see check_model_builds."""
     from bench_cli.runner import build_task, check_model_fits_task
 
     check_settings(cfg)
@@ -96,14 +125,16 @@ def check_config(cfg: DictConfig, build: bool = False):
     check_model_fits_task(task, cfg)  # an impossible (task, attention) pair needs no data to be refused
     task.check_data()
     if build:
-        check_model_builds(task, cfg)
+        check_model_builds(task, cfg, recorded)
     return task
 
 
-def check_model_builds(task, cfg: DictConfig) -> None:
+def check_model_builds(task, cfg: DictConfig, recorded: bool = False) -> None:
     """Build the model on the task's synthetic shapes and run one tiny forward pass (skipped for
     tasks without synthetic shapes): options an attention refuses only when it runs (e.g. causal
-    Primal-Attention with data-dependent weights) become one line too."""
+    Primal-Attention with data-dependent weights) become one line too. Any other error of the
+    forward (a broken kernel, an output of the wrong shape) is one line as well, unless
+    ``recorded`` (`run`, a sweep's jobs): the run then meets it and records it as ``failed``."""
     import torch
 
     seq_len = int(OmegaConf.select(cfg, "task.max_len", default=None) or 16)
@@ -117,4 +148,14 @@ def check_model_builds(task, cfg: DictConfig) -> None:
         with torch.no_grad():
             model.eval()(**task.model_inputs(batch))
     except (TypeError, ValueError) as e:
-        raise UserError(f"cannot build model '{cfg.model.name}': {str(e).splitlines()[0]}") from None
+        raise UserError(f"cannot build model '{cfg.model.name}': {first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the model's own code failing, not a setting
+        from bench_cli.measure import is_oom
+
+        if is_oom(e):  # sizes that cannot fit: refused, never a row
+            raise UserError(f"model '{cfg.model.name}' does not fit in memory at these sizes (one sample): "
+                            f"{first_line(e)}") from None
+        if not recorded:
+            raise UserError(f"model '{cfg.model.name}' fails on a synthetic batch: {type(e).__name__}: "
+                            f"{first_line(e)}") from None
+

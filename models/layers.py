@@ -10,6 +10,23 @@ import torch.nn.functional as F
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
 
+class AttentionShapeError(RuntimeError):
+    """An attention returned another shape than its queries': a (B, 1, D) output would broadcast
+    in the residual sum and train silently."""
+
+
+def attend(attention: nn.Module, x: torch.Tensor, **inputs) -> torch.Tensor:
+    """``attention(x, **inputs)``, whose output must have the queries' shape (batch, length,
+    d_model). The check is one tuple comparison per call: nothing next to the attention itself."""
+    out = attention(x, **inputs)
+    if getattr(out, "shape", None) != x.shape:
+        name = getattr(attention, "registered_name", type(attention).__name__)
+        actual = tuple(out.shape) if hasattr(out, "shape") else type(out).__name__
+        raise AttentionShapeError(f"attention '{name}' returned shape {actual}, expected {tuple(x.shape)} "
+                                  "(the queries' (batch, length, d_model))")
+    return out
+
+
 class DropPath(nn.Module):
     """Stochastic depth (Huang et al. 2016) as timm's ``drop_path``: a residual branch is dropped for
     a whole sample with probability ``p`` and scaled by 1 / (1 - p) otherwise (training only)."""
@@ -66,7 +83,7 @@ class EncoderLayer(nn.Module):
         return self._norm(norm, x + self.drop_path(dropout(sublayer(x))))
 
     def forward(self, x, mask=None, causal=False):
-        x = self._residual(x, self.norm1, self.dropout1, lambda h: self.attention(h, mask=mask, causal=causal))
+        x = self._residual(x, self.norm1, self.dropout1, lambda h: attend(self.attention, h, mask=mask, causal=causal))
         return self._residual(x, self.norm2, self.dropout2, self._ff)
 
 
@@ -107,10 +124,11 @@ class DecoderLayer(EncoderLayer):
         if (context is None) != (self.cross_attention is None):
             raise ValueError("DecoderLayer: a context is needed exactly when the layer has a cross-attention "
                              f"(cross-attention: {self.cross_attention is not None}, context: {context is not None})")
-        x = self._residual(x, self.norm1, self.dropout1, lambda h: self.attention(h, mask=mask, causal=True))
+        x = self._residual(x, self.norm1, self.dropout1, lambda h: attend(self.attention, h, mask=mask, causal=True))
         if self.cross_attention is not None:
             x = self._residual(x, self.norm_cross, self.dropout_cross,
-                               lambda h: self.cross_attention(h, mask=mask, context=context, context_mask=context_mask))
+                               lambda h: attend(self.cross_attention, h, mask=mask, context=context,
+                                                  context_mask=context_mask))
         return self._residual(x, self.norm2, self.dropout2, self._ff)
 
 

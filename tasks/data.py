@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -18,8 +17,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bench_cli.core.errors import DataNotFoundError
+from bench_cli.core.errors import DataNotFoundError, warn_once
 from bench_cli.core.extras import require
+from bench_cli.core.files import atomic_open, write_atomically
 
 CACHE_VERSION = 1  # bump when a family's preprocessing changes (it is part of every cache key)
 
@@ -98,7 +98,7 @@ def download(url: str, target: Path, *, what: str, where: str, md5: str | None =
                                     f"run the command again")
     os.replace(part, target)
     digest = file_digest(target)
-    _write_atomically(target.with_name(target.name + ".sha256"), f"{digest}  {target.name}\n")
+    write_atomically(target.with_name(target.name + ".sha256"), f"{digest}  {target.name}\n")
     return digest
 
 
@@ -154,18 +154,6 @@ def _range_start(content_range: str | None) -> int | None:
         return None
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def unpack(archive: Path, into: Path, members: Callable[[str], str | None] | None = None) -> None:
     """Unpack a tar (any compression) or zip archive into ``into``. ``members(name)`` may map a
     member's name to the file name to write (flattening), or None to skip it; a zip's CRCs are
@@ -182,7 +170,7 @@ def unpack(archive: Path, into: Path, members: Callable[[str], str | None] | Non
                 if out and not name.endswith("/"):
                     dest = into / out
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_bytes(z.read(name))
+                    write_atomically(dest, z.read(name))
         return
     with tarfile.open(archive, "r:*") as tar:
         if members is not None:
@@ -191,7 +179,7 @@ def unpack(archive: Path, into: Path, members: Callable[[str], str | None] | Non
                 if out and m.isfile():
                     dest = into / out
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_bytes(tar.extractfile(m).read())
+                    write_atomically(dest, tar.extractfile(m).read())
         elif sys.version_info >= (3, 12) or hasattr(tarfile, "data_filter"):
             tar.extractall(into, filter="data")
         else:  # pragma: no cover - old Pythons
@@ -285,27 +273,59 @@ def cache_path(cache_root: Path, name: str, key: dict) -> Path:
 
 def cached(cache_root: Path, name: str, key: dict, build: Callable[[], object]):
     """Load what ``build()`` made for ``key`` from ``cache_root``, or build and store it (atomically,
-    readable by the group like the data root). Returns (data, path)."""
+    readable by the group like the data root). Returns (data, path).
+
+    An entry is the data with its key and its structure (types, nesting, tensor dtypes and ranks:
+    ``structure``); one whose key or structure does not match (another version's format, a file
+    put there by hand, a torn or foreign file) is a miss: rebuilt, with a warning. The cache is an
+    optimisation: when it cannot be written (a read-only data root), that is said once and the
+    data built from the source is used."""
     blob = _cache_blob(key)
     path = cache_path(cache_root, name, key)
     if path.is_file():
         try:
-            return torch.load(path, weights_only=True), path
-        except Exception:  # noqa: BLE001 - a corrupt cache is rebuilt
-            path.unlink(missing_ok=True)
+            entry = torch.load(path, weights_only=True)
+            problem = None if _valid_entry(entry, blob) else "not an entry of this key (another version's, or foreign)"
+        except Exception as e:  # noqa: BLE001 - any unreadable cache is rebuilt
+            problem = f"unreadable ({type(e).__name__})"
+        if problem is None:
+            return entry["data"], path
+        warn_once(f"warning: cache {path} is {problem}: rebuilt from the source files")
     data = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
     try:
-        torch.save(data, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared like the data root
-        os.replace(tmp, path)
-        path.with_suffix(".json").write_text(blob + "\n")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path, "wb") as f:
+            torch.save({"key": blob, "structure": structure(data), "data": data}, f)
+        write_atomically(path.with_suffix(".json"), blob + "\n")
+    except OSError as e:
+        warn_once(f"note: cannot write the cache in {path.parent} ({e.strerror or e}); the data is read from "
+                   f"the source files each time (make the folder writable to cache it)")
     return data, path
+
+
+def structure(data) -> object:
+    """What a cache entry must look like: containers with their keys (dicts) or element kinds,
+    tensors and arrays with their dtype and rank, other values with their type; sizes are the
+    data's own. Long sequences are described by their first and last elements, so that checking
+    an entry costs little next to loading it."""
+    if isinstance(data, dict):
+        return {str(k): structure(v) for k, v in data.items()}
+    if isinstance(data, tuple) and len(data) <= 8:
+        return ["tuple", *(structure(v) for v in data)]
+    if isinstance(data, (list, tuple)):
+        ends = data[:3] + data[-3:] if len(data) > 6 else data
+        kinds = {json.dumps(structure(v), sort_keys=True) for v in ends}
+        return [type(data).__name__ + " of", *sorted(kinds)]
+    if isinstance(data, torch.Tensor):
+        return f"tensor {data.dtype} rank {data.dim()}"
+    if isinstance(data, np.ndarray):
+        return f"array {data.dtype} rank {data.ndim}"
+    return type(data).__name__
+
+
+def _valid_entry(entry, blob: str) -> bool:
+    return (isinstance(entry, dict) and set(entry) == {"key", "structure", "data"} and entry["key"] == blob
+            and entry["structure"] == structure(entry["data"]))
 
 
 # --- splits ---------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ training split only, series zero-padded (with a mask) or truncated to the longes
 """
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core.files import write_atomically
 from bench_cli.core.task import Task, TensorDictDataset
 from tasks.data import download, fresh_folder, pad_series, unpack, validation_split
 from bench_cli.core.fetch import Fetcher
@@ -189,7 +189,7 @@ class TsArchiveFetcher(Fetcher):
             src = packaged_dir(dataset)
             if src is not None:
                 for p in split_files(src, dataset):
-                    shutil.copy2(p, target / p.name)
+                    write_atomically(target / p.name, p.read_bytes())
                 return target
             with tempfile.TemporaryDirectory() as tmp:
                 sums = []
@@ -201,8 +201,8 @@ class TsArchiveFetcher(Fetcher):
                     if kind == "zip":
                         unpack(Path(tmp) / name, target, lambda m: Path(m).name if Path(m).name in wanted else None)
                     else:
-                        shutil.move(str(Path(tmp) / name), target / name)
-                (target / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+                        write_atomically(target / name, (Path(tmp) / name).read_bytes())  # whole or absent
+                write_atomically(target / "SHA256SUMS", "\n".join(sums) + "\n")
             if not has_files(target, dataset):
                 raise DataNotFoundError(f"the download of {dataset} did not contain {dataset}_TRAIN.ts and _TEST.ts")
         return target

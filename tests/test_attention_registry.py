@@ -163,7 +163,9 @@ def test_speed_benchmark_runs_every_variant(capsys):
     assert all(r["fwd_bwd_tokens_per_s"] > 0 and "load_before" in r and "timing_noisy" in r for r in results)
     out = capsys.readouterr().out
     assert "x softmax" in out and "load average" in out
-    with pytest.raises(SystemExit):
+    from bench_cli.core.errors import UserError
+
+    with pytest.raises(UserError, match="unknown variant 'nope'"):  # the CLI's one line, exit 2 (test_faults)
         main(["--variants", "nope"])
 
 

@@ -39,7 +39,7 @@ def test_variants_subset_and_refusals(capsys, monkeypatch):
         main([*TINY, "--variants", "softmax"])
     with pytest.raises(UserError, match="drop --causal"):
         main([*TINY, "--causal"])
-    with pytest.raises(UserError, match="positive"):
+    with pytest.raises(UserError, match="--repeats of `attnbench bench` must be an integer of at least 1"):
         main([*TINY, "--repeats", "0"])
 
 

@@ -60,8 +60,12 @@ def test_every_registered_attention_passes(capsys, name):
 # --------------------------------------------------------------------------- broken attentions
 
 
+# What the broken attentions below claim (Capabilities() claims nothing)
+CLAIMS = Capabilities(causal=True, padding_mask=True)
+
+
 class NoCross(ProjectedAttention):
-    cross_unsupported_reason = "test attention"
+    pass  # cross is not declared: the base refuses a context by itself
 
 
 class PeeksAhead(NoCross):
@@ -81,15 +85,16 @@ class IgnoresMask(NoCross):
 class BatchScaled(NoCross):
     """Scales the queries by the largest real key of the whole batch, without declaring batch_coupled."""
 
-    causal_unsupported_reason = "test attention"
-
     def kernel(self, q, k, v, mask, causal):
         real = k if mask is None else k.masked_fill(~mask[:, None, :, None], 0)
         return softmax_kernel(q / real.abs().amax(), k, v, mask, causal)
 
 
 class AcceptsContext(ProjectedAttention):
-    """Attends to a context (ProjectedAttention's default) without declaring cross."""
+    """Attends to a context without declaring cross (its own key_source skips the base's refusal)."""
+
+    def key_source(self, x, mask, causal, context, context_mask):
+        return (x, mask) if context is None else (context, context_mask)
 
     def kernel(self, q, k, v, mask, causal):
         return softmax_kernel(q, k, v, mask, causal)
@@ -122,7 +127,7 @@ def registered():
     """register(name, cls, capabilities): a test attention in the registry until the test ends."""
     names = []
 
-    def register(name, cls, capabilities=Capabilities()):
+    def register(name, cls, capabilities=CLAIMS):
         register_attention(name, paper="test", equation="-", capabilities=capabilities)(cls)
         names.append(name)
         return name
@@ -133,11 +138,11 @@ def registered():
 
 
 @pytest.mark.parametrize("cls, capabilities, failed", [
-    (PeeksAhead, Capabilities(), ["causality"]),
-    (IgnoresMask, Capabilities(), ["padding"]),
-    (BatchScaled, Capabilities(causal=False), ["batch"]),
-    (AcceptsContext, Capabilities(), ["cross"]),
-    (HiddenLoss, Capabilities(), ["extra loss"]),
+    (PeeksAhead, CLAIMS, ["causality"]),
+    (IgnoresMask, CLAIMS, ["padding"]),
+    (BatchScaled, Capabilities(padding_mask=True), ["batch"]),
+    (AcceptsContext, CLAIMS, ["cross"]),
+    (HiddenLoss, CLAIMS, ["extra loss"]),
 ])
 def test_a_broken_property_fails_naming_it(capsys, registered, cls, capabilities, failed):
     name = registered(f"test_{cls.__name__.lower()}", cls, capabilities)
@@ -147,6 +152,16 @@ def test_a_broken_property_fails_naming_it(capsys, registered, cls, capabilities
     assert [prop for prop, (status, _) in shown.items() if status == "fail"] == failed
     assert lines[-1] == f"failed: {', '.join(failed)} ({len(failed)} of {len(PROPERTIES)} properties)"
     assert all(len(line) <= 80 for line in lines)
+
+
+def test_a_plugin_that_declares_no_cross_passes_without_saying_why(capsys, registered):
+    """Issue 38 case 4: the natural non-cross plugin, Capabilities(causal=False, padding_mask=True)
+    and nothing else, passes; the base refuses its context (and causal=True) by itself."""
+    code, lines = check(capsys, registered("test_natural", Correct, Capabilities(padding_mask=True)), "--length", "8")
+    assert code == 0, "\n".join(lines)
+    assert property_lines(lines)["cross"][0] == "not declared"
+    assert Capabilities() == Capabilities(causal=False, padding_mask=False, cross=False, extra_loss=False,
+                                          needs_grid=False, sized_by_max_len=False, batch_coupled=False)
 
 
 def test_the_failure_line_says_where(capsys, registered):
@@ -159,7 +174,7 @@ def test_the_failure_line_says_where(capsys, registered):
 def test_a_correct_attention_passes_and_batch_coupling_is_not_checked_where_declared(capsys, registered):
     code, lines = check(capsys, registered("test_correct", Correct), "--length", "8", "--batch", "2")
     assert code == 0 and lines[-1].startswith("ok: test_correct passes all 9 declared properties (2 not declared)")
-    code, lines = check(capsys, registered("test_coupled", BatchScaled, Capabilities(causal=False, batch_coupled=True)),
+    code, lines = check(capsys, registered("test_coupled", BatchScaled, Capabilities(padding_mask=True, batch_coupled=True)),
                         "--length", "8")
     assert code == 0
     assert property_lines(lines)["batch"][0] == "not declared"
@@ -205,10 +220,9 @@ def test_a_plugin_attention_is_checked_from_the_command_line(tmp_path):
         from models.attention import Capabilities, ProjectedAttention, register_attention
         from models.attention.base import softmax_kernel
 
-        @register_attention("leaky", paper="nobody", equation="-", capabilities=Capabilities())
+        @register_attention("leaky", paper="nobody", equation="-",
+                            capabilities=Capabilities(causal=True, padding_mask=True))
         class Leaky(ProjectedAttention):
-            cross_unsupported_reason = "self-attention only"
-
             def kernel(self, q, k, v, mask, causal):
                 return softmax_kernel(q, k, v, mask, causal=False)  # sees the future
     """))

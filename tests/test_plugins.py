@@ -23,7 +23,7 @@ TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_hea
 MODEL_YAML = "name: elu\nattention:\n  name: elu_linear\n  dropout: 0.0\nfinal_attention: null\n"
 EXPERIMENT_YAML = ("# @package _global_\ndefaults:\n  - override /model: elu\nplugins: [mymod]\n"
                    "experiment_name: elu_fixture\n")
-TEST_MODULES = ("mymod", "broken", "dup_builtin", "first_mod", "second_mod", "dup_task")
+TEST_MODULES = ("mymod", "broken", "exitimp", "dup_builtin", "first_mod", "second_mod", "dup_task")
 
 
 def readme_plugin() -> str:
@@ -162,6 +162,14 @@ def test_broken_or_missing_plugin_is_one_line_naming_it(isolated, workdir, capsy
     monkeypatch.setenv(plugins.PLUGINS_ENV, "no_such_plugin")
     err = fail_line(capsys, "ls", "models")
     assert "plugin no_such_plugin" in err and "PYTHONPATH" in err
+
+
+def test_a_plugin_that_exits_at_import_is_one_line_naming_it(isolated, workdir, capsys, monkeypatch):
+    """Issue 38 case 1: sys.exit(3) in a plugin's import is not the exit status of `attnbench`."""
+    (isolated / "exitimp.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "exitimp")
+    err = fail_line(capsys, "ls", "models")
+    assert "plugin exitimp" in err and "SystemExit: exit status 3" in err
 
 
 def test_broken_plugin_from_the_console_script(plugin_dir, workdir):

@@ -158,7 +158,7 @@ def test_lra_image_reads_cifar10_through_torchvision_same_arrays_and_cache(tmp_p
     key = json.dumps({"version": CACHE_VERSION, "files": file_signature(files)}, sort_keys=True, default=str)
     cache = tmp_path / "lra_cache" / f"image-cifar10-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     assert cache.is_file()  # the same key as before the move
-    assert torch.equal(torch.load(cache)["train"]["x"], data["train"]["x"])
+    assert torch.equal(torch.load(cache)["data"]["train"]["x"], data["train"]["x"])
 
 
 def test_mnist_reader_on_idx_files(tmp_path):
@@ -592,7 +592,8 @@ def test_every_vision_experiment_job_composes_and_its_model_fits_and_builds():
 
 def test_incompatible_vision_configurations_are_refused_with_one_line(workdir, capsys):
     assert "unknown deit dataset 'mnist'" in fail_line(capsys, "validate", "task=deit", "task.dataset=mnist")
-    assert "not divisible by n_heads=3" in fail_line(capsys, "validate", "task=vit", "task.backbone.n_heads=3")
+    assert "task.backbone.n_heads=3 does not divide task.backbone.d_model=128" in fail_line(
+        capsys, "validate", "task=vit", "task.backbone.n_heads=3")
     assert "pooling 'cls' needs cls_token" in fail_line(capsys, "validate", "task=vit", "task.backbone.pooling=cls")
     assert "fp16 needs CUDA" in fail_line(capsys, "run", "task=vit", "trainer.precision=fp16", "trainer.device=cpu")
     assert "trainer.strategy=ddp needs one process per device" in fail_line(

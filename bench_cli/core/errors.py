@@ -16,6 +16,49 @@ class DataNotFoundError(UserError):
     """A dataset is not available locally; the message says where to put it and how to fetch it."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message: what a one-line report of it shows."""
+    return (str(error).strip().splitlines() or [""])[0]
+
+
+# What to do about an OS error on a path the user gave (the path is named before it).
+_PATH_ADVICE = {
+    "EACCES": "no permission: choose another path, or make it writable",
+    "EPERM": "not permitted: choose another path, or make it writable",
+    "EROFS": "a read-only file system: choose a path on a writable one",
+    "ENOTDIR": "a part of the path is a file, not a folder: choose another path",
+    "EISDIR": "it is a folder: give a file name",
+    "ENAMETOOLONG": "the name is too long: choose a shorter path",
+    "ENOENT": "a folder of the path does not exist: create it or choose another path",
+    "EEXIST": "a file is in the way: choose another path or remove it",
+    "ENOSPC": "the disk is full: free space or choose another path",
+    "EDQUOT": "the disk quota is exceeded: free space or choose another path",
+}
+
+
+def path_error(error: OSError) -> UserError | None:
+    """One line for an OS error on a named path (unwritable, read-only, not a folder, too long,
+    missing parent...): the path, the system's reason and what to do. None for other errors."""
+    import errno
+
+    name = errno.errorcode.get(error.errno or 0)
+    if name not in _PATH_ADVICE or not error.filename:
+        return None
+    return UserError(f"{error.filename}: {error.strerror or name} ({_PATH_ADVICE[name]})")
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """``message`` on stderr, once per process (a sweep's jobs share one warning about one file)."""
+    import sys
+
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(message, file=sys.stderr, flush=True)
+
+
 def did_you_mean(name: str, choices) -> str:
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""
@@ -31,9 +74,10 @@ class DivergedError(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped from outside: Ctrl-C (SIGINT) or SIGTERM (what Slurm, torchrun and `timeout`
-    send). Raised by the handler ``catch_termination`` installs, so a SIGTERM unwinds like Ctrl-C:
-    the run records an ``interrupted`` row, then the process exits 128 + the signal number."""
+    """A run stopped from outside: Ctrl-C (SIGINT), SIGTERM (what Slurm, torchrun and `timeout`
+    send) or SIGQUIT (Ctrl-\\). Raised by the handler ``catch_termination`` installs, so those
+    unwind like Ctrl-C: the run records an ``interrupted`` row, then the process exits 128 + the
+    signal number."""
 
     def __init__(self, signum: int):
         import signal
@@ -58,7 +102,7 @@ def exit_code_of(err: BaseException) -> int:
 # What Slurm, torchrun, `timeout` and a closed terminal send: SIGTERM, SIGUSR1 (Slurm's warning
 # before a time limit or a preemption with --signal=USR1), SIGUSR2 (submitit's: it requeues the
 # job), SIGHUP.
-TERMINATION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
+TERMINATION_SIGNALS = ("SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGHUP")  # SIGQUIT: Ctrl-\ (a core dump, no row)
 _deferring = [False]
 _pending: list[int] = []
 _previous: dict[int, object] = {}  # signal -> the handler a launcher had installed (submitit's requeue)

@@ -33,7 +33,8 @@ class Fetcher:
         raise NotImplementedError
 
     def status(self, dataset: str, data_root: Path) -> str:
-        """'local' (under the data root), 'package' (shipped in an installed package) or 'missing'."""
+        """'local' (under the data root), 'package' (shipped in an installed package), 'missing', or
+        'damaged' (there, but a file that says what it holds cannot be read: fetch it again)."""
         raise NotImplementedError
 
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:

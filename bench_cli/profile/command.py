@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench_cli import compose as C
 from bench_cli.args import parse
 from bench_cli.profile.config import load_config
+from bench_cli.core.files import write_atomically
 
 USAGE = """\
 usage: attnbench profile [profile=NAME] [model=M] [baseline=B] [task=T] [profile.KEY=VALUE ...]
@@ -48,7 +49,7 @@ def cmd_profile(args: list[str]) -> None:
     run_id = records.new_run_id()
     run_dir = Path(str(cfg.paths.output_dir)) / "profile" / f"{datetime.now():%Y-%m-%d}" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     started = time.perf_counter()
 
     if str(p.mode) == "pba":
@@ -89,7 +90,7 @@ def cmd_profile(args: list[str]) -> None:
         notes = f"{p.report_notes or ''}\n\nMeasured under: {conditions.done().line()}."
         report = Path(str(p.report))
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}", notes))
+        write_atomically(report, markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}", notes))
         images.append(report)
     console.print(f"[green]ok[/]: {len(rows)} points -> {output}" + "".join(f", {i}" for i in images)
                   + f" ({time.perf_counter() - started:.0f} s)")

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_cli.core.files import write_atomically
 from bench_cli.core.phases import Phases, process_age_s
 
 # Small budgets: the whole benchmark (3 pairs, 4 cases) takes about 6 minutes on 2 idle cores.
@@ -312,7 +313,7 @@ def measure_case(name: str, overrides: list[str], repeats: int, workdir: Path) -
         overrides = [*overrides, f"paths.data_root={listops_root()}"]
     overrides = [*overrides, *COMMON]
     config = workdir / "bare_config.yaml"
-    config.write_text(OmegaConf.to_yaml(compose(overrides), resolve=True))
+    write_atomically(config, OmegaConf.to_yaml(compose(overrides), resolve=True))
     runs = {"bare": [], "harness": []}
     for _ in range(repeats):
         runs["bare"].append(bare(config, env))
@@ -382,7 +383,7 @@ def main(args: list[str]) -> None:
         rows = [measure_case(n, [*cases[n], *p.overrides], int(p.get("--repeats", 3)), Path(tmp)) for n in names]
     render(rows, (load_before, os.getloadavg()))
     if p.get("--out"):
-        Path(p.get("--out")).write_text(json.dumps(rows, indent=1))
+        write_atomically(Path(p.get("--out")), json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

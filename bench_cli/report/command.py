@@ -19,6 +19,7 @@ from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.report import render, select, spec, stats
 from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
+from bench_cli.core.files import write_atomically
 
 USAGE = """\
 usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--format F] [--all] [--width N]
@@ -451,6 +452,7 @@ def average_notes(report: Report) -> list[str]:
 
 def notes(report: Report) -> list[str]:
     headline, out = report.tables[0], select.duplicates_note(report.duplicates)
+    out += select.not_finite_note(headline.cells.values())
     ignored = sum(c.ignored for c in headline.cells.values())
     if ignored:
         out.append(f"{ignored} older records of other configurations of the same cells were ignored (newest variant shown).")
@@ -534,8 +536,6 @@ def cmd_report(args: list[str]) -> None:
 def write(console, out: Path, report: Report, title, header, display, cols, sections) -> None:
     """The formats asked for (``--format``): ``<out>.md``; ``<out>.csv`` and ``<out>.<column>.csv``
     per further table; ``<out>.tex``."""
-    from bench_cli.records import _replace_atomically
-
     formats, written = report.formats, []
     out.parent.mkdir(parents=True, exist_ok=True)
     if "markdown" in formats:
@@ -545,8 +545,8 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
                                          f"({replaced}); it is replaced (git diff shows the change, git checkout "
                                          "restores it)"])
         written.append(out.with_suffix(".md"))
-        _replace_atomically(written[-1], render.markdown(title, header, display, notes(report), cols,
-                                                         [(t.column.subtitle, shown, c) for t, shown, c in sections]))
+        write_atomically(written[-1], render.markdown(title, header, display, notes(report), cols,
+                                                      [(t.column.subtitle, shown, c) for t, shown, c in sections]))
     for i, table in enumerate(report.tables if "csv" in formats else []):
         written.append(out.with_suffix(".csv") if i == 0 else out.parent / f"{out.name}.{table.column.column}.csv")
         render.write_csv(written[-1], table.rows, table.average, report.labels, table.columns, bool(report.committed))
@@ -555,8 +555,8 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
         seeds = len({r.get("seed") for r in report.used})
         caption = f"{title}. {headline.column.column}, mean ± std over {seeds} seeds"
         written.append(out.with_suffix(".tex"))
-        _replace_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
-                                                      headline.average, higher_is_better(report.used, report.settings)))
+        write_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
+                                                   headline.average, higher_is_better(report.used, report.settings)))
     render.print_lines(console, [f"wrote {', '.join(map(str, written))}"])
 
 

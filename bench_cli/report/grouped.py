@@ -16,6 +16,7 @@ from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.report import render, select
 from bench_cli.report.command import direction_note, made_by, records_line, rerun_command, wall_clock
 from bench_cli.ui import DASH, csv_value, fixed, mean_pm
+from bench_cli.core.files import write_atomically
 
 SCORE = "test_score"
 IDENTITY = ("experiment", "task", "dataset", "model", "protocol")
@@ -115,7 +116,8 @@ def notes(cells: dict, dropped: int) -> list[str]:
                 "spread widely (record column timing_noisy); their groups' time/epoch says noisy."] if noisy else [])
             + ([f"{ignored} older records of other configurations of the same groups were ignored "
                 "(newest variant shown)."] if ignored else [])
-            + ([f"{gaps} group(s) without an ok run (n 0): their score is a gap, never a 0."] if gaps else []))
+            + ([f"{gaps} group(s) without an ok run (n 0): their score is a gap, never a 0."] if gaps else [])
+            + select.not_finite_note(cells.values()))
 
 
 def report_records(overrides: list[str], opts: dict) -> None:
@@ -145,7 +147,7 @@ def report_records(overrides: list[str], opts: dict) -> None:
         # named after the whole file name: table1.records.csv -> table1.records.md, never table1.md
         md, csv = out_dir / f"{path.stem}.md", out_dir / f"{path.stem}.csv"
         out_dir.mkdir(parents=True, exist_ok=True)
-        md.write_text(render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols))
+        write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols))
         columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
                    "time_per_epoch_s_std", "timing_noisy"]
         records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)

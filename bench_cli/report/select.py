@@ -8,6 +8,7 @@ failed. Everything here reads record columns; nothing composes a config.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -52,6 +53,23 @@ def duplicates_note(dropped: int) -> list[str]:
             "with its latest ok row."] if dropped else []
 
 
+NOT_FINITE = "ok, but {column} {value}"  # the failed status of a seed whose value is nan or inf
+
+
+def finite(v) -> float | None:
+    """A CSV cell as a finite number; None when blank, not a number, nan or infinite."""
+    value = number(v)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def not_finite_note(cells) -> list[str]:
+    """The note of the seeds left out because their ok record's value is nan or inf."""
+    shown = [f"{c.dataset}/{c.model} seed {seed} ({status.split(', but ', 1)[1]})" for c in cells
+             for seed, status in c.failed.items() if status.startswith("ok, but ")]
+    return [f"Left out of the means, as failed seeds: ok records whose value is not finite: {', '.join(shown)}."] \
+        if shown else []
+
+
 def record_value(r: dict, column: str):
     """A record's value of ``column``; ``test_score`` of records written before that column
     existed (classification only, then) is their ``test_accuracy``."""
@@ -63,7 +81,7 @@ def record_value(r: dict, column: str):
 
 def column_mean(cell: Cell | None, column: str) -> float | None:
     """The mean of ``column`` over the records a cell uses (None: no values)."""
-    values = [v for v in (number(r.get(column)) for r in (cell.rows if cell else [])) if v is not None]
+    values = [v for v in (finite(r.get(column)) for r in (cell.rows if cell else [])) if v is not None]
     return statistics.fmean(values) if values else None
 
 
@@ -87,9 +105,14 @@ def _cell(ds: str, label: str, records: list[dict], column: str) -> Cell:
     for r in chosen:
         by_seed.setdefault(str(r.get("seed", "")), []).append(r)
     for seed, srs in by_seed.items():
-        ok = [r for r in srs if r.get("status") == "ok" and number(record_value(r, column)) is not None]
+        ok = [r for r in srs if r.get("status") == "ok" and finite(record_value(r, column)) is not None]
         if not ok:
-            cell.failed[seed] = srs[-1].get("status") or "failed"
+            last = srs[-1]
+            value = number(record_value(last, column))
+            if last.get("status") == "ok" and value is not None:  # nan or inf: shown as such, out of the means
+                cell.failed[seed] = NOT_FINITE.format(column=column, value=value)
+            else:
+                cell.failed[seed] = last.get("status") or "failed"
             continue
         r = ok[-1]
         cell.values[seed] = float(record_value(r, column))

@@ -27,6 +27,7 @@ from bench_cli.core.spread import interval_text
 from bench_cli.report import render, select
 from bench_cli.report.paper import number
 from bench_cli.ui import DASH, fixed, mean_pm
+from bench_cli.core.files import write_atomically
 
 PROFILE_LENGTHS = (1024, 2048, 4096)   # the LRA lengths of the profile table (make reproduce-zoo)
 RATIOS = (("time ×", "train_time_s"), ("memory ×", "peak_mem_train_bytes"), ("FLOPs ×", "flops_train_step"))
@@ -316,7 +317,7 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
     if opts.get("write", True):
         out_dir.mkdir(parents=True, exist_ok=True)
         md = out_dir / "zoo.md"
-        md.write_text(markdown(title, header, sections, profile, notes, out_dir))
+        write_atomically(md, markdown(title, header, sections, profile, notes, out_dir))
         render.print_lines(screen, [f"wrote {md}" + "".join(f", {s.plot}" for s in sections if s.plot)])
 
 

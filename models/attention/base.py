@@ -108,6 +108,9 @@ class AttentionBase(nn.Module):
     # Variants that cannot attend to a second sequence say why; forward(context=...) raises it.
     # Keep it in step with the registry's Capabilities.cross (tests/test_attention_cross.py checks).
     cross_unsupported_reason: str | None = None
+    # The registry's Capabilities of a module built by name (registry.build_attention): what is
+    # not declared there is refused too, so a plugin that declares nothing accepts nothing more.
+    declared = None
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, **unused):
         super().__init__()
@@ -123,8 +126,14 @@ class AttentionBase(nn.Module):
         return self.dropout if self.training else 0.0
 
     def check_causal(self, causal: bool) -> None:
-        if causal and self.causal_unsupported_reason:
-            raise ValueError(f"{type(self).__name__} cannot run causally: {self.causal_unsupported_reason}")
+        reason = self.causal_unsupported_reason or self._undeclared("causal")
+        if causal and reason:
+            raise ValueError(f"{type(self).__name__} cannot run causally: {reason}")
+
+    def _undeclared(self, capability: str) -> str | None:
+        if self.declared is not None and not getattr(self.declared, capability):
+            return f"its registration does not declare {capability} (Capabilities({capability}=True))"
+        return None
 
     def key_source(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool,
                    context: torch.Tensor | None, context_mask: torch.Tensor | None):
@@ -144,8 +153,9 @@ class AttentionBase(nn.Module):
         if causal:
             raise ValueError(f"{name}: causal=True with a context: cross-attention sees the whole context "
                              "(the causal mask belongs to the decoder's self-attention)")
-        if self.cross_unsupported_reason:
-            raise ValueError(f"{name} cannot attend to a context (cross-attention): {self.cross_unsupported_reason}")
+        reason = self.cross_unsupported_reason or self._undeclared("cross")
+        if reason:
+            raise ValueError(f"{name} cannot attend to a context (cross-attention): {reason}")
         if context.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != x.shape[-1]:
             raise ValueError(f"{name}: context must be (batch={x.shape[0]}, length, d_model={x.shape[-1]}), "
                              f"got {tuple(context.shape)}")

@@ -102,7 +102,7 @@ register_attention(
     "standard",
     paper=PAPER,
     equation="Def. 1, Eqn. 1-6",
-    capabilities=Capabilities(cross=True),  # plain cross-attention: K, V from the context
+    capabilities=Capabilities(causal=True, padding_mask=True, cross=True),  # plain cross-attention: K, V from the context
     summary="standard multi-head scaled dot-product attention (same computation as softmax)",
 )(SoftmaxAttention)
 
@@ -110,7 +110,7 @@ register_attention(
     "optimised",
     paper=PAPER,
     equation="Def. 2, Eqn. 8-12",
-    capabilities=Capabilities(cross=True),  # values = column blocks of the context
+    capabilities=Capabilities(causal=True, padding_mask=True, cross=True),  # values = column blocks of the context
     summary="no W^V: head i uses input column block i as its values",
     project_values=False,
 )(BetterAttention)
@@ -119,7 +119,7 @@ register_attention(
     "efficient",
     paper=PAPER,
     equation="Def. 3, Eqn. 13-16",
-    capabilities=Capabilities(cross=True),  # keys and values = column blocks of the context
+    capabilities=Capabilities(causal=True, padding_mask=True, cross=True),  # keys and values = column blocks of the context
     summary="no W^V, no W^K: head i uses input column block i as keys and values",
     project_keys=False,
     project_values=False,
@@ -129,7 +129,7 @@ register_attention(
     "super",
     paper=PAPER,
     equation="Def. 4, Eqn. 19-23",
-    capabilities=Capabilities(variable_length=False),
+    capabilities=Capabilities(causal=True, padding_mask=True, variable_length=False),
     summary="efficient + shared l x l alignment kernel W^A on the values (needs max_len)",
     project_keys=False,
     project_values=False,

@@ -74,7 +74,7 @@ class ConvolvedQueryKeyAttention(ProjectedAttention):
     "conv1d",
     paper=PAPER,
     equation="Appendix H, Def. 4, Eqn. 45",
-    capabilities=Capabilities(cross=True),  # Eqn. 45 with Q convolved along x, K along the context
+    capabilities=Capabilities(causal=True, padding_mask=True, cross=True),  # Eqn. 45 with Q convolved along x, K along the context
     summary="softmax attention on queries/keys convolved along the sequence (shared depth-wise kernel)",
 )
 class Conv1dAttention(ConvolvedQueryKeyAttention):
@@ -98,7 +98,7 @@ class Conv1dAttention(ConvolvedQueryKeyAttention):
     paper=PAPER,
     equation="Appendix G, Def. 3, Eqn. 43",
     # No length-dependent parameters: any grid works (square or ``grid``), so variable_length stays True.
-    capabilities=Capabilities(causal=False, needs_grid=True),
+    capabilities=Capabilities(padding_mask=True, needs_grid=True),
     summary="softmax attention on queries/keys convolved over the patch grid (shared depth-wise kernel)",
 )
 class Conv2dAttention(ConvolvedQueryKeyAttention):

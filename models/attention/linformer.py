@@ -42,7 +42,7 @@ PROJECTION_INIT_STD = 0.02  # attention_linformer.py: torch.nn.init.normal_(...,
     equation="Eqn. 7 (key-value sharing, Sec. 4)",
     # E mixes all positions of one sequence of at most max_len tokens: not causal, no cross,
     # shorter inputs use E's first columns, longer ones are refused.
-    capabilities=Capabilities(causal=False, cross=False, variable_length=False, sized_by_max_len=True),
+    capabilities=Capabilities(padding_mask=True, variable_length=False, sized_by_max_len=True),
     summary="Linformer: keys and values projected along the sequence to k rows by a learned E (needs max_len)",
 )
 class LinformerAttention(ProjectedAttention):

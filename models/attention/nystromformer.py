@@ -67,7 +67,7 @@ def iterative_pinv(a: torch.Tensor, iterations: int, init: str) -> torch.Tensor:
     # segment means mix the whole sequence: not causal; the conv skip adds conv(V) to the outputs
     # position by position, so queries and values must be one sequence: no cross.
     # batch_coupled: the pseudo-inverse starts from the batch-wide max (pinv_init="original", the reference's).
-    capabilities=Capabilities(causal=False, cross=False, batch_coupled=True),
+    capabilities=Capabilities(padding_mask=True, batch_coupled=True),
     summary="Nystromformer: segment-mean landmarks, iterative pseudo-inverse, depthwise conv skip on V",
 )
 class NystromAttention(ProjectedAttention):

@@ -161,7 +161,7 @@ def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.T
     equation="FAVOR+ (Sec. 2.3-2.4: positive orthogonal random features, Lemma 1)",
     # features of any key set; prefix sums causally; batch_coupled: the keys' stabiliser is the max over
     # the whole batch (performer-pytorch as the LRA code ran it), bidirectionally
-    capabilities=Capabilities(causal=True, cross=True, batch_coupled=True),
+    capabilities=Capabilities(causal=True, padding_mask=True, cross=True, batch_coupled=True),
     summary="Performer FAVOR+: positive orthogonal random features, linear attention",
 )
 class PerformerAttention(ProjectedAttention):

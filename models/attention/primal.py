@@ -155,7 +155,7 @@ def evenly_spaced_rows(mask: torch.Tensor | None, batch: int, length: int, n_max
     "primal",
     paper=PAPER,
     equation="Algorithm 1; KSVD objective Eqn. (1); causal: Listing 1",
-    capabilities=Capabilities(extra_loss=True, sized_by_max_len=True),
+    capabilities=Capabilities(causal=True, padding_mask=True, extra_loss=True, sized_by_max_len=True),
     summary="Primal-Attention: e/r-scores of cosine feature maps, KSVD objective as auxiliary loss",
 )
 class PrimalAttention(AttentionBase):

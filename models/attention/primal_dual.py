@@ -222,7 +222,7 @@ def _register_family() -> None:
                 name,
                 paper=PAPER if bn or sh else KERNEL_PAPERS[kernel],
                 equation=_EQUATIONS[(kernel, bn, sh)],
-                capabilities=Capabilities(causal=causal, cross=cross),
+                capabilities=Capabilities(causal=causal, padding_mask=True, cross=cross),
                 summary=f"{_SUMMARIES[kernel]} kernel" + (f" with {modifiers}" if modifiers else ""),
                 kernel=kernel,
                 bn=bn,

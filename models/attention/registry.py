@@ -18,10 +18,12 @@ from models import is_builtin  # noqa: F401  (public here too: tasks and plugins
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a variant can do. Checked by tasks before a model is built."""
+    """What a variant can do. Checked by tasks before a model is built. Nothing is claimed unless
+    declared: every default is False but ``variable_length`` (a kernel of q, k, v has no length of
+    its own; declare False for parameters sized by the length, which then get ``max_len``)."""
 
-    causal: bool = True  # supports forward(..., causal=True)
-    padding_mask: bool = True  # honours a (batch, length) key padding mask
+    causal: bool = False  # supports forward(..., causal=True)
+    padding_mask: bool = False  # honours a (batch, length) key padding mask
     variable_length: bool = True  # works for any sequence length (Super needs a fixed l)
     extra_loss: bool = False  # exposes an auxiliary loss (Primal's KSVD objective)
     needs_grid: bool = False  # takes a 2D token layout `grid=(H, W)` (Conv2D attention)
@@ -128,4 +130,8 @@ def attention_spec(name: str) -> AttentionSpec:
 
 def build_attention(name: str, *, d_model: int, n_heads: int, **options) -> nn.Module:
     """Build the variant ``name`` mapping (batch, length, d_model) to the same shape."""
-    return attention_spec(name).factory(d_model=d_model, n_heads=n_heads, **options)
+    spec = attention_spec(name)
+    module = spec.factory(d_model=d_model, n_heads=n_heads, **options)
+    module.registered_name = name  # how errors about it name it (models.layers.attend)
+    module.declared = spec.capabilities  # what it may be asked: the base refuses the rest (base.AttentionBase)
+    return module

@@ -7,7 +7,7 @@ from models.attention.registry import Capabilities, register_attention
 
 # Plain cross-attention (Vaswani et al. Sec. 3.2.3): queries from x, keys/values from the context.
 @register_attention("softmax", paper="Vaswani et al. 2017; primal-dual (papers/003)", equation="Eqn. 1-2",
-                    capabilities=Capabilities(cross=True))
+                    capabilities=Capabilities(causal=True, padding_mask=True, cross=True))
 class SoftmaxAttention(ProjectedAttention):
     """softmax(QK^T / sqrt(D)) V per head, fused SDPA kernel."""
 

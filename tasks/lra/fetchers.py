@@ -130,16 +130,65 @@ def generator_integers(options: dict, source: str) -> dict[str, int]:
         if isinstance(v, bool) or not text.lstrip("+-").isdigit():
             raise UserError(f"{source} {k} must be an integer, got {v!r}")
         params[k] = int(text)
+        low = GENERATOR_MINIMUM.get(k, 1)
+        if params[k] < low or (k == "seed" and params[k] > 2**32 - 1):
+            bounds = "0 to 2**32 - 1" if k == "seed" else f"at least {low}"
+            raise UserError(f"{source} {k} must be an integer {bounds}, got {params[k]}")
     return params
+
+
+GENERATOR_MINIMUM = {"seed": 0, "max_args": 2}  # every other option (sizes, lengths, depth): at least 1
+
+
+def check_generated_size(target: Path, params: dict) -> None:
+    """Refuse, in one line, a set that would not fit on the disk that holds ``target`` (about two
+    bytes per token, an expression of the average of min_length and max_length tokens)."""
+    import shutil
+
+    from tasks.lra.listops_generator import DEFAULTS
+
+    p = {**DEFAULTS, **params}
+    if p["min_length"] > p["max_length"]:
+        raise UserError(f"--min-length={p['min_length']} is above --max-length={p['max_length']}")
+    needed = 2 * (p["num_train"] + p["num_val"] + p["num_test"]) * (p["min_length"] + p["max_length"]) // 2
+    folder = target
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise UserError(f"a generated ListOps set of these sizes needs about {needed / 2**30:,.1f} GiB in {target}, "
+                        f"{free / 2**30:,.1f} GiB is free: give smaller --num-train/--num-val/--num-test or lengths")
 
 
 def generator_differences(data_root: Path, wanted: dict[str, int]) -> dict:
     """{option: the value the generated ListOps set was made with (its generator.json)} for each
     option in ``wanted`` (integers: generator_integers) it was not made with; {} when the set is
     the one wanted."""
-    meta_path = generated_listops_dir(data_root) / "generator.json"
-    made = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    made = generator_meta(data_root) or {}
     return {k: made.get(k) for k, v in wanted.items() if made.get(k) != v}
+
+
+def generator_meta(data_root: Path) -> dict | None:
+    """What the generated ListOps set was made with (its generator.json; None without one). A file
+    that is not a JSON object (cut short, edited) is one line naming it: what the set holds is
+    then unknown, so it is made again."""
+    meta_path = generated_listops_dir(data_root) / "generator.json"
+    problem = generator_meta_problem(meta_path)
+    if problem:
+        raise DataNotFoundError(f"{meta_path} is damaged ({problem}): make the set again with "
+                                f"`{generate_command(data_root)} --force`")
+    return json.loads(meta_path.read_text()) if meta_path.is_file() else None
+
+
+def generator_meta_problem(meta_path: Path) -> str | None:
+    """Why ``meta_path`` (a generator.json) cannot be read as one; None when it can or is absent."""
+    if not meta_path.is_file():
+        return None
+    try:
+        made = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        return f"not JSON: {str(e).splitlines()[0]}"
+    return None if isinstance(made, dict) else f"a JSON {type(made).__name__}, not an object"
 
 
 def generate_command(data_root: Path, generator=None) -> str:
@@ -162,7 +211,11 @@ class ListOpsFetcher(Fetcher):
         return list(LISTOPS_DATASETS)
 
     def status(self, dataset: str, data_root: Path) -> str:
-        return "local" if listops_files(dataset, data_root) else "missing"
+        if not listops_files(dataset, data_root):
+            return "missing"
+        damaged = dataset == "listops_generated" and generator_meta_problem(
+            generated_listops_dir(data_root) / "generator.json")
+        return "damaged" if damaged else "local"
 
     def missing_message(self, dataset: str, data_root: Path, generator=None, **options) -> str:
         root = Path(data_root).expanduser()
@@ -186,6 +239,8 @@ class ListOpsFetcher(Fetcher):
         files = listops_files(dataset, data_root)
         if files is None:
             raise DataNotFoundError(self.missing_message(dataset, data_root, generator))
+        if dataset == "listops_generated":
+            generator_meta(data_root)  # a damaged generator.json: one line now, not after training
         if dataset == "listops_generated" and generator:
             differ = generator_differences(data_root, wanted)
             if differ:
@@ -229,6 +284,7 @@ class ListOpsFetcher(Fetcher):
         workers = params.pop("workers", None)
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be a positive integer, got {workers}")
+        check_generated_size(target, params)
         if listops_files("listops_generated", data_root) and not force:
             differ = generator_differences(data_root, {k: v for k, v in {**DEFAULTS, **params}.items() if k != "task"})
             if not differ:

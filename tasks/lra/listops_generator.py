@@ -54,6 +54,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterator
 
+from bench_cli.core.files import write_atomically
+
 MIN, MAX, MED, FIRST, LAST, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[FIRST", "[LAST", "[SM", "]"
 OPERATORS = [MIN, MAX, MED, SUM_MOD]  # the official list (FIRST and LAST are commented out there)
 VALUES = range(10)
@@ -383,5 +385,5 @@ def write_dataset(directory: Path, task: str = "basic", progress: Callable[[int,
         for part in parts.values():
             part.unlink(missing_ok=True)
     meta = {"generator": "attnbench tasks/listops_generator.py (LRA lra_benchmarks/data/listops.py)", **options}
-    (directory / "generator.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_atomically(directory / "generator.json", json.dumps(meta, indent=1) + "\n")
     return directory

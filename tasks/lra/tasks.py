@@ -9,7 +9,6 @@ validation split selects; IMDB has none, so ``val_fraction`` of train is held ou
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -164,9 +163,12 @@ class LRAListOps(LRATask):
 
     def describe(self) -> dict:
         out = super().describe()
-        meta = Path(str(self.source)) / "generator.json"
-        if self.dataset_name == "listops_generated" and meta.is_file():  # say how the data were made
-            out["generator"] = json.loads(meta.read_text())
+        if self.dataset_name == "listops_generated":  # say how the data were made
+            from tasks.lra.fetchers import generator_meta
+
+            made = generator_meta(self.data_root)
+            if made is not None:
+                out["generator"] = made
         return out
 
 
