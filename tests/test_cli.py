@@ -144,8 +144,8 @@ def test_a_grid_with_missing_data_is_refused_before_every_job_is_composed(capsys
     """Table 1's 200 jobs: one job per dataset is composed to find the missing data (not all 200)."""
     from bench_cli import sweep
 
-    real, composed = sweep.compose_job, []
-    monkeypatch.setattr(sweep, "compose_job", lambda *a: composed.append(a) or real(*a))
+    real, composed = sweep.plan_job, []
+    monkeypatch.setattr(sweep, "plan_job", lambda *a: composed.append(a) or real(*a))
     err = fail_line(capsys, "sweep", "experiment=primal_dual/table1")
     assert "(and 8 more datasets); or restrict the dataset axis to what is here: task.dataset=JapaneseVowels" in err
     assert len(composed) == 10

@@ -84,7 +84,8 @@ def project_update(overrides: list[str], data_root) -> Update:
     plan = trainer.schedule(loader)
     assert plan.total_steps == STEPS
     opt, sched, scaler = trainer.optimisation(plan)
-    loop = _Loop(trainer, plan, opt, sched, scaler, TrainResult(task.selection_metric(), None, plan), selection=None)
+    loop = _Loop(trainer, plan, opt, sched, scaler, TrainResult(task.selection_metric(), None, plan), selection=None,
+                 train_loader=loader)
     model.train()
     epoch = 0
     while loop.step < STEPS:  # the loop's epochs without their evaluations

@@ -624,9 +624,9 @@ def test_report_compares_extra_columns_and_variants_by_a_paper_column(workdir):
     header = next(line for line in md.splitlines() if line.startswith("| dataset"))
     assert header.endswith("| attn params/layer (paper) | epoch time × (paper) |")
     row = next(line for line in md.splitlines() if line.startswith("| mnist | super (n_heads=2) |"))
-    assert "98.52 [T5]" in row and "37,184 (37,184)" in row and "0.90 (0.92)" in row  # 7.50 / 8.18
+    assert "98.52 [T5]" in row and "37,184 (37,184)" in row and "0.90 ± 0.00 (0.92)" in row  # 7.50 / 8.18
     row = next(line for line in md.splitlines() if line.startswith("| mnist | standard (n_heads=4) |"))
-    assert "98.12 [T5]" in row and "66,048 (66,048)" in row and "1.00 (1.00)" in row and "95.00 (93.73)" in row
+    assert "98.12 [T5]" in row and "66,048 (66,048)" in row and "1.00 ± 0.00 (1.00)" in row and "95.00 (93.73)" in row
     csv_text = (workdir / "rep" / "pay_better_attention" / "table5.csv").read_text()
     assert "attn params/layer,paper_attn params/layer" in csv_text.splitlines()[0]
 
