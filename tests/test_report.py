@@ -441,7 +441,7 @@ def test_a_job_key_recorded_twice_counts_once_and_the_report_says_so(workdir, ca
 
 
 def test_wall_clock_charges_the_time_with_runs_in_progress_not_a_pause_between_sittings():
-    from bench_cli.report.command import wall_clock
+    from bench_cli.report.common import wall_clock
 
     rows = [{"time": "2026-01-01T10:00:00+00:00", "wall_time_s": 600},   # two workers, overlapping
             {"time": "2026-01-01T10:05:00+00:00", "wall_time_s": 600},

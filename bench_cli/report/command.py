@@ -5,8 +5,6 @@ grid's axes; everything about the runs comes from record columns."""
 from __future__ import annotations
 
 import functools
-import os
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from bench_cli import records
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.report import render, select, spec, stats
+from bench_cli.report.common import direction_note, higher_is_better, made_by, records_line, rerun_command, wall_clock
 from bench_cli.report.paper import load_paper
 from bench_cli.ui import mean_pm
 from bench_cli.core.files import write_atomically
@@ -70,19 +69,6 @@ def _parse(args: list[str]):
             "formats": formats, "format": p.get("--format"), "all": bool(p.get("--all")),
             "width": int(width) if width else None, "write": not p.get("--no-write")}
     return p.positional, p.overrides, opts
-
-
-def rerun_command(name: str | None, path: Path | None, out_dir: Path, opts: dict, overrides: list[str]) -> str:
-    """The command that rewrites the report just written: its records file (None: the ones the
-    command finds itself) and output folder spelled out (their defaults depend on the config), then
-    every other option and override given."""
-    committed = ["--committed", str(opts["committed"])] if opts.get("committed") else []
-    words = ["attnbench", "report", *([name] if name else []), *(["--records", str(path)] if path else []),
-             *committed, "--out", str(out_dir),
-             *(["--format", opts["format"]] if opts.get("format") else []),
-             *(["--all"] if opts["all"] else []), *(["--width", str(opts["width"])] if opts["width"] else []),
-             *overrides]
-    return " ".join(shlex.quote(w) for w in words)
 
 
 def grid_axes(cfg, *extra: str) -> dict[str, list[str]]:
@@ -306,53 +292,6 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
 
 
 # --- the header and the notes ---------------------------------------------------------------------
-def wall_clock(rows: list[dict]) -> str | None:
-    """What the sweep cost on the machine that ran it: the time during which at least one run was in
-    progress (the union of the runs' intervals, so a sweep resumed hours later is not charged for the
-    pause), the sittings it took, and the summed run times (which count parallel runs twice)."""
-    from datetime import datetime, timedelta
-
-    spans = []
-    for r in rows:
-        try:
-            start = datetime.fromisoformat(str(r.get("time")))
-            spans.append((start, start + timedelta(seconds=float(r.get("wall_time_s") or 0))))
-        except (TypeError, ValueError):
-            continue
-    if not spans:
-        return None
-    merged: list[list] = []                  # the intervals with at least one run in progress
-    for s, e in sorted(spans):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    busy = sum((e - s).total_seconds() for s, e in merged)
-    sittings = 1 + sum((b[0] - a[1]).total_seconds() > SITTING_GAP_S for a, b in zip(merged, merged[1:]))
-    total = sum((e - s).total_seconds() for s, e in spans)
-    span = (max(e for _, e in spans) - min(s for s, _ in spans)).total_seconds()
-    where = f"{span / 60:.1f} min from the first run's start to the last run's end"
-    if sittings > 1:
-        where += f", in {sittings} sittings"
-    return f"{busy / 60:.1f} min with runs in progress ({where}; {total / 60:.1f} min of runs)"
-
-
-# A pause longer than this between runs (nothing in progress) starts a new sitting: a rerun that
-# resumed the sweep. Shorter gaps are the sweep's own planning and start-up.
-SITTING_GAP_S = 600
-
-
-def higher_is_better(rows: list[dict], settings) -> bool | None:
-    """The direction of the records' selection metric (or ``report.higher_is_better``), when known."""
-    flags = {str(r.get("higher_is_better", "")).lower() for r in rows} - {""}
-    higher = settings.get("higher_is_better")
-    return flags.pop() == "true" if higher is None and len(flags) == 1 else higher
-
-
-def direction_note(rows: list[dict], settings) -> str:
-    return {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better(rows, settings), "")
-
-
 def epochs_line(report: Report) -> str:
     """The epochs run (``epochs_run``): one list, or per dataset when the datasets differ."""
     cells = report.tables[0].cells
@@ -400,18 +339,6 @@ def header_lines(report: Report) -> list[str]:
     ]
     axes_keys = ("task.dataset", "model", "seed", "experiment", *(by.key for by in report.layout.rows_by))
     return header + budget_lines(report, axes_keys) + [sweep_line(report, axes_keys)]
-
-
-def records_line(path: Path, used: list[dict]) -> str:
-    """The records file, with the runs used and the code and torch versions that made them."""
-    commits = sorted({(r.get("git_commit", "")[:10] + (" (dirty)" if r.get("git_dirty") == "true" else "")) for r in used})
-    return (f"records: {path} ({len(used)} runs; git {', '.join(commits) or '—'}; "
-            f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})")
-
-
-def made_by() -> str:
-    """'; made by `make ...`' when a make target ran the report (ATTNBENCH_MADE_BY, mk/reproduce.mk)."""
-    return f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""
 
 
 def sweep_line(report: Report, axes_keys) -> str:

@@ -14,7 +14,7 @@ from bench_cli import records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.report import render, select
-from bench_cli.report.command import direction_note, made_by, records_line, rerun_command, wall_clock
+from bench_cli.report.common import direction_note, made_by, records_line, rerun_command, wall_clock
 from bench_cli.ui import DASH, csv_value, fixed, mean_pm
 from bench_cli.core.files import write_atomically
 

@@ -215,7 +215,7 @@ def profile_headers() -> list[str]:
 
 # --- the report -----------------------------------------------------------------------------------
 def header_lines(plan: ZooPlan, cfg, rows: list[dict], path: Path, profile_path: Path | None) -> list[str]:
-    from bench_cli.report.command import made_by, records_line, wall_clock
+    from bench_cli.report.common import made_by, records_line, wall_clock
 
     seeds = sorted({str(r.get("seed")) for r in rows}, key=lambda s: (len(s), s))
     baseline = str(cfg.report.get("baseline") or "softmax")
