@@ -3,7 +3,6 @@ the metric's direction): below the report commands, so that ``command``, ``group
 import it and nothing imports back."""
 from __future__ import annotations
 
-
 import os
 import shlex
 from pathlib import Path
