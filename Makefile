@@ -31,7 +31,7 @@ test: install ## Run the test suite (offline, one worker per core)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
 
 bench: install ## Time every attention variant against softmax at N=1024 and 4096
-	$(BIN)/python -m bench_cli.bench_attention $(ARGS)
+	$(BIN)/python -m bench_cli.commands.bench_attention $(ARGS)
 
 # Feature targets (reproduce-*, profile figures...) live in mk/*.mk, one file per feature.
 -include mk/*.mk

@@ -1,4 +1,4 @@
-# `attnbench profile` (bench_cli/profile/): FLOPs, memory, time and parameter ratios on
+# `attnbench profile` (bench_cli/commands/profile/): FLOPs, memory, time and parameter ratios on
 # synthetic inputs, no dataset needed. Outputs under results/reproduced/ (see efficiency.md there).
 .PHONY: profile bench-cli reproduce-figure1 reproduce-figures2-4 reproduce-pba-flops reproduce-primal-lra-efficiency reproduce-efficiency
 

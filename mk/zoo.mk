@@ -1,4 +1,4 @@
-# The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/report/zoo.py): every model preset
+# The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/results/report/zoo.py): every model preset
 # (`attnbench ls models`: the three papers' attentions and the baselines) on every offline task
 # (UEA JapaneseVowels and BasicMotions, TSER Covid3Month, generated short ListOps, ViT mnist5k),
 # 3 seeds at REDUCED budgets (conf/experiment/zoo/_case/*.yaml), JOBS=2 jobs of one thread; then
@@ -14,7 +14,7 @@
 
 ZOO_DIR ?= results/reproduced/zoo
 ZOO_PROFILE = profile=primal_lra_efficiency profile.name=zoo profile.tasks=null task=lra_listops \
-	profile.models=$(shell $(BIN)/python -m bench_cli.report.zoo models) 'profile.seq_lens=[1024,2048,4096]' \
+	profile.models=$(shell $(BIN)/python -m bench_cli.results.report.zoo models) 'profile.seq_lens=[1024,2048,4096]' \
 	profile.batch_size=1 profile.timing.repeats=1 profile.timing.eval_batches_per_1k_steps=0 \
 	profile.paper=null profile.report=null profile.output=$(ZOO_DIR)/profile.csv trainer.progress=false
 

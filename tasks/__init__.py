@@ -18,7 +18,7 @@ _DISCOVERED = False
 def register_task(cls: type) -> type:
     """Class decorator: register a Task subclass under ``cls.name``.
 
-    Public API (stable, for plugins: bench_cli/plugins.py). A plugin's task is registered after
+    Public API (stable, for plugins: bench_cli/config/plugins.py). A plugin's task is registered after
     the built-in families are discovered, so a name one of them holds is refused at once, with a
     ``NameTakenError`` naming both modules, whichever is looked up first."""
     from models.attention.registry import NameTakenError, is_builtin

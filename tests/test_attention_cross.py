@@ -386,8 +386,8 @@ def test_decoder_layer_dropout_rates():
 
 
 def test_ls_models_shows_cross_for_the_capable_variants(capsys, workdir):
-    from bench_cli.cli import main
-    from bench_cli import compose as C
+    from bench_cli.commands.cli import main
+    from bench_cli.config import compose as C
 
     main(["ls", "models"])
     supports, current = {}, None

@@ -153,7 +153,7 @@ def test_common_options_accepted_everywhere():
 
 
 def test_speed_benchmark_runs_every_variant(capsys):
-    from bench_cli.bench_attention import main
+    from bench_cli.commands.bench_attention import main
 
     results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0"])
     timed = {r["variant"] for r in results}
@@ -170,7 +170,7 @@ def test_speed_benchmark_runs_every_variant(capsys):
 
 
 def test_speed_benchmark_says_why_a_variant_is_not_timed(capsys):
-    from bench_cli.bench_attention import main
+    from bench_cli.commands.bench_attention import main
 
     args = ["--seq-lens", "15", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0", "--variants",
             "conv2d", "linear"]

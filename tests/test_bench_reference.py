@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench_cli import bench_reference
-from bench_cli.bench_attention import main
-from bench_cli.bench_reference import PACKAGE_REFERENCES, VARIANTS, geometric_mean
+from bench_cli.commands import bench_reference
+from bench_cli.commands.bench_attention import main
+from bench_cli.commands.bench_reference import PACKAGE_REFERENCES, VARIANTS, geometric_mean
 from bench_cli.core.errors import UserError
 
 TINY = ["--against-reference", "--seq-lens", "128", "--d-model", "16", "--heads", "2", "--repeats", "2",

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import torch
 
-from bench_cli.check_attention import PROPERTIES
-from bench_cli.cli import main
+from bench_cli.commands.check_attention import PROPERTIES
+from bench_cli.commands.cli import main
 from models.attention import Capabilities, ProjectedAttention, available_attentions, register_attention
 from models.attention.base import softmax_kernel
 from models.attention.registry import _REGISTRY

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_cli.checkpoint import CheckpointError, read
-from bench_cli.cli import main
-from bench_cli.records import read_records
-from bench_cli.trainer import _Loop
+from bench_cli.engine.checkpoint import CheckpointError, read
+from bench_cli.commands.cli import main
+from bench_cli.results.records import read_records
+from bench_cli.engine.trainer import _Loop
 from conftest import ATTNBENCH, attnbench
 from test_lra import write_listops
 
@@ -35,7 +35,7 @@ LISTOPS = ["task=lra_listops", "task.dataset=listops_generated", "task.max_len=6
            "trainer.optimizer.name=adamw", "trainer.scheduler.name=onecycle", "trainer.scheduler.warmup_steps=1",
            "measure.flops=false", "measure.memory=false", "trainer.num_threads=1", "model=softmax"]
 # columns that describe the sitting, not the result
-from bench_cli.schema import TIMING_COLUMNS  # noqa: E402
+from bench_cli.results.schema import TIMING_COLUMNS  # noqa: E402
 
 SITTING = {"run_id", "time", "wall_time_s", "train_time_s", "time_per_epoch_s", "measure_time_s", "peak_rss_bytes",
            "output_dir", "config_path", "overrides", "command", "resumed_from", "sittings", "checkpoint_dir",
@@ -241,7 +241,7 @@ def test_evaluate_a_kept_checkpoint_gives_the_records_test_metrics(uea_fixture, 
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypatch):
-    from bench_cli import checkpoint as CK
+    from bench_cli.engine import checkpoint as CK
 
     ck = CK.Checkpoints(workdir / "ck", CK.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
     parts = {k: {} for k in CK.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}

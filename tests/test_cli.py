@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.cli import main
-from bench_cli.records import COLUMNS, read_records
+from bench_cli.commands.cli import main
+from bench_cli.results.records import COLUMNS, read_records
 from conftest import attnbench
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
@@ -103,7 +103,7 @@ def test_wandb_offline_logs_each_run_and_leaves_no_threads_behind(uea_fixture, w
     offline (a .wandb file per run), and no wandb thread (the service's asyncio loop, its finaliser)
     left running after either. In its own process: wandb's service never lives in the test process."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    code = ("import threading; from bench_cli.cli import main\n"
+    code = ("import threading; from bench_cli.commands.cli import main\n"
             "for seed in (0, 1):\n"
             f"    main(['run', *{[*TINY, 'trainer.max_epochs=1', 'logger=wandb', 'results.path=res.csv']!r}, f'seed={{seed}}'])\n"
             "    left = [t.name for t in threading.enumerate() if t.name.startswith('wandb')]\n"
@@ -142,7 +142,7 @@ def test_missing_dataset_says_where_and_how(capsys, workdir):
 
 def test_a_grid_with_missing_data_is_refused_before_every_job_is_composed(capsys, workdir, monkeypatch):
     """Table 1's 200 jobs: one job per dataset is composed to find the missing data (not all 200)."""
-    from bench_cli import sweep
+    from bench_cli.commands import sweep
 
     real, composed = sweep.plan_job, []
     monkeypatch.setattr(sweep, "plan_job", lambda *a: composed.append(a) or real(*a))
@@ -208,7 +208,7 @@ def test_ls_shows_tasks_datasets_models(capsys, workdir):
 
 
 def test_ls_experiments_fits_80_columns_with_every_name_whole(capsys, workdir):
-    from bench_cli import compose as C
+    from bench_cli.config import compose as C
 
     main(["ls", "experiments"])
     out = capsys.readouterr().out
@@ -248,8 +248,8 @@ def test_make_help_fits_80_columns_and_lists_every_target_unbroken():
 
 # --- experiments state their tasks (issue 22 item 13) ----------------------------------------------
 def test_every_experiment_is_for_known_tasks_and_composes_to_one_of_them(workdir):
-    from bench_cli import catalog
-    from bench_cli import compose as C
+    from bench_cli.config import catalog
+    from bench_cli.config import compose as C
 
     experiments = C.group_options("experiment")
     for name in experiments:
@@ -295,7 +295,7 @@ def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdi
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
 
-    from bench_cli import compose as C
+    from bench_cli.config import compose as C
 
     C._group_defaults.cache_clear()  # another test's composition of the same group choices would hide one
     compositions, resolutions = [], []
@@ -324,7 +324,7 @@ def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdi
 def user_conf(tmp_path, monkeypatch):
     """A user folder with a model of its own, and one with a root config.yaml selecting it; the
     process's config folders are restored afterwards."""
-    from bench_cli import compose as C
+    from bench_cli.config import compose as C
 
     monkeypatch.setattr(C, "_CONFIG_DIRS", [])
     monkeypatch.setattr(C, "_CONFIG_PATH", [])
@@ -369,7 +369,7 @@ def test_run_summary_prints_long_paths_unbroken_at_80_columns(workdir):
     records = str(workdir / ("results/" + "a_long_records_file_name_" * 3 + ".csv"))
     row = dict(run_id="20260101-000000-abcd", status="ok", task="uea", dataset="Fixture", model="softmax",
                attention="softmax", seed=0, protocol="holdout", test_score=98.6, output_dir=folder)
-    code = f"from bench_cli.ui import print_summary; print_summary({row!r}, {records!r})"
+    code = f"from bench_cli.core.ui import print_summary; print_summary({row!r}, {records!r})"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "COLUMNS": "80"}).stdout
     lines = out.splitlines()

@@ -1,5 +1,5 @@
 """Commands that answer at once (issue 21): `--help`, `ls` and a misspelt override import neither
-torch nor Hydra, and what they read instead of the torch registries (bench_cli/catalog_table.py,
+torch nor Hydra, and what they read instead of the torch registries (bench_cli/config/catalog_table.py,
 the YAML read without Hydra) stays equal to what the registries and Hydra say. The times
 themselves are a benchmark (`attnbench bench-cli`), not a test."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from bench_cli import catalog
-from bench_cli import compose as C
-from bench_cli.cli import main
+from bench_cli.config import catalog
+from bench_cli.config import compose as C
+from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
 
 # Runs each command of argv lists (JSON) in one fresh process and prints, after each, whether
@@ -21,11 +21,11 @@ from bench_cli.core.errors import UserError
 PROBE = """
 import json, sys
 sys.argv = ["attnbench"]
-import bench_cli.cli
-flags = [["import bench_cli.cli", "torch" in sys.modules, "hydra" in sys.modules]]
+import bench_cli.commands.cli
+flags = [["import bench_cli.commands.cli", "torch" in sys.modules, "hydra" in sys.modules]]
 for args in json.loads(sys.argv_json):
     try:
-        bench_cli.cli.main(args)
+        bench_cli.commands.cli.main(args)
     except SystemExit:
         pass
     flags.append([" ".join(args), "torch" in sys.modules, "hydra" in sys.modules])
@@ -46,7 +46,7 @@ def import_flags(commands: list[list[str]]) -> tuple[list, subprocess.CompletedP
 
 def test_help_ls_and_misspelt_overrides_import_neither_torch_nor_hydra(workdir):
     flags, r = import_flags(QUICK)
-    assert [f[0] for f in flags] == ["import bench_cli.cli", *(" ".join(a) for a in QUICK)], r.stderr
+    assert [f[0] for f in flags] == ["import bench_cli.commands.cli", *(" ".join(a) for a in QUICK)], r.stderr
     assert [f[0] for f in flags if f[1]] == [], "imported torch"
     assert [f[0] for f in flags if f[2]] == [], "imported Hydra"
     assert "unknown config key 'modle' (did you mean 'model'?)" in r.stderr
@@ -70,9 +70,9 @@ def test_ls_runs_imports_no_torch(workdir):
 
 
 def test_catalog_table_equals_the_live_registries():
-    from bench_cli import catalog_table
+    from bench_cli.config import catalog_table
 
-    hint = "the registries changed: run `python -m bench_cli.catalog` to rewrite bench_cli/catalog_table.py"
+    hint = "the registries changed: run `python -m bench_cli.config.catalog` to rewrite bench_cli/config/catalog_table.py"
     assert catalog.table_attentions() == catalog.live_attentions(builtin_only=True), hint
     assert catalog_table.TASKS == catalog.live_tasks(builtin_only=True), hint
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench_cli import schema
-from bench_cli import sweep as S
-from bench_cli.compose import compose
+from bench_cli.results import schema
+from bench_cli.commands import sweep as S
+from bench_cli.config.compose import compose
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import UserError
-from bench_cli.report.spec import paper_runs as paper_runs_of
-from bench_cli.trainer import Selection, Trainer, seed_everything
+from bench_cli.results.report.spec import paper_runs as paper_runs_of
+from bench_cli.engine.trainer import Selection, Trainer, seed_everything
 from tasks import task_class
 from tasks.text.classification import TextClassification
 from test_text import write_imdb

@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from bench_cli.compose import compose, group_options, load_option
+from bench_cli.config.compose import compose, group_options, load_option
 from bench_cli.core.errors import UserError
-from bench_cli.runner import build_task, check_model_fits_task
-from bench_cli.validate import check_model_builds
+from bench_cli.config.taskfit import build_task, check_model_fits_task
+from bench_cli.commands.validate import check_model_builds
 from models.attention import collect_auxiliary_loss
 from models.roles import capability_problems, layer_attention_configs
 
@@ -157,7 +157,7 @@ PARENTS_ONLY = ("base", "swept", "sub/sibling", "sub/nested", "plain_task")   # 
 @pytest.fixture
 def defaults_forms(tmp_path, monkeypatch):
     """A --config-dir with experiment/forms/* (DEFAULTS_FORMS); the config folders restored afterwards."""
-    from bench_cli import compose as C
+    from bench_cli.config import compose as C
 
     monkeypatch.setattr(C, "_CONFIG_DIRS", [])
     for name, body in DEFAULTS_FORMS.items():
@@ -171,7 +171,7 @@ def defaults_forms(tmp_path, monkeypatch):
 
 
 def test_experiment_tasks_read_every_defaults_form_as_hydra_composes_it(defaults_forms):
-    from bench_cli import compose as C
+    from bench_cli.config import compose as C
 
     with C.composer() as compose_one:
         for name in defaults_forms:

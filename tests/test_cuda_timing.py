@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from bench_cli import measure as M
+from bench_cli.engine import measure as M
 
 
 class FakeEvent:
@@ -73,7 +73,7 @@ def test_a_training_segment_on_cuda_waits_once_at_its_end(monkeypatch):
 def test_the_trainer_times_its_segments_with_the_region_timer():
     import inspect
 
-    from bench_cli import trainer
+    from bench_cli.engine import trainer
 
     source = inspect.getsource(trainer)
     assert "RegionTimer(trainer.device)" in source and "perf_counter" not in source

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench_cli.cli import main
-from bench_cli.compose import compose, group_options
-from bench_cli.records import read_records
+from bench_cli.commands.cli import main
+from bench_cli.config.compose import compose, group_options
+from bench_cli.results.records import read_records
 from models.roles import capability_problems
 from tasks import task_class
 from tasks.fetch import fetcher

@@ -31,7 +31,7 @@ class Blocker(MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Blocker())
-from bench_cli.cli import main
+from bench_cli.commands.cli import main
 main(sys.argv[2:])
 """
 

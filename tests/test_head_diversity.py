@@ -1,4 +1,4 @@
-"""Head diversity (primal-dual Table 4; bench_cli/head_diversity.py) against an independent float64
+"""Head diversity (primal-dual Table 4; bench_cli/engine/head_diversity.py) against an independent float64
 loop: each head's softmax output recomputed from the layer's weights and input, distances summed
 position by position, mean and population std per layer by hand, then averaged over layers."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from bench_cli.compose import compose
-from bench_cli.head_diversity import head_diversity, record_head_diversity
-from bench_cli.runner import build_task
+from bench_cli.config.compose import compose
+from bench_cli.engine.head_diversity import head_diversity, record_head_diversity
+from bench_cli.config.taskfit import build_task
 
 SMALL = ["task=lra_listops", "task.backbone.d_model=16", "task.backbone.d_ff=32", "task.backbone.n_heads=4",
          "task.backbone.n_layers=2"]
@@ -32,7 +32,7 @@ def tiny_lra(model: str, *extra: str):
 
 def layer_inputs(net, task, batch) -> list[tuple]:
     """(attention module, its input x, its mask) of every attention call, by a plain forward hook."""
-    from bench_cli.head_diversity import attention_layers
+    from bench_cli.engine.head_diversity import attention_layers
 
     calls, handles = [], []
     for layer in attention_layers(net):

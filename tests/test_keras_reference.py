@@ -56,7 +56,7 @@ def keras_rmsprop_reference(theta, grads, lr=1e-3, rho=0.9, momentum=0.0, epsilo
 
 
 def run_optimizer(optimizer_cfg: dict, theta0: np.ndarray, grads: list[np.ndarray]) -> np.ndarray:
-    from bench_cli.optim import make_optimizer
+    from bench_cli.engine.optim import make_optimizer
 
     p = torch.nn.Parameter(torch.tensor(theta0, dtype=torch.float64))
     opt = make_optimizer([p], OmegaConf.create(optimizer_cfg))
@@ -104,8 +104,8 @@ def test_torch_rules_differ_where_the_gradient_is_tiny():
 
 
 def test_keras_defaults_and_the_reproduction_configs_use_them():
-    from bench_cli.compose import compose
-    from bench_cli.optim import KerasAdam, KerasRMSprop, make_optimizer
+    from bench_cli.config.compose import compose
+    from bench_cli.engine.optim import KerasAdam, KerasRMSprop, make_optimizer
 
     p = [torch.nn.Parameter(torch.zeros(2))]
     rms = make_optimizer(p, OmegaConf.create({"name": "keras_rmsprop", "lr": 1e-3}))

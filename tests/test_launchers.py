@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench_cli import distributed as D
-from bench_cli.records import read_records
+from bench_cli.engine import distributed as D
+from bench_cli.results.records import read_records
 from test_sweep import sweep, tiny
 
 

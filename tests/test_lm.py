@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from bench_cli.cli import main
-from bench_cli.compose import compose, group_options
+from bench_cli.commands.cli import main
+from bench_cli.config.compose import compose, group_options
 from bench_cli.core.errors import UserError
-from bench_cli.records import read_records
+from bench_cli.results.records import read_records
 from models.roles import capability_problems
 from tasks import task_class
 from bench_cli.core.task import EvalContext
@@ -102,7 +102,7 @@ def tiny_lm_task(tmp_path, extra=()):
 
 
 def test_evaluator_matches_scoring_each_token_on_its_own_context(tmp_path):
-    from bench_cli.trainer import Trainer
+    from bench_cli.engine.trainer import Trainer
 
     cfg, task = tiny_lm_task(tmp_path)
     torch.manual_seed(0)
@@ -162,7 +162,7 @@ def test_non_causal_variants_are_refused_in_one_line(workdir, capsys):
 
 
 def test_inverse_sqrt_schedule_as_fairseq():
-    from bench_cli.optim import make_scheduler
+    from bench_cli.engine.optim import make_scheduler
     from omegaconf import OmegaConf
 
     p = torch.nn.Parameter(torch.zeros(1))

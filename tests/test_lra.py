@@ -14,10 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from bench_cli.cli import main
-from bench_cli.compose import compose
+from bench_cli.commands.cli import main
+from bench_cli.config.compose import compose
 from bench_cli.core.errors import DataNotFoundError, UserError
-from bench_cli.records import read_records, semantic_config
+from bench_cli.results.records import read_records, semantic_config
 from tasks import task_class
 from tasks.fetch import fetcher
 from image_data import write_cifar10
@@ -560,7 +560,7 @@ def test_lra_training_learns_a_planted_answer(lra_root, workdir):
 
 def test_step_based_trainer_with_micro_batches(lra_root, workdir):
     """max_steps cycles the loader; micro-batches accumulate to the effective batch size."""
-    from bench_cli.trainer import Trainer
+    from bench_cli.engine.trainer import Trainer
 
     write_listops(lra_root / "lra_generated" / "listops-1000", n=(10, 4, 4))
     cfg = compose(["task=lra_listops", "task.dataset=listops_generated", "task.max_len=64", "task.seq_len=64",
@@ -669,8 +669,8 @@ def test_text_loader_through_hf_datasets(lra_root, monkeypatch):
 
 
 def test_conv2d_sees_the_pixel_grid_on_image_tasks_and_a_row_on_sequences():
-    from bench_cli.compose import compose
-    from bench_cli.runner import build_task
+    from bench_cli.config.compose import compose
+    from bench_cli.config.taskfit import build_task
 
     grids = {}
     for task in ("lra_image", "lra_pathfinder", "lra_listops"):

@@ -1,4 +1,4 @@
-"""Tests of bench_cli.measure: counted FLOPs against analytic values, peak memory, parameters."""
+"""Tests of bench_cli.engine.measure: counted FLOPs against analytic values, peak memory, parameters."""
 from __future__ import annotations
 
 import time
@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.utils import flop_counter
 
-from bench_cli import measure
+from bench_cli.engine import measure
 from models.attention import build_attention
 
 B, N, D, H = 2, 16, 32, 2
@@ -260,11 +260,11 @@ def test_a_run_and_profile_measure_the_same_objective_ksvd_term_included(uea_fix
     """One objective, one measurement path: a Primal model's training-step FLOPs and peak memory are
     those of task loss + eta x KSVD, and the run's measurement equals `attnbench profile`'s on the
     same batch."""
-    from bench_cli.compose import compose
-    from bench_cli.objective import Objective
-    from bench_cli.profile import harness
-    from bench_cli.runner import build_task, example_batch
-    from bench_cli.runner import measure as run_measure
+    from bench_cli.config.compose import compose
+    from bench_cli.engine.objective import Objective
+    from bench_cli.commands.profile import harness
+    from bench_cli.engine.runner import build_task, example_batch
+    from bench_cli.engine.runner import measure as run_measure
 
     cfg = compose(["task.dataset=Fixture", "model=primalformer", "task.backbone.d_model=16", "task.backbone.n_heads=2",
                    "task.backbone.n_layers=1", "task.backbone.d_ff=16", "model.attention.low_rank=2",

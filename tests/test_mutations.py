@@ -21,12 +21,12 @@ COPIED = ("bench_cli", "tasks", "models", "conf", "tests", "pyproject.toml")
 
 # (file, the source as it is, the broken source, the tests that must then fail)
 MUTATIONS = {
-    "no-op optimiser step": ("bench_cli/trainer.py", "self.scaler.step(opt)", "pass  # mutated: no update",
+    "no-op optimiser step": ("bench_cli/engine/trainer.py", "self.scaler.step(opt)", "pass  # mutated: no update",
                              ["tests/test_trainer_fit.py::test_holdout_reports_the_test_metrics_of_the_selected_weights"]),
-    "selected weights not reloaded": ("bench_cli/trainer.py", "self.model.load_state_dict(selection.state)",
+    "selected weights not reloaded": ("bench_cli/engine/trainer.py", "self.model.load_state_dict(selection.state)",
                                       "pass  # mutated: the last weights stay",
                                       ["tests/test_trainer_fit.py::test_holdout_reports_the_test_metrics_of_the_selected_weights"]),
-    "Student's t for Welch's": ("bench_cli/report/stats.py", "equal_var=False", "equal_var=True",
+    "Student's t for Welch's": ("bench_cli/results/report/stats.py", "equal_var=False", "equal_var=True",
                                 ["tests/test_report.py::test_welch_and_tolerance"]),
 }
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_cli import trainer as T
-from bench_cli.compose import compose
+from bench_cli.engine import trainer as T
+from bench_cli.config.compose import compose
 from tasks.uea import UEAClassification
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -110,7 +110,7 @@ TINY_VIT = ["task=vit", "task.protocol=paper", "task.subset.train=40", "task.sub
 def test_training_batch_metrics_are_summed_on_the_device(workdir, monkeypatch):
     """train_metrics=batches: accuracy, top-5 accuracy and loss of every training batch are summed
     on the device (bench_cli/core/metrics.py) and read at the evaluations only."""
-    from bench_cli.runner import build_task
+    from bench_cli.config.taskfit import build_task
 
     cfg = compose(TINY_VIT)
     result, reads = fit_counting_host_reads(cfg, build_task(cfg), monkeypatch)
@@ -123,9 +123,9 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
     """The second job of the same model config and example batch (another seed: other weights) gets
     the first one's FLOPs and memory from the cache under the results folder, without measuring;
     a model whose forward reads a tensor value (ValueReads) is measured every time."""
-    from bench_cli import measure as M
-    from bench_cli.objective import Objective
-    from bench_cli.runner import build_task, measure
+    from bench_cli.engine import measure as M
+    from bench_cli.engine.objective import Objective
+    from bench_cli.engine.runner import build_task, measure
 
     cfg = compose([*TINY, "results.path=res/runs.csv"])
     task = build_task(cfg)
@@ -159,7 +159,7 @@ def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure():
     next job must be able to collect them, also after a job that failed."""
     import gc
 
-    from bench_cli.runner import setup_frozen
+    from bench_cli.engine.runner import setup_frozen
 
     assert gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError):
@@ -178,9 +178,9 @@ def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages
 
     from omegaconf import OmegaConf
 
-    from bench_cli.cli import main
-    from bench_cli.profile import overhead as O
-    from bench_cli.records import read_records
+    from bench_cli.commands.cli import main
+    from bench_cli.commands.profile import overhead as O
+    from bench_cli.results.records import read_records
 
     overrides = [*TINY, "seed=0", "results.path=res.csv"]
     main(["run", *overrides])

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli import compose as C
-from bench_cli import plugins
-from bench_cli.cli import main
-from bench_cli.records import job_key, read_records
+from bench_cli.config import compose as C
+from bench_cli.config import plugins
+from bench_cli.commands.cli import main
+from bench_cli.results.records import job_key, read_records
 from conftest import attnbench
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -234,7 +234,7 @@ def test_empty_plugins_key_keeps_job_keys_and_a_plugin_changes_them(workdir):
 def test_the_model_column_names_the_attention_that_replaced_the_presets(workdir, overrides, model):
     """A run that swaps its preset's attention is recorded under the attention run (a preset whose
     attention has another name, primalformer's primal, keeps its name); its job key is the config's."""
-    from bench_cli import schema
+    from bench_cli.results import schema
 
     cfg = C.compose(["task.dataset=Fixture", *overrides])
     key = job_key(cfg)

@@ -18,9 +18,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_cli.objective import Objective
-from bench_cli.compose import compose
-from bench_cli.runner import build_task
+from bench_cli.engine.objective import Objective
+from bench_cli.config.compose import compose
+from bench_cli.config.taskfit import build_task
 from models.attention import build_attention, collect_auxiliary_loss
 from models.attention.primal import evenly_spaced_rows
 
@@ -420,7 +420,7 @@ def test_retrieval_ksvd_loss_averages_both_documents_as_the_code(model):
 def test_auxiliary_loss_never_leaks_between_steps():
     """An evaluation pass, then a training step: the step's KSVD loss is its own batch's only, for the
     dual encoder (two passes per forward) and through the trainer with the layers averaged."""
-    from bench_cli.trainer import Trainer
+    from bench_cli.engine.trainer import Trainer
 
     cfg, task, net = built(["experiment=primal_attention/lra", "task=lra_retrieval", "model=primalformer",
                             "model.attention.low_rank=10", "per_dataset.eta.primalformer.aan=0.1",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.profile import config, grid, harness
-from bench_cli.reproduce import pba
-from bench_cli.cli import main
+from bench_cli.commands.profile import config, grid, harness
+from bench_cli.commands.reproduce import pba
+from bench_cli.commands.cli import main
 
 # A tiny UEA model (synthetic shapes: 12 channels, 9 classes; no data read).
 TINY = ["task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1", "task.backbone.d_ff=32",
@@ -94,7 +94,7 @@ def test_pba_layer_flops_equal_the_papers_matmuls(variant, backend, B, N, D, H):
     m = harness.profile_layer(variant, B, N, D, H, backend=backend)
     assert m["flops_forward"] == flops_of(pba_layer_matmuls(variant, B, N, D, H, train=False, backend=backend))
     assert m["flops_train_step"] == flops_of(pba_layer_matmuls(variant, B, N, D, H, train=True, backend=backend))
-    # the profile command's own analytic count (bench_cli.reproduce.pba) says the same
+    # the profile command's own analytic count (bench_cli.commands.reproduce.pba) says the same
     assert m["flops_forward"] == pba.analytic_layer_flops(variant, B, N, D, train=False, backend=backend)
     assert m["flops_train_step"] == pba.analytic_layer_flops(variant, B, N, D, train=True, backend=backend)
 
@@ -255,7 +255,7 @@ def test_presets_compose(preset):
 
 
 def test_title_names_the_command_once_and_rows_share_the_run_folders_id(workdir, capsys):
-    from bench_cli.profile import render
+    from bench_cli.commands.profile import render
 
     assert render.title(config.load_config([]), "cpu") == "profile: softmax vs softmax on uea (cpu)"
     assert render.title(config.load_config(["profile=figure1"]), "cpu").startswith("profile figure1: attention_bn_sh vs")
@@ -267,7 +267,7 @@ def test_title_names_the_command_once_and_rows_share_the_run_folders_id(workdir,
 
 
 def test_training_runs_do_not_carry_profile_keys():
-    from bench_cli.compose import compose
+    from bench_cli.config.compose import compose
 
     cfg = compose([])
     assert "profile" not in cfg and "baseline" not in cfg
@@ -279,7 +279,7 @@ def test_training_runs_do_not_carry_profile_keys():
 def test_figure1_standard_point_flops_reduction():
     """Primal-dual Sec. 4: BN+SH saves "almost 25%" of the FLOPs at D=64, N=4096 (LRA retrieval).
     The counted ratio is 0.761: attention matmuls x 3/4, k/v projections x 3/4, the FFN unchanged."""
-    from bench_cli.runner import build_task
+    from bench_cli.config.taskfit import build_task
 
     cfg = config.load_config(["profile=figure1", "profile.seq_lens=[4096]", "profile.d_models=null",
                          "profile.sdpa_backends=[auto]", "profile.timing.enabled=false", "profile.memory=off"])
@@ -381,8 +381,8 @@ def test_timed_train_step_takes_the_optimiser_step():
 def test_primal_lra_efficiency_preset_covers_table4(monkeypatch):
     from omegaconf import OmegaConf
 
-    from bench_cli import compose as C
-    from bench_cli.profile.paper_table import PaperRatios
+    from bench_cli.config import compose as C
+    from bench_cli.commands.profile.paper_table import PaperRatios
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # profile.paper.csv is relative to the repository
     cfg = config.load_config(["profile=primal_lra_efficiency"])

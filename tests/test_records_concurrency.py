@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli import records
-from bench_cli import sweep as S
+from bench_cli.results import records
+from bench_cli.commands import sweep as S
 from conftest import ATTNBENCH
 from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture)
 

@@ -2,7 +2,7 @@
 the reference code computes, written out here by hand in float64 (issue 20).
 
 The project side is the trainer's own path: the composed experiment, ``Trainer.optimisation``
-(bench_cli.optim: parameter groups, optimiser, schedule), the step loop (``_Loop.epoch``:
+(bench_cli.engine.optim: parameter groups, optimiser, schedule), the step loop (``_Loop.epoch``:
 micro-batch accumulation, clipping, the scheduler) and the run's ``Objective`` (task loss + eta x
 KSVD). The reference side takes the same initial weights, the same batches and the same dropout
 draws (the random state before each forward), and computes the loss, the gradient normalisation,
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from bench_cli.compose import compose
-from bench_cli.objective import Objective
-from bench_cli.runner import build_task
-from bench_cli.trainer import Trainer, TrainResult, _Loop, seed_everything
+from bench_cli.config.compose import compose
+from bench_cli.engine.objective import Objective
+from bench_cli.config.taskfit import build_task
+from bench_cli.engine.trainer import Trainer, TrainResult, _Loop, seed_everything
 from models.attention import collect_auxiliary_loss
 from test_lm import write_wikitext
 from test_text import imdb_rows, write_imdb, write_spa

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from bench_cli import report as R
-from bench_cli.cli import main
+from bench_cli.results import report as R
+from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
-from bench_cli.records import append_record
+from bench_cli.results.records import append_record
 
 EXP = "primal_dual/table1"
 
@@ -126,7 +126,7 @@ def test_welch_and_tolerance():
 def test_paper_n_per_dataset_tests_each_row_with_its_count_and_none_for_one_run():
     """report.paper_n as a mapping: Welch's n per dataset (``default`` for the others); a dataset
     the paper ran once has no spread to test against: no test, never a division by zero."""
-    from bench_cli.report.spec import paper_runs
+    from bench_cli.results.report.spec import paper_runs
 
     runs = paper_runs({"default": 5, "imagenet": 1})
     assert (runs.of("mnist"), runs.of("imagenet"), str(runs)) == (5, 1, "5 (imagenet 1)")
@@ -213,7 +213,7 @@ def test_header_states_the_step_budget_and_the_epochs_from_record_columns(workdi
     """The budget and the epochs come from the records' step_budget / epochs_planned / epochs_run
     columns, not from their overrides (which say nothing of a budget here), and no config is
     composed for them: the report composes its experiment once."""
-    import bench_cli.compose as C
+    import bench_cli.config.compose as C
 
     real, composed = C.compose_unchecked, []
 
@@ -250,7 +250,7 @@ def test_report_errors_are_one_line(workdir, capsys):
 def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, monkeypatch):
     from omegaconf import OmegaConf
 
-    import bench_cli.compose as C
+    import bench_cli.config.compose as C
 
     real = C.compose_unchecked
 
@@ -345,7 +345,7 @@ def test_models_without_records_are_noted_once_and_the_others_keep_their_average
 
 
 def test_logger_wandb_logs_the_table(workdir, monkeypatch):
-    import bench_cli.loggers as L
+    import bench_cli.results.loggers as L
 
     logged = {}
 
@@ -367,7 +367,7 @@ def test_logger_wandb_logs_the_table(workdir, monkeypatch):
 
 def test_small_values_keep_three_significant_digits():
     """An RMSE of 0.05 must not print as 0.05 ± 0.00; accuracies keep two decimals."""
-    from bench_cli.ui import mean_pm as _pm
+    from bench_cli.core.ui import mean_pm as _pm
 
     assert _pm(0.05432, 0.00311) == "0.0543 ± 0.0031"
     assert _pm(98.8108, 0.3111) == "98.81 ± 0.31"
@@ -441,7 +441,7 @@ def test_a_job_key_recorded_twice_counts_once_and_the_report_says_so(workdir, ca
 
 
 def test_wall_clock_charges_the_time_with_runs_in_progress_not_a_pause_between_sittings():
-    from bench_cli.report.command import wall_clock
+    from bench_cli.results.report.common import wall_clock
 
     rows = [{"time": "2026-01-01T10:00:00+00:00", "wall_time_s": 600},   # two workers, overlapping
             {"time": "2026-01-01T10:05:00+00:00", "wall_time_s": 600},
@@ -457,7 +457,7 @@ def test_wall_clock_charges_the_time_with_runs_in_progress_not_a_pause_between_s
 def test_an_experiments_budget_in_words_leads_the_budget_lines():
     from types import SimpleNamespace
 
-    from bench_cli.report.command import budget_lines
+    from bench_cli.results.report.command import budget_lines
 
     rows = [{"step_budget": "500", "overrides": "[]"}]
     stated = SimpleNamespace(used=rows, datasets=[], settings={"budget": "400 steps of batch 32"})
@@ -489,7 +489,7 @@ def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, ca
 def test_report_finds_your_records_and_the_committed_ones_from_any_folder(workdir, capsys, monkeypatch):
     """Without --records: the user's results/local records and the committed ones, found relative
     to the project (not the working folder); it says which files it read and writes to results/local."""
-    from bench_cli.report import command as RC
+    from bench_cli.results.report import command as RC
 
     project = workdir / "project"
     monkeypatch.setattr(RC, "LOCAL", project / "results" / "local")
@@ -520,7 +520,7 @@ def test_a_committed_report_regenerates_from_its_own_report_line(workdir, capsys
     a temp folder) rewrites it byte for byte, the new headers included."""
     import shlex
 
-    from bench_cli.records import PROJECT_ROOT
+    from bench_cli.results.records import PROJECT_ROOT
 
     committed = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
     assert "| matches paper (Welch p ≥ 0.05) |" in committed

@@ -1,4 +1,4 @@
-"""`attnbench report` without an experiment (bench_cli/report/grouped.py): any records file grouped
+"""`attnbench report` without an experiment (bench_cli/results/report/grouped.py): any records file grouped
 by the columns whose values differ between rows, mean and sample std over seeds per group, each
 job_key counted once -- on hand-made records shaped like those of a plain
 `attnbench sweep model=a,b seed=0,1`."""
@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from bench_cli.cli import main
-from bench_cli.records import append_record, read_records
-from bench_cli.report import select
+from bench_cli.commands.cli import main
+from bench_cli.results.records import append_record, read_records
+from bench_cli.results.report import select
 
 SHARED = "task=uea task.dataset=Fixture trainer.max_epochs=2"
 

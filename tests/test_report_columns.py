@@ -1,4 +1,4 @@
-"""The report's one column spec (bench_cli/report/spec.py), each field exercised on hand-made
+"""The report's one column spec (bench_cli/results/report/spec.py), each field exercised on hand-made
 records against a hand-made paper CSV: the record column, the paper metric beside it, the filter
 that picks the paper's row, ratios to the baseline on both sides, and whether it is a table of its
 own, a cell beside the headline table (label, digits) or a cell beside every table."""
@@ -8,10 +8,10 @@ import csv
 
 import pytest
 
-from bench_cli.cli import main
+from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
-from bench_cli.records import append_record
-from bench_cli.report import spec
+from bench_cli.results.records import append_record
+from bench_cli.results.report import spec
 
 EXP = "primal_dual/table1"  # carries the hand-made report settings below
 PAPER = """table,dataset,model,metric,value,std,split,notes,heads
@@ -47,8 +47,8 @@ def toy_report(workdir, monkeypatch):
     """Run the report of the hand-made settings; returns (Markdown, files written through write_rows)."""
     from omegaconf import OmegaConf
 
-    import bench_cli.compose as C
-    import bench_cli.records as records
+    import bench_cli.config.compose as C
+    import bench_cli.results.records as records
 
     (workdir / "results" / "paper").mkdir(parents=True)
     (workdir / "results" / "paper" / "toy.csv").write_text(PAPER)
@@ -106,7 +106,7 @@ def test_inline_columns_label_digits_and_ratios(toy_report):
 def test_csv_columns_and_the_atomic_writer(toy_report, workdir):
     _, written = toy_report
     main_csv, own_csv = workdir / "rep" / f"{EXP}.csv", workdir / "rep" / f"{EXP}.train_accuracy.csv"
-    assert written == [main_csv, own_csv]  # both through bench_cli.records.write_rows
+    assert written == [main_csv, own_csv]  # both through bench_cli.results.records.write_rows
     with open(main_csv, newline="") as f:
         rows = {r["model"]: r for r in csv.DictReader(f) if r["dataset"] == "toy"}  # not the average rows
     fast = rows["fast"]
@@ -144,7 +144,7 @@ def test_layout_places_the_columns():
 def test_an_inline_column_the_paper_does_not_print_says_so_instead_of_naming_none():
     from types import SimpleNamespace
 
-    from bench_cli.report.command import inline_note
+    from bench_cli.results.report.command import inline_note
 
     report = SimpleNamespace(baseline="softmax")
     ours = spec.column({"column": "test_accuracy", "table": "inline", "label": "test accuracy"}, "c")

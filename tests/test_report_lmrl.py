@@ -3,8 +3,8 @@ paper's time / memory columns as ratios to its baseline, and the supplement's s 
 the paper's `s` column."""
 from __future__ import annotations
 
-from bench_cli.cli import main
-from bench_cli.records import append_record
+from bench_cli.commands.cli import main
+from bench_cli.results.records import append_record
 
 
 def record(experiment, task, dataset, model, seed, metric, value, higher, overrides="", **extra):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_cli import smoke as S
+from bench_cli.commands import smoke as S
 from tests.conftest import attnbench
 
 

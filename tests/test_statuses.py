@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.cli import main
-from bench_cli.records import read_records
+from bench_cli.commands.cli import main
+from bench_cli.results.records import read_records
 from conftest import ATTNBENCH
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_oom_from_a_real_allocation_failure(uea_fixture, workdir, monkeypatch):
     allocation failure, as a too-large batch gives. The row says oom, not failed."""
     import torch
 
-    from bench_cli.trainer import Trainer
+    from bench_cli.engine.trainer import Trainer
 
     real = Trainer.forward_loss
 
@@ -136,7 +136,7 @@ def test_csv_survives_a_process_dying_mid_rewrite(uea_fixture, workdir):
     a later run appends to it normally."""
     main(["run", *TINY])
     before = (workdir / "res.csv").read_bytes()
-    code = ("import os, sys; from bench_cli.cli import main\n"
+    code = ("import os, sys; from bench_cli.commands.cli import main\n"
             "os.replace = lambda *a, **k: os._exit(9)\n"
             f"main(['run', *{TINY!r}])\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=300)

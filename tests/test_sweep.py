@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli import compose as C
-from bench_cli import sweep as S
-from bench_cli.cli import main
-from bench_cli.records import read_records
+from bench_cli.config import compose as C
+from bench_cli.commands import sweep as S
+from bench_cli.commands.cli import main
+from bench_cli.results.records import read_records
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "paper"
 
@@ -109,7 +109,8 @@ def test_grid_mistakes_are_one_line_exit_2(uea_fixture, workdir, capsys):
 def fake_runs(monkeypatch):
     """Jobs launched for real (Hydra's basic launcher, in process) that train nothing: the runner
     gets the config the launcher composed and records an ok row with its job_key."""
-    from bench_cli import records, runner
+    from bench_cli.results import records
+    from bench_cli.engine import runner
 
     seen = []
 
@@ -191,7 +192,7 @@ def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, work
 
 
 def test_job_key_is_computed_once_per_planned_job(uea_fixture, workdir, monkeypatch, capsys):
-    from bench_cli import records
+    from bench_cli.results import records
 
     calls = []
     monkeypatch.setattr(records, "job_key", lambda cfg, real=records.job_key: calls.append(1) or real(cfg))
@@ -209,7 +210,7 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
     job after job: the first 20 and the last), and the first and the last of each are composed whole."""
     from omegaconf import open_dict, read_write
 
-    from bench_cli import records
+    from bench_cli.results import records
 
     differences = []
     with S._multirun(overrides, None) as (app, master), C.shared_config_files():
@@ -323,7 +324,7 @@ def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs,
     --force launches it again. The jobs that run get the plan's numbers ([sweep 2/3])."""
     args = [*tiny(workdir), "seed=0,1,2"]
     jobs = S.plan(args)
-    from bench_cli import records
+    from bench_cli.results import records
 
     records.append_record(workdir / "res.csv", {"run_id": "earlier", "status": "ok", "job_key": jobs[0].key})
     records.append_record(workdir / "res.csv", {"run_id": "crashed", "status": "failed", "job_key": jobs[1].key})

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from bench_cli.cli import main
-from bench_cli.compose import compose, load_option
+from bench_cli.commands.cli import main
+from bench_cli.config.compose import compose, load_option
 from bench_cli.core.errors import DataNotFoundError, UserError
-from bench_cli.measure import attention_parameters, count_parameters
+from bench_cli.engine.measure import attention_parameters, count_parameters
 from bench_cli.core.metrics import BLEU, accumulate
-from bench_cli.records import read_records
-from bench_cli.runner import build_task, check_model_fits_task
+from bench_cli.results.records import read_records
+from bench_cli.config.taskfit import build_task, check_model_fits_task
 from models.attention import attention_spec, available_attentions
 from tasks import task_class
 from tasks.text import translation as T
@@ -438,7 +438,7 @@ def test_anki_pairs_split_vocabulary_from_train_only_and_keras_positions(data, m
 
 def test_translation_evaluator_sums_its_statistics_through_the_context(data):
     """A distributed run's processes each evaluate a shard; ctx.reduce sums their statistics."""
-    from bench_cli.trainer import Trainer
+    from bench_cli.engine.trainer import Trainer
     from bench_cli.core.task import EvalContext
 
     write_spa(data, 60)
@@ -599,7 +599,7 @@ def test_nmt_runs_end_to_end_and_records_bleu(data):
 
 # --- reports against the paper's tables --------------------------------------------------------------
 def test_table8_report_matches_the_papers_rows_by_heads_and_split(workdir):
-    from bench_cli.records import append_record
+    from bench_cli.results.records import append_record
 
     exp = "pay_better_attention/table8"
     for model, per_layer in (("standard", 4224), ("efficient", 2112)):

@@ -1,4 +1,4 @@
-"""The one timer (bench_cli.measure.time_rounds), the spread it reports and the noise it detects:
+"""The one timer (bench_cli.engine.measure.time_rounds), the spread it reports and the noise it detects:
 deterministic with a fake clock; the commands' noisy flag with a faked load average."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bench_cli.core.spread import NOISY_NOTE, Spread, interval_text, ratio_spread
-from bench_cli.measure import Conditions, time_rounds, timed
+from bench_cli.engine.measure import Conditions, time_rounds, timed
 
 
 class FakeClock:
@@ -92,7 +92,7 @@ def test_conditions_say_noisy_when_the_load_exceeds_the_cores(monkeypatch):
 
 @pytest.mark.parametrize("load", [0.0, 50.0])
 def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
-    from bench_cli.bench_attention import main
+    from bench_cli.commands.bench_attention import main
 
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0",
@@ -106,7 +106,7 @@ def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
 def test_a_records_epoch_time_is_the_median_with_its_spread(monkeypatch):
     from types import SimpleNamespace
 
-    from bench_cli import schema
+    from bench_cli.results import schema
 
     assert set(schema.TIMING_COLUMNS) <= set(schema.COLUMNS)
     slow_first = SimpleNamespace(epoch_times_s=[9.0, 1.0, 1.0, 1.0, 1.0], train_time_s=13.0, epochs_run=5)
@@ -125,7 +125,7 @@ def test_a_records_epoch_time_is_the_median_with_its_spread(monkeypatch):
 
 
 def test_an_experiment_reports_time_ratio_carries_its_spread_and_the_flag():
-    from bench_cli.report import render, select, spec, stats
+    from bench_cli.results.report import render, select, spec, stats
 
     def cell(times, noisy=""):
         rows = [{"time_per_epoch_s": t, "timing_noisy": noisy if i == 0 else ""} for i, t in enumerate(times)]

@@ -10,8 +10,8 @@ import copy
 import pytest
 import torch
 
-from bench_cli.compose import compose
-from bench_cli.trainer import Trainer, seed_everything
+from bench_cli.config.compose import compose
+from bench_cli.engine.trainer import Trainer, seed_everything
 from bench_cli.core.task import TensorDictDataset
 from tasks.uea import UEAClassification
 

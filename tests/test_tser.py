@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench_cli.cli import main
+from bench_cli.commands.cli import main
 from bench_cli.core.errors import DataNotFoundError, UserError
-from bench_cli.records import read_records
+from bench_cli.results.records import read_records
 from tasks.tser import TSERFetcher, TSERRegression
 
 
@@ -90,7 +90,7 @@ class ScriptedTask(TSERRegression):
 
 @pytest.mark.parametrize("protocol", ["paper", "holdout"])
 def test_selection_keeps_the_lowest_rmse(tser_fixture, protocol):
-    from bench_cli.trainer import Trainer
+    from bench_cli.engine.trainer import Trainer
 
     task = ScriptedTask(task_cfg(protocol=protocol), tser_fixture.parents[1])
     task.setup(protocol)

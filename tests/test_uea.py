@@ -81,7 +81,7 @@ def test_missing_and_unknown_datasets_are_one_line_errors(tmp_path):
 
 
 def test_data_command_copies_packaged_dataset(workdir):
-    from bench_cli.cli import main
+    from bench_cli.commands.cli import main
 
     main(["data", "uea", "BasicMotions"])
     d = workdir / "data" / "uea" / "BasicMotions"
@@ -125,7 +125,7 @@ def test_download_without_network_is_one_line(tmp_path, monkeypatch):
 def test_bad_ts_files_are_one_line_naming_the_file(uea_fixture, workdir, capsys):
     """A TRAIN file without labels, and TEST series with other channels than TRAIN's: one line each
     that names the file(s) and what is wrong (exit 2), never sktime's internals or a traceback."""
-    from bench_cli.cli import main
+    from bench_cli.commands.cli import main
     from conftest import write_ts
 
     run = ["run", "task.dataset=Fixture", "trainer.max_epochs=1", "trainer.progress=false", "results.path=r.csv"]

@@ -117,7 +117,7 @@ def test_startup_imports_neither_torchvision_nor_timm():
 
 # --- dataset readers on fixtures in the real formats ------------------------------------------------
 def vision_cfg(task: str, *overrides: str):
-    from bench_cli.compose import compose
+    from bench_cli.config.compose import compose
 
     return compose([f"task={task}", *overrides])
 
@@ -248,7 +248,7 @@ CLASSES = {"mnist": (10, 1), "mnist5k": (10, 1), "cifar100": (100, 3), "imagenet
 
 def build_on_meta(task: str, model: str, *overrides: str):
     """The task's model for its dataset, on the meta device (counts without memory or init time)."""
-    from bench_cli.runner import build_task
+    from bench_cli.config.taskfit import build_task
 
     cfg = vision_cfg(task, f"model={model}", *overrides)
     t = build_task(cfg)
@@ -267,7 +267,7 @@ PER_LAYER = {
 
 @pytest.mark.parametrize("dataset", list(PER_LAYER))
 def test_vit_tokens_and_parameters_per_attention_layer_are_the_tables(dataset):
-    from bench_cli.measure import attention_parameters
+    from bench_cli.engine.measure import attention_parameters
 
     tokens, table = PER_LAYER[dataset]
     for model, printed in table.items():
@@ -283,7 +283,7 @@ def test_vit_tokens_and_parameters_per_attention_layer_are_the_tables(dataset):
 
 
 def test_vit_totals_near_the_tables_mnist_and_table7():
-    from bench_cli.measure import count_parameters
+    from bench_cli.engine.measure import count_parameters
 
     _, mnist = build_on_meta("vit", "standard")
     assert 250_000 < count_parameters(mnist) < 320_000  # "300K (MNIST)" (papers/002 Sec. 4.1)
@@ -297,7 +297,7 @@ def test_vit_totals_near_the_tables_mnist_and_table7():
 def test_deit_tiny_with_4_heads_and_deit_small_match_timm():
     """Our DeiT (registry attention in models.layers.EncoderLayer) has timm's parameter count and
     197 tokens; primal-dual's DeiT-tiny uses 4 heads (48 dims each), the same count."""
-    from bench_cli.measure import attention_parameters, count_parameters
+    from bench_cli.engine.measure import attention_parameters, count_parameters
     from tasks.vision.torchvision_shim import import_timm
 
     timm = import_timm()
@@ -324,7 +324,7 @@ def test_primal_plus_deit_small_has_primal_only_in_the_last_block():
 def test_conv2d_attention_over_the_patch_grid_with_the_cls_token(single_thread):
     """DeiT with Conv2D attention: the task gives the 4 x 4 patch grid; queries and keys of the
     patches are convolved over it, the cls token's (first) are left as they are."""
-    from bench_cli.runner import build_task
+    from bench_cli.config.taskfit import build_task
 
     cfg = vision_cfg("deit", "model=conv2d", "task.backbone.n_layers=1", "task.backbone.size=tiny")
     task = build_task(cfg)
@@ -417,7 +417,7 @@ def test_repeated_augmentation_only_across_processes():
 
 # --- training: end to end, trainer options, distributed -----------------------------------------------
 def read_rows(path: Path) -> list[dict]:
-    from bench_cli.records import read_records
+    from bench_cli.results.records import read_records
 
     return read_records(path)
 
@@ -432,7 +432,7 @@ SMALL_VIT = ["task.backbone.image_size=28", "task.backbone.patch_size=7", "task.
 
 
 def test_vit_trains_on_real_digits_with_train_metrics_and_inference_time(workdir, single_thread):
-    from bench_cli.cli import main
+    from bench_cli.commands.cli import main
 
     main(["run", "task=vit", "model=super", "task.subset.train=300", "task.subset.test=100", "trainer.max_epochs=6",
           "trainer.batch_size=25", "trainer.optimizer.lr=1e-2", "measure.inference_samples=5000", "seed=0", *SMALL_VIT,
@@ -452,7 +452,7 @@ def test_vit_trains_on_real_digits_with_train_metrics_and_inference_time(workdir
 
 
 def test_deit_trains_on_an_image_folder_with_mixup_and_primal_plus(workdir, single_thread):
-    from bench_cli.cli import main
+    from bench_cli.commands.cli import main
     from tasks.vision.datasets import imagenet100_classes
 
     classes = list(imagenet100_classes())
@@ -473,7 +473,7 @@ def test_cosine_warmup_schedule_is_timms(single_thread):
     CosineLRScheduler (warm-up from warmup_lr, cosine to min_lr after the warm-up) step by step."""
     from omegaconf import OmegaConf
 
-    from bench_cli.optim import make_scheduler
+    from bench_cli.engine.optim import make_scheduler
     from tasks.vision.torchvision_shim import import_timm
 
     scheduler = import_timm("scheduler")
@@ -492,7 +492,7 @@ def test_cosine_warmup_schedule_is_timms(single_thread):
 
 
 def test_deit_parameter_groups_and_lr_scaling():
-    from bench_cli.optim import parameter_groups
+    from bench_cli.engine.optim import parameter_groups
 
     _, net = build_on_meta("deit", "softmax", "task.backbone.n_layers=2")
     plain, decayed = parameter_groups(net, 0.05, no_decay_1d=True)
@@ -507,10 +507,10 @@ def test_deit_parameter_groups_and_lr_scaling():
 
 
 def test_precision_bf16_runs_on_the_cpu_and_fp16_is_refused_there(workdir, single_thread):
-    from bench_cli.cli import main
-    from bench_cli.compose import compose
+    from bench_cli.commands.cli import main
+    from bench_cli.config.compose import compose
     from bench_cli.core.errors import UserError
-    from bench_cli.validate import check_settings
+    from bench_cli.commands.validate import check_settings
 
     with pytest.raises(UserError, match="fp16 needs CUDA"):
         check_settings(compose(["task=vit", "trainer.precision=fp16", "trainer.device=cpu"]))
@@ -529,7 +529,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(work
     one in the test's own process, set up from the variables torchrun would set."""
     import socket
 
-    from bench_cli.cli import main
+    from bench_cli.commands.cli import main
 
     args = ["task=vit", "model=standard", "task.protocol=paper", "task.subset.train=128", "task.subset.test=64",
             "trainer.max_epochs=2", "trainer.batch_size=64", "trainer.strategy=ddp", "task.backbone.dropout=0",
@@ -566,8 +566,8 @@ VISION_EXPERIMENTS = ("pay_better_attention/table1", "pay_better_attention/table
 def test_every_vision_experiment_job_composes_and_its_model_fits_and_builds():
     """Every job of every vision table's grid: composes, its attentions fill the task's roles and
     its model builds (on synthetic shapes: no dataset needed); Super's l is the config's tokens."""
-    from bench_cli.runner import build_task, check_model_fits_task
-    from bench_cli.sweep import plan
+    from bench_cli.config.taskfit import build_task, check_model_fits_task
+    from bench_cli.commands.sweep import plan
 
     seen = set()
     for name in VISION_EXPERIMENTS:
@@ -583,7 +583,7 @@ def test_every_vision_experiment_job_composes_and_its_model_fits_and_builds():
             task = build_task(cfg)
             check_model_fits_task(task, cfg)
             task.setup_synthetic(task.n_tokens - int(bool(cfg.task.backbone.cls_token)))  # the real grid
-            with torch.device("meta"):  # bench_cli.validate.check_model_builds, without the memory
+            with torch.device("meta"):  # bench_cli.commands.validate.check_model_builds, without the memory
                 net = task.build_model(cfg.model)
             if cfg.model.name == "super":
                 assert net.blocks[0].attention.align.weight.shape[0] == task.n_tokens
@@ -605,8 +605,8 @@ def test_report_compares_extra_columns_and_variants_by_a_paper_column(workdir):
     """A Table 5 report from hand-made records: rows per model and head count matched to the
     paper's rows by its heads column, parameters per layer next to the printed ones, epoch-time
     ratios to standard next to the paper's."""
-    from bench_cli.cli import main
-    from bench_cli.records import append_record
+    from bench_cli.commands.cli import main
+    from bench_cli.results.records import append_record
 
     exp = "pay_better_attention/table5"
     for model, params, time_per_epoch in (("standard", 66048, 2.0), ("super", 37184, 1.8)):
@@ -660,7 +660,7 @@ def test_vit_has_no_patch_embedding_dropout_and_deit_keeps_timms():
 def primal_imagenet_draws(init: str, draws: int) -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
     """primal_attention/imagenet's Primal.+ DeiT (tiny, 2 blocks, 32 x 32 images) with
     ``primal_options.init``; its parameters over ``draws`` timm initialisations."""
-    from bench_cli.runner import build_task
+    from bench_cli.config.taskfit import build_task
     from test_keras_reference import collect_draws
 
     cfg = vision_cfg("deit", "experiment=primal_attention/imagenet", "model=primal_plus", "task.dataset=imagenet100",

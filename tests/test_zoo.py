@@ -1,4 +1,4 @@
-"""The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/report/zoo.py): its job list comes
+"""The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/results/report/zoo.py): its job list comes
 from the model group and the registry, covers every offline task, leaves out what a task cannot run
 (with the reason) in the plan and in the sweep alike; a tiny sweep makes records, the report and a
 plot."""
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench_cli import compose as C
-from bench_cli import sweep as S
-from bench_cli.cli import main
-from bench_cli.records import read_records
-from bench_cli.report import zoo
+from bench_cli.config import compose as C
+from bench_cli.commands import sweep as S
+from bench_cli.commands.cli import main
+from bench_cli.results.records import read_records
+from bench_cli.results.report import zoo
 
 OFFLINE = {("uea", "JapaneseVowels"), ("uea", "BasicMotions"), ("tser", "Covid3Month"),
            ("lra_listops", "listops_generated"), ("vit", "mnist5k")}
@@ -93,7 +93,7 @@ def test_a_tiny_zoo_sweep_gives_records_the_report_and_a_plot(workdir, monkeypat
 
 
 def test_presets_that_are_the_same_model_are_named_and_a_tied_metric_alone_is_not_enough():
-    from bench_cli.report.select import Cell
+    from bench_cli.results.report.select import Cell
 
     def entry(model, losses, accuracies=(50.0, 60.0)):
         rows = [{"seed": s, "test_score": a, "test_loss": loss} for s, (a, loss) in enumerate(zip(accuracies, losses))]
@@ -110,7 +110,7 @@ def test_presets_that_are_the_same_model_are_named_and_a_tied_metric_alone_is_no
 
 def test_the_committed_zoo_report_reads_from_any_folder(workdir, capsys):
     """`report zoo/offline` outside the repository: the records and the profile of the project."""
-    from bench_cli.records import PROJECT_ROOT
+    from bench_cli.results.records import PROJECT_ROOT
 
     main(["report", "zoo/offline", "--no-write", "--width", "300"])
     out = capsys.readouterr().out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import sys
 
 EXIT_USAGE = 2
 
@@ -52,8 +53,6 @@ _WARNED: set[str] = set()
 
 def warn_once(message: str) -> None:
     """``message`` on stderr, once per process (a sweep's jobs share one warning about one file)."""
-    import sys
-
     if message not in _WARNED:
         _WARNED.add(message)
         print(message, file=sys.stderr, flush=True)
@@ -174,3 +173,13 @@ def pending_signal() -> int | None:
 def signal_pending() -> bool:
     """Whether a termination signal waits (not cleared): a cheap check at every step."""
     return bool(_pending)
+
+
+def is_oom(err: BaseException) -> bool:
+    """True for out-of-memory errors of any device (CUDA, the CPU allocator, MemoryError). Here, in
+    core, so that the results layer names an ending without importing the engine; torch is looked up,
+    never imported: an error of torch's comes only once torch is loaded."""
+    torch = sys.modules.get("torch")
+    text = str(err).lower()
+    return (isinstance(err, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError)))
+            or "out of memory" in text or "can't allocate memory" in text)

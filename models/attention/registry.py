@@ -91,7 +91,7 @@ def register_attention(
     with the BN modifier switched on), so modifiers compose with kernels instead of
     being copied into them.
 
-    Public API (stable, for plugins: bench_cli/plugins.py): the module that calls it owns
+    Public API (stable, for plugins: bench_cli/config/plugins.py): the module that calls it owns
     ``name``; another module registering the same name gets a ``NameTakenError`` naming both.
     """
     owner = sys._getframe(1).f_globals.get("__name__", "?")  # the caller: who registers (no public API)

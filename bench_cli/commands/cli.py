@@ -1,0 +1,559 @@
+"""`attnbench` command line: run | validate | ls | data | bench.
+
+Subcommands that train go through a ``@hydra.main`` function (by rewriting ``sys.argv``) so
+Hydra's override grammar, ``--cfg``, multirun and the launcher plugins all keep working; the
+configuration is composed and checked first so mistakes become one line and exit status 2.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from bench_cli.config import compose as C
+from bench_cli.config.args import parse
+from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, first_line,
+                                   interruption_name, path_error, unknown_choice)
+from bench_cli.core.phases import PHASES, process_age_s
+from bench_cli.core.ui import console, err_console, fail, print_summary, progress_bar, show_table
+
+# Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
+# (issue 21); the commands that train, validate or list datasets import them where they need them.
+
+RUN_ID_ENV = "ATTNBENCH_RUN_ID"
+
+USAGE = """\
+usage: attnbench <command> [overrides...]
+
+commands:
+  run [overrides]        train and evaluate one model, append a record to results/runs.csv
+  validate [overrides]   compose the config, check the data, build the model, print the config
+  ls [tasks|datasets|models|experiments|runs]
+                         list what can be run, which datasets are available locally, and the
+                         runs made (ls runs: the latest 20 runs, their status and folders; --all)
+  data TASK [NAME]       put a dataset under the data root (copy from a package, download, --generate)
+  sweep [--force] [overrides]
+                         run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
+                         launchers; resumes: jobs with an ok record are skipped
+  report NAME            an experiment's table: the paper, your runs and the committed reproduction
+                         (records found from any folder; --format latex for a paper)
+  evaluate CHECKPOINT [--split test]
+                         evaluate a run's checkpoint (trainer.checkpoint.keep_final=true) on a split
+  profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
+  bench [--seq-lens ...] time every attention variant against softmax
+  bench --against-reference [--seq-lens ...]
+                         time the efficient-attention baselines against their reference code
+  bench-cli [--repeat N] time --help, ls and a misspelt override next to `import torch`
+  bench-overhead [--repeats N] [--cases NAME,...]
+                         time `attnbench run` against a bare PyTorch loop of the same config
+  check-attention NAME [--length N ...] [KEY=VALUE ...]
+                         conformance suite of a registered attention (built-in or plugin)
+  smoke [--device cuda|cpu] [--only TASK,...]
+                         every family briefly on every GPU (fp32, autocast, DDP, profile); results/smoke/
+
+overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn_sh
+trainer.max_epochs=50 seed=3 +key=value; `attnbench run --cfg job` prints the composed config.
+"""
+
+
+# --- run ------------------------------------------------------------------------------------
+def _run_job(cfg: DictConfig) -> None:
+    """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from bench_cli.engine.runner import run_experiment
+
+    from rich.markup import escape
+
+    hc = HydraConfig.get()
+    try:
+        with progress_bar(bool(cfg.trainer.progress)) as progress:
+            row = run_experiment(cfg, Path(hc.runtime.output_dir), progress, overrides=list(hc.overrides.task),
+                                 run_id=os.environ.get(RUN_ID_ENV))
+    except UserError as e:
+        fail(str(e))
+    if row.get("_rank"):  # another process of a distributed run: rank 0 reports
+        if row["status"] != "ok":
+            raise SystemExit(1)
+        return
+    print_summary(row, str(cfg.results.path))
+    if row.get("_append_error"):
+        err_console.print(f"[bold red]error:[/] {escape(row['_append_error'])}", highlight=False, soft_wrap=True)
+        raise SystemExit(1)
+    if row["status"] != "ok":
+        console.print(f"[red]run {row['status']}[/]: {escape(row.get('error') or '')}  (details: {row['output_dir']})",
+                      soft_wrap=True)  # the folder's path unbroken
+        raise SystemExit(1)
+
+
+def _hydra_run() -> None:
+    """Only for Hydra's own flags (--help, --info, --cfg): nothing is trained through it. Decorated
+    when called, so that importing this module does not import Hydra."""
+    import hydra
+
+    @hydra.main(version_base=C.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=C.CONFIG_NAME)
+    def entry(cfg: DictConfig) -> None:
+        raise SystemExit("attnbench run: internal error: the Hydra entry point only serves Hydra's flags")
+
+    entry()
+
+
+_HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c", "--resolve",
+                     "--package", "-p", "--shell-completion", "-sc"}
+
+
+def check_model_on_data(task, cfg: DictConfig):
+    """Build the model for the loaded data and run it forward on two training samples, so that
+    `validate` rejects what the run would (e.g. a Conv2D grid that does not match the length)."""
+    import torch
+
+    from bench_cli.engine.runner import example_batch
+
+    try:
+        model = task.build_model(cfg.model)
+        model.eval()
+        with torch.no_grad():
+            model(**task.model_inputs(example_batch(task, "train", 2, torch.device("cpu"))))
+    except Exception as e:  # noqa: BLE001 - validate records nothing: any failure is its one line
+        raise UserError(f"model '{cfg.model.name}' cannot run on {cfg.task.name}/{task.dataset_name}: "
+                        f"{'' if isinstance(e, (TypeError, ValueError)) else type(e).__name__ + ': '}"
+                        f"{first_line(e)}") from None
+    return model
+
+
+def check_single_job(cfg: DictConfig, overrides: list[str]) -> None:
+    """An experiment that is a grid (hydra.sweeper.params) runs through `attnbench sweep`; `run`
+    takes it only when every axis is fixed on the command line."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    open_axes = [k for k, v in params.items() if k not in given and "," in str(v)]
+    if open_axes:
+        n = 1
+        for k in open_axes:
+            n *= len(str(params[k]).split(","))
+        name = OmegaConf.select(cfg, "experiment_name", default=None) or "this experiment"
+        raise UserError(f"{name} is a grid of {n} jobs over {', '.join(open_axes)}: run it with "
+                        f"`attnbench sweep {' '.join(overrides)}`, or fix {', '.join(open_axes)} to run one job")
+
+
+RUN_USAGE = """\
+usage: attnbench run [overrides...]
+
+Train and evaluate one model and append its record to results.path (results/runs.csv). An
+experiment that is a grid (several datasets, models or seeds) runs with `attnbench sweep`.
+
+config groups (group=option; `attnbench ls tasks|models|experiments` describes them):
+{groups}
+
+overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn
+trainer.max_epochs=5 seed=3 +key=value
+  --cfg job      print the composed config (every key there can be overridden); runs nothing
+  --info         Hydra's view of the config search path and defaults list
+  --hydra-help   Hydra's own flags
+"""
+
+
+def run_usage() -> str:
+    """`attnbench run --help`: every config group with its options (building blocks whose names
+    start with '_' are not options: compose.group_options leaves them out)."""
+    import textwrap
+
+    groups = dict.fromkeys(d.name for folder in C.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())
+                           if d.is_dir() and not d.name.startswith(("_", ".")) and d.name != "hydra")
+    lines = [textwrap.fill(f"{g}: {', '.join(options)}", 100, initial_indent="  ", subsequent_indent="      ",
+                           break_on_hyphens=False) for g in sorted(groups) if (options := C.group_options(g))]
+    return RUN_USAGE.format(groups="\n".join(lines))
+
+
+def cmd_run(args: list[str]) -> None:
+    if args and args[0] in ("-h", "--help"):
+        print(run_usage())
+        return
+    p = parse("run", args, {}, hydra=True, positional=False)
+    if {"-m", "--multirun"} & set(p.hydra):
+        raise UserError("`attnbench run` runs one job; for a grid use `attnbench sweep` (it resumes and records failures)")
+    if _HYDRA_INFO_FLAGS & set(p.hydra):  # Hydra prints what was asked; nothing runs
+        C.dispatch_to_hydra(_hydra_run, args)
+        return
+    if p.hydra:
+        raise UserError(f"unknown option '{next(iter(p.hydra))}' for `attnbench run` (overrides are key=value; "
+                        f"Hydra's --cfg job, --info and --help work)")
+    overrides = p.overrides
+    with PHASES("compose"):
+        cfg = C.compose_run(overrides)  # the run's config, composed once
+    check_single_job(cfg, overrides)
+    from bench_cli.results.records import new_run_id
+    from bench_cli.commands.validate import check_config
+
+    with PHASES("validate"):
+        check_config(cfg, build=True, recorded=True)  # a model that fails when it runs is a failed row
+    note_invocation()
+    # One id everywhere: the run folder (hydra.run.dir), the record and the summary. The processes
+    # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
+    run_id = new_run_id()
+    if str(cfg.trainer.get("strategy", "none")) != "none":
+        from bench_cli.engine import distributed as D
+
+        env = D.setup(str(cfg.trainer.strategy), str(cfg.trainer.device))
+        run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
+    os.environ[RUN_ID_ENV] = run_id
+    try:
+        C.run_job(cfg, _run_job)
+    except KeyboardInterrupt as e:
+        resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
+                   != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
+        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
+             code=exit_code_of(e))
+
+
+# --- validate -------------------------------------------------------------------------------
+def cmd_validate(args: list[str]) -> None:
+    overrides = parse("validate", args, {}, positional=False).overrides
+    cfg = C.compose(overrides, with_hydra=True)
+    check_single_job(cfg, overrides)
+    from rich.syntax import Syntax
+
+    from bench_cli.engine.measure import attention_parameters, count_parameters
+    from bench_cli.commands.validate import check_config
+
+    with open_dict(cfg):
+        del cfg["hydra"]
+    task = check_config(cfg, build=True)
+    task.setup(str(cfg.task.protocol))
+    model = check_model_on_data(task, cfg)
+    console.print(Syntax(OmegaConf.to_yaml(cfg, resolve=True), "yaml", background_color="default"))
+    facts = ", ".join(f"{k}={v}" for k, v in task.describe().items())
+    console.print(f"[green]ok[/]: {cfg.task.name}/{task.dataset_name} ({facts})", soft_wrap=True)
+    attn = attention_parameters(model)
+    console.print(f"[green]ok[/]: model {cfg.model.name}: {count_parameters(model):,} parameters, "
+                  f"{attn['attn_layers']} attention layers of {attn['attn_params_per_layer']:,}", soft_wrap=True)
+
+
+# --- ls -------------------------------------------------------------------------------------
+LS_SECTIONS = ("tasks", "datasets", "models", "experiments", "runs")
+
+
+def cmd_ls(args: list[str]) -> None:
+    p = parse("ls", args, {"--all": False})
+    if len(p.positional) > 1:
+        raise UserError(f"usage: attnbench ls [{'|'.join(LS_SECTIONS)}] [paths.data_root=DIR]")
+    what = p.positional[0] if p.positional else "summary"
+    if what not in (*LS_SECTIONS, "summary"):
+        raise unknown_choice("listing", what, LS_SECTIONS)
+    cfg = C.compose_for_listing(p.overrides)
+    data_root = Path(cfg.paths.data_root).expanduser()
+    listings = {"summary": lambda: _ls_summary(data_root), "tasks": _ls_tasks,
+                "datasets": lambda: _ls_datasets(data_root), "models": _ls_models,
+                "runs": lambda: _ls_runs(Path(cfg.paths.output_dir), bool(p.get("--all"))),
+                "experiments": _ls_experiments}
+    listings[what]()
+
+
+def _plugin_attentions() -> dict[str, dict]:
+    from bench_cli.config import catalog
+    from models import is_builtin
+
+    return {n: a for n, a in catalog.attentions().items() if not is_builtin(a["owner"])}
+
+
+def _ls_summary(data_root: Path) -> None:
+    from bench_cli.config import catalog
+
+    tasks, models, experiments = sorted(catalog.tasks()), C.group_options("model"), C.group_options("experiment")
+    console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
+    console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
+    plugged = [f"{n} ({a['owner']})" for n, a in _plugin_attentions().items()]
+    if plugged:
+        console.print(f"[bold]plugin attentions[/] ({len(plugged)}): {', '.join(plugged)}")
+    console.print(f"[bold]experiments[/] ({len(experiments)}): {', '.join(experiments)}")  # wrapped between names
+    console.print(f"data root: {data_root}", soft_wrap=True)
+    console.print("more: attnbench ls tasks | datasets | models | experiments | runs", soft_wrap=True)
+
+
+def _ls_tasks() -> None:
+    from bench_cli.config import catalog
+
+    rows = [[name, f"{t['selection']} ({'higher' if t['higher_is_better'] else 'lower'} is better)",
+             str(len(t["datasets"])), f"attnbench data {t['fetcher']}" if t["fetcher"] else "-"]
+            for name, t in sorted(catalog.tasks().items())]
+    show_table("tasks (task=NAME)", ["task", "selects on", "datasets", "data"], rows,
+               caption="datasets: those the task knows; `attnbench ls datasets` also finds others under the data root")
+
+
+def _ls_datasets(data_root: Path) -> None:
+    from tasks import available_tasks, task_class  # the fetchers answer: this listing imports the families
+    from tasks.fetch import fetcher
+
+    rows = []
+    for name in available_tasks():
+        cls = task_class(name)
+        for ds in cls.datasets(data_root):
+            status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
+            style = {"local": "green", "package": "cyan", "missing": "dim", "damaged": "red"}[status]
+            shown = {"local": "local", "package": "in package",
+                     "missing": f"missing: attnbench data {cls.fetcher} {ds}",
+                     "damaged": f"damaged: attnbench data {cls.fetcher} {ds} --force"}[status]
+            rows.append([name, ds, f"[{style}]{shown}[/]"])
+    show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
+
+
+def _model_row(model: str, names: list[str], known: dict[str, dict]) -> list[str]:
+    """A model's row of `ls models`: its attentions (the last layer's decides what it can do);
+    ``known``: the attentions' catalog entries (bench_cli.config.catalog)."""
+    from models import is_builtin
+
+    unknown = [n for n in names if n not in known]
+    if unknown:  # a user folder's yaml whose plugin is not imported
+        return [model, f"{', '.join(unknown)} (not registered: import its plugin)", "?", "?"]
+    last = known[names[-1]]
+    caps = last["capabilities"]
+    lacks = ", ".join(label for label, key in (("causal", "causal"), ("mask", "padding_mask"),
+                                               ("any length", "variable_length"), ("cross", "cross")) if not caps[key])
+    shown = [n + ("" if is_builtin(known[n]["owner"]) else f" (plugin: {known[n]['owner']})") for n in names]
+    attention = " + last: ".join(shown) + (" (+ loss)" if caps["extra_loss"] else "")
+    return [model, attention, lacks or "-", f"{last['paper']}, {last['equation']}"]
+
+
+def _ls_models() -> None:
+    from bench_cli.config import catalog
+
+    known = catalog.attentions()
+    rows, used = [], set()
+    for name in C.group_options("model"):
+        m = C.option_data("model", name)
+        names = [m["attention"]["name"]] + ([m["final_attention"]["name"]] if m.get("final_attention") else [])
+        used.update(names)
+        rows.append(_model_row(name, names, known))
+    # A plugin's attention needs no yaml: any model selects it with model.attention.name=NAME.
+    plugged = _plugin_attentions()
+    rows += [_model_row("(any)", [n], known) for n in plugged if n not in used]
+    show_table("models (model=NAME; options: model.attention.KEY=VALUE)",
+               ["model", "attention", "cannot do", "paper"], rows,
+               caption="cannot do: causal (decoders), mask (padding), any length (Super's fixed l), cross "
+                       "(attend to another sequence); + loss: adds an auxiliary loss (KSVD)"
+                       + ("; plugin: the module that registered it; model (any): no yaml, select it in any "
+                          "model with model.attention.name=NAME" if plugged else ""))
+
+
+def _ls_runs(output_dir: Path, every: bool) -> None:
+    from bench_cli.results.records import run_folders, run_state
+
+    states = [st for st in (run_state(d) for d in run_folders(output_dir)) if st]
+    shown = states if every else states[-20:]
+    style = {"ok": "green", "running": "cyan", "killed": "red", "interrupted": "yellow"}
+    rows = []
+    for st in shown:
+        status = st.get("status", "?")
+        text = "started, not finished" if status == "killed" else status
+        rows.append([str(st.get("run_id", "")), f"[{style.get(status, 'red')}]{text}[/]",
+                     f"{st.get('task', '')}/{st.get('dataset', '')}", str(st.get("model", "")),
+                     str(st.get("seed", "")), st["folder"]])
+    show_table(f"runs in {output_dir} ({len(shown)} of {len(states)}; --all for every one)",
+               ["run_id", "status", "task/dataset", "model", "seed", "folder"], rows)
+
+
+def _ls_experiments() -> None:
+    experiments = C.group_options("experiment")
+    # wrapped at the spaces after the commas (80 columns off a terminal); no name is cut
+    console.print("[bold]experiments[/] (attnbench sweep experiment=NAME): " + (", ".join(experiments) or "none yet"),
+                  highlight=False)
+
+
+# --- data -----------------------------------------------------------------------------------
+def cmd_data(args: list[str]) -> None:
+    from tasks.fetch import available_fetchers, fetcher
+
+    p = parse("data", args, {"--force": False}, free_options=True)
+    usage = (f"usage: attnbench data SOURCE [DATASET] [--force] [--OPTION[=VALUE]...] [paths.data_root=DIR]; "
+             f"sources: {', '.join(available_fetchers())}")
+    if len(p.positional) not in (1, 2):
+        raise UserError(usage)
+    source = fetcher(p.positional[0])
+    force = bool(p.options.pop("--force", False))
+    options = {k[2:].replace("-", "_"): v for k, v in p.options.items()}
+    source.check_options(options)
+    cfg = C.compose(p.overrides)
+    options = source.options_from_config(cfg.task, options)
+    data_root = Path(cfg.paths.data_root).expanduser()
+    names = source.datasets(data_root)
+    dataset = p.positional[1] if len(p.positional) == 2 else source.default_dataset(data_root, **options)
+    if dataset is None:
+        raise UserError(f"give a dataset: attnbench data {source.name} NAME; {source.name} datasets: {', '.join(names)}")
+    if dataset not in names:
+        raise unknown_choice(f"{source.name} dataset", dataset, names)
+    try:
+        where = source.fetch(dataset, data_root, force=force, **options)
+    except DataNotFoundError as e:  # the fetchers' messages end "... or run <this very command>": not a way out here
+        raise DataNotFoundError(re.sub(rf",? or run `attnbench data {re.escape(source.name)} {re.escape(dataset)}`",
+                                       "", str(e))) from None
+    console.print(f"[green]ok[/]: {source.name}/{dataset} is in {where}", soft_wrap=True)
+
+
+def cmd_bench(args: list[str]) -> None:
+    from bench_cli.commands.bench_attention import main as bench_main
+
+    bench_main(args)  # parsed there, with bench_cli.config.args.parse (`python -m bench_cli.commands.bench_attention` too)
+
+
+def cmd_sweep(args: list[str]) -> None:
+    from bench_cli.commands.sweep import cmd_sweep as sweep
+
+    note_invocation()
+    sweep(args)
+
+
+def cmd_report(args: list[str]) -> None:
+    from bench_cli.results.report import cmd_report as report
+
+    report(args)
+
+
+def cmd_profile(args: list[str]) -> None:
+    from bench_cli.commands.profile import cmd_profile as profile
+
+    profile(args)
+
+
+def cmd_bench_cli(args: list[str]) -> None:
+    from bench_cli.commands.profile.cli_speed import main as bench_cli_speed
+
+    bench_cli_speed(args)
+
+
+def cmd_check_attention(args: list[str]) -> None:
+    from bench_cli.commands.check_attention import cmd_check_attention as check  # imports torch: lazily
+
+    check(args)
+
+
+def cmd_smoke(args: list[str]) -> None:
+    from bench_cli.commands.smoke import cmd_smoke as smoke  # GPU smoke check of every family (issue 37)
+
+    smoke(args)
+
+
+def cmd_evaluate(args: list[str]) -> None:
+    from bench_cli.commands.evaluate import cmd_evaluate as evaluate  # imports torch: lazily
+
+    evaluate(args)
+
+
+def cmd_bench_overhead(args: list[str]) -> None:
+    from bench_cli.commands.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
+
+    bench_overhead(args)
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
+            "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
+            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead,
+            "smoke": cmd_smoke, "evaluate": cmd_evaluate}
+
+
+def available_commands() -> list[str]:
+    return sorted(COMMANDS)
+
+
+COMPOSING = ("run", "validate", "ls", "data", "sweep", "report", "profile")  # take --config-dir / --config-path
+CONFIG_FLAGS = {"--config-dir": C.add_config_dir, "-cd": C.add_config_dir,
+                "--config-path": C.set_config_path, "-cp": C.set_config_path}
+
+
+def take_config_dirs(args: list[str]) -> list[str]:
+    """``args`` without Hydra's ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR`` (folders
+    added to every composition of the process: plugins' model/*.yaml, experiments) and
+    ``--config-path DIR`` / ``-cp DIR`` (the folder of the root config.yaml)."""
+    rest, i = [], 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in CONFIG_FLAGS:
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                    raise UserError(f"option {name} needs a folder: {name} DIR")
+                i, value = i + 1, args[i + 1]
+            CONFIG_FLAGS[name](value)
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest
+
+
+_TYPED: list[str] = []  # the command line as typed, before Hydra rewrites sys.argv
+
+
+def note_invocation() -> None:
+    """Put the typed command in the environment for the records (``records.invocation``; a
+    sweep's workers inherit it). Called by the commands that record, once their config is checked:
+    the records module imports torch, which a mistake's one line must not wait for."""
+    import shlex
+
+    from bench_cli.results.records import COMMAND_ENV
+
+    if _TYPED:
+        os.environ[COMMAND_ENV] = shlex.join(_TYPED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    cmd, rest = args[0], args[1:]
+    PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)
+    _TYPED[:] = ["attnbench", *args]
+    if cmd not in available_commands():
+        fail(str(unknown_choice("command", cmd, available_commands())))
+    catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits
+    try:
+        from bench_cli.config import plugins
+
+        plugins.import_plugins()  # ATTNBENCH_PLUGINS and entry points, before anything composes
+        if cmd in COMPOSING:
+            rest = take_config_dirs(rest)
+        COMMANDS[cmd](rest)
+    except UserError as e:
+        fail(str(e))
+    except OSError as e:  # a path the user gave that cannot be written (a run records its own failures)
+        problem = path_error(e)
+        if problem is None:
+            raise
+        fail(str(problem))
+    except KeyboardInterrupt as e:  # any command: one line, no traceback (run records it first)
+        fail(f"interrupted: attnbench {cmd} stopped ({interruption_name(e)})", code=exit_code_of(e))
+
+
+def entry() -> None:
+    """The console script (and ``python -m bench_cli.cli``): ``main``, then, after `run`, the process
+    ends without tearing the interpreter down. Every file of the run is written and closed by
+    then; what is left is freeing torch's, Hydra's and the data libraries' objects one by one,
+    about 1 s on 2 cores, that no user waits for gladly (bench-overhead's "exit"). Not when
+    something may still need the normal shutdown: wandb's service, child processes."""
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code
+    if _TYPED[1:2] == ["run"] and "wandb" not in sys.modules:
+        import multiprocessing
+
+        if not multiprocessing.active_children():
+            import logging
+
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+                code = 1
+            logging.shutdown()  # Hydra's log file handlers flushed and closed
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # a closed pipe: nothing more to say there
+                    pass
+            os._exit(code or 0)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    entry()

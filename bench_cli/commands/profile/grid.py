@@ -1,0 +1,277 @@
+"""Task mode of `attnbench profile`: the task's model (or each of ``profile.models``) and the
+baseline at every point (sdpa_backend, d_model, seq_len) of the grid, measured by the harness;
+one row per model and point, the baseline measured once per point and shared by its rows."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from bench_cli.config import compose as C
+from bench_cli.commands.profile.settings import int_list
+from bench_cli.commands.profile import harness as H
+from bench_cli.commands.profile.paper_table import PAPER_RATIO_COLUMNS, PaperRatios
+from bench_cli.commands.profile.render import label
+from bench_cli.commands.reproduce.reductions import PAPER_COLUMNS, REDUCTIONS, paper_columns
+
+SIDES = ("model", "baseline")
+# Per-side measurements, named like the run records' columns where they exist.
+METRICS = (
+    "params", "attn_params_per_layer", "flops_forward", "flops_train_step", "peak_mem_train_bytes",
+    "peak_mem_infer_bytes", "time_train_s", "time_infer_s", "rss_train_bytes",
+    "time_per_1k_steps_s",  # 1000 train steps + profile.timing.eval_batches_per_1k_steps inference batches
+)
+# Timed metrics: each side's median comes with its quartiles (<metric>_q1, _q3), and the ratio is the
+# median of the rounds' ratios with their quartiles (ratio_<metric>_q1, _q3; bench_cli.engine.measure).
+TIMED = ("time_train_s", "time_infer_s", "time_per_1k_steps_s")
+QUARTILES = ("q1", "q3")
+# Throughput of each side, from the median step times: samples (batch_size) and tokens (x seq_len) per second.
+THROUGHPUT = ("samples_per_s_train", "tokens_per_s_train", "samples_per_s_infer", "tokens_per_s_infer")
+
+PROFILE_COLUMNS = [
+    # identity of the point
+    "run_id", "time", "status", "error", "profile", "task", "model", "attention", "baseline",
+    "baseline_attention", "sdpa_backend", "d_model", "n_heads", "n_layers", "seq_len", "batch_size", "device",
+    # measurements of each side, then the ratios model / baseline
+    *[f"{side}_{m}" for side in SIDES for m in METRICS],
+    *[f"ratio_{m}" for m in METRICS],
+    # spreads of the times and their ratios, throughput, and what the machine was doing (noisy: why)
+    *[f"{side}_{m}_{q}" for side in SIDES for m in TIMED for q in QUARTILES],
+    *[f"ratio_{m}_{q}" for m in TIMED for q in QUARTILES],
+    *[f"{side}_{m}" for side in SIDES for m in THROUGHPUT],
+    "load_before", "load_after", "threads", "timing_noisy",
+    # reductions (100 * (1 - ratio)) next to the paper's
+    *[f"reduction_pct_{m}" for m in REDUCTIONS],
+    *PAPER_COLUMNS,
+    # ratios model / baseline printed by the paper (profile.paper: a results/paper table)
+    *PAPER_RATIO_COLUMNS,
+    # how it was measured
+    "model_status", "baseline_status", "model_error", "baseline_error", "model_attn_layers",
+    "baseline_attn_layers", "flops_method", "memory_method", "timing_method", "process_peak_rss_bytes",
+    "point_wall_time_s",
+    # provenance
+    "git_commit", "git_dirty", "torch_version", "attnbench_version", "python_version", "platform", "command",
+]
+
+
+def _with_model(cfg: DictConfig, model_cfg) -> DictConfig:
+    out = cfg.copy()
+    with open_dict(out):
+        out.model = model_cfg
+    return out
+
+
+def _point_cfg(cfg: DictConfig, d_model: int | None) -> DictConfig:
+    """cfg with task.backbone.d_model = d_model and the keys of profile.scale_with_d_model scaled."""
+    out = cfg.copy()
+    if d_model is None:
+        return out
+    backbone = out.task.backbone
+    base = int(backbone.d_model)
+    with open_dict(backbone):
+        for key in cfg.profile.get("scale_with_d_model") or []:
+            if key in backbone and backbone[key] is not None:
+                backbone[key] = max(1, int(round(int(backbone[key]) * d_model / base)))
+        backbone.d_model = d_model
+    return out
+
+
+def _layers(backbone) -> int:
+    """The backbone's blocks: ``n_layers``, or the sum of its stacks (translation: encoder + decoder)."""
+    if backbone.get("n_layers") is not None:
+        return int(backbone.n_layers)
+    return sum(int(v) for k, v in backbone.items() if str(k).startswith("n_") and str(k).endswith("_layers"))
+
+
+def grid(cfg: DictConfig) -> list[tuple[str, int | None, int]]:
+    """Points (sdpa_backend, d_model or None, seq_len), in the order they are measured."""
+    p = cfg.profile
+    d_models = int_list(p, "d_models", allow_null=True) or [None]
+    return [(str(b), d, n) for b in p.sdpa_backends for d in d_models for n in int_list(p, "seq_lens")]
+
+
+def _timed_point(cfg: DictConfig, backend: str, d_model: int | None, seq_len: int, d_default: int | None) -> bool:
+    t = cfg.profile.timing
+    if not t.enabled:
+        return False
+    if t.get("sdpa_backends") is not None and backend not in [str(b) for b in t.sdpa_backends]:
+        return False
+    d = d_model if d_model is not None else d_default
+    if t.get("d_models") is not None and d not in int_list(t, "d_models"):
+        return False
+    return t.get("seq_lens") is None or seq_len in int_list(t, "seq_lens")
+
+
+def _model_cfgs(cfg: DictConfig) -> list:
+    """The measured models: ``model``, or every preset of ``profile.models``, each placed where
+    ``model`` is so its interpolations (e.g. ${per_dataset:...}) resolve against the same root."""
+    names = cfg.profile.get("models")
+    if not names:
+        return [cfg.model]
+    return [_with_model(cfg, C.load_option("model", str(n))).model for n in names]
+
+
+def _build_side(side: H.Side, cfg: DictConfig, task, seq_len: int, device) -> None:
+    """The side's model, its synthetic batch and the run's objective on it (and its optimiser)."""
+    from bench_cli.engine.objective import Objective
+    from bench_cli.engine.optim import make_optimizer, parameter_groups
+    from bench_cli.engine.trainer import seed_everything
+
+    p = cfg.profile
+    seed_everything(int(cfg.seed), False)
+    side.module = task.build_model(side.model_cfg).to(device)
+    batch = task.synthetic_batch(int(p.batch_size), seq_len, device)
+    side.inputs = task.model_inputs(batch)
+    side.loss_fn = Objective.of(task, side.model_cfg).on(side.module, batch)  # the run's objective
+    if p.timing.get("optimizer"):  # the trainer's optimiser (trainer.optimizer), stepped by every timed train step
+        o = cfg.trainer.optimizer
+        side.optimizer = make_optimizer(parameter_groups(side.module, float(o.get("weight_decay", 0.0)),
+                                                         bool(o.get("no_decay_1d", False))), o)
+
+
+def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, progress=None,
+                command: str = "", run_id: str | None = None) -> list[dict]:
+    """Measure every point of the grid for each model and ``cfg.baseline``; return the rows
+    (and hand each to ``on_row`` as soon as it is complete); ``run_id``: the rows' (default: a new one)."""
+    import torch
+
+    from bench_cli.engine import measure as M
+    from bench_cli.results import records
+    from bench_cli.config.taskfit import build_task, check_model_fits_task
+    from bench_cli.engine.trainer import select_device
+
+    p = cfg.profile
+    device = select_device(str(cfg.trainer.device))
+    if cfg.trainer.get("num_threads"):
+        torch.set_num_threads(int(cfg.trainer.num_threads))
+    budget_bytes = H.memory_budget_bytes(p.get("memory_budget_gb"), device)
+    side_cfgs = [("model", m) for m in _model_cfgs(cfg)]
+    if cfg.get("baseline") is not None:
+        side_cfgs.append(("baseline", _with_model(cfg, C.load_option("model", str(cfg.baseline))).model))
+    for _, mcfg in side_cfgs:
+        check_model_fits_task(build_task(cfg), _with_model(cfg, mcfg))
+    d_default = int(cfg.task.backbone.d_model) if "backbone" in cfg.task and "d_model" in cfg.task.backbone else None
+    points = grid(cfg)
+    bar = progress.add_task(label(p.name), total=len(points), status="") if progress else None
+    prov = records.provenance()
+    run_id = run_id or records.new_run_id()
+    reference = [OmegaConf.to_container(r, resolve=True) for r in (p.get("reference") or [])]
+    paper = PaperRatios.of(p.get("paper"))
+    rows = []
+    for backend, d_model, seq_len in points:
+        started = time.perf_counter()
+        pcfg = _point_cfg(cfg, d_model)
+        task = build_task(pcfg)
+        task.setup_synthetic(seq_len)
+        if progress:
+            progress.update(bar, status=f"{backend} d={d_model or d_default} N={seq_len}")
+        sides = [H.Side(role, mcfg, H.Budget(p.get("timeout_s"))) for role, mcfg in side_cfgs]
+        for side in sides:
+            H.guarded(side, "build", lambda side=side: _build_side(side, cfg, task, seq_len, device), p.get("timeout_s"))
+            with H.sdpa_backend(backend):
+                H.guarded(side, "measure", lambda side=side: H.measure_static(
+                    side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
+        timed = _timed_point(cfg, backend, d_model, seq_len, d_default)
+        conditions = M.Conditions.now()
+        if timed:
+            with H.sdpa_backend(backend):
+                H.time_sides([s for s in sides if s.ok], int(p.timing.warmup), int(p.timing.repeats), device,
+                             p.get("timeout_s"), int(p.timing.get("eval_batches_per_1k_steps") or 0),
+                             float(p.timing.get("budget_s") or 0))
+        conditions.done()
+        baseline = sides[-1] if sides[-1].role == "baseline" else None
+        for side in (s for s in sides if s.role == "model"):
+            row = _row(cfg, pcfg, side, baseline, backend, seq_len, device, prov, run_id, command, timed)
+            if timed:
+                row.update(_timing_columns(side, baseline, int(p.batch_size) * seq_len, int(p.batch_size), conditions))
+            row.update(paper_columns(reference, row["d_model"], seq_len, backend))
+            row.update(paper.columns(row))
+            row["process_peak_rss_bytes"] = M.process_peak_rss_bytes()
+            row["point_wall_time_s"] = round(time.perf_counter() - started, 3)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+        for side in sides:  # free the point's models before the next one
+            side.module = side.inputs = side.loss_fn = side.optimizer = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if progress:
+            progress.advance(bar)
+    return rows
+
+
+def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples: int, conditions) -> dict:
+    """Quartiles of the timed metrics and of their round-by-round ratios, throughput, the load and
+    threads, and ``timing_noisy`` (why the times are not to be trusted; empty when they are)."""
+    from bench_cli.engine.measure import ratio_spread
+
+    out, spreads = {}, []
+    sides = [s for s in (model, baseline) if s is not None and s.ok]
+    for side in sides:
+        for q in QUARTILES:
+            out.update({f"{side.role}_{m}_{q}": side.metrics.get(f"{m}_{q}") for m in TIMED})
+        for step in ("train", "infer"):
+            t = side.metrics.get(f"time_{step}_s")
+            out[f"{side.role}_samples_per_s_{step}"] = samples / t if t else None
+            out[f"{side.role}_tokens_per_s_{step}"] = tokens / t if t else None
+    if len(sides) == 2 and model.rounds.get("time_train_s") and baseline.rounds.get("time_train_s"):
+        for m in TIMED:
+            ratio = ratio_spread(model.rounds[m], baseline.rounds[m])
+            spreads.append(ratio)
+            out.update({f"ratio_{m}": ratio.median, f"ratio_{m}_q1": ratio.q1, f"ratio_{m}_q3": ratio.q3})
+    return {**out, **conditions.columns(), "timing_noisy": conditions.noise(spreads)}
+
+
+def _ratio(a, b):
+    if a is None or b in (None, 0):
+        return None
+    return a / b
+
+
+def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, device, prov, run_id, command,
+         timed: bool) -> dict:
+    import torch
+
+    from bench_cli.engine import measure as M
+
+    p = cfg.profile
+    b = pcfg.task.backbone
+    t = p.timing
+    row = {
+        "run_id": run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profile": str(p.name), "task": str(cfg.task.name), "model": str(model.model_cfg.name),
+        "attention": str(model.model_cfg.attention.name),
+        "baseline": str(cfg.baseline) if baseline is not None else "",
+        "baseline_attention": str(baseline.model_cfg.attention.name) if baseline is not None else "",
+        "sdpa_backend": backend, "d_model": int(b.d_model), "n_heads": int(b.n_heads), "n_layers": _layers(b),
+        "seq_len": seq_len, "batch_size": int(p.batch_size), "device": str(device),
+        "timing_method": (f"warmup={t.warmup}, median of >= {t.repeats} alternating rounds (until IQR <= 5% or "
+                          f"{t.get('budget_s') or 0} s), ratios: median of the rounds' ratios, "
+                          f"{torch.get_num_threads()} thread(s), {M.timer_name(device)}"
+                          + (f", train step with {cfg.trainer.optimizer.name} step" if t.get("optimizer") else "")
+                          + (f", per 1K steps: 1000 train steps + {t.eval_batches_per_1k_steps} inference batches"
+                             if t.get("eval_batches_per_1k_steps") else "") if timed else "not timed"),
+        "command": command,
+        **prov,
+    }
+    sides = [s for s in (model, baseline) if s is not None]
+    for side in sides:
+        for m in METRICS:
+            row[f"{side.role}_{m}"] = side.metrics.get(m)
+        row[f"{side.role}_attn_layers"] = side.metrics.get("attn_layers")
+        row[f"{side.role}_status"], row[f"{side.role}_error"] = side.status, side.error
+        for k in ("flops_method", "memory_method"):
+            if side.metrics.get(k) and not row.get(k):
+                row[k] = side.metrics[k]
+    bad = [s for s in sides if not s.ok]
+    row["status"] = bad[0].status if bad else "ok"
+    row["error"] = "; ".join(f"{s.role}: {s.error}" for s in bad)
+    if baseline is not None:
+        for m in METRICS:
+            row[f"ratio_{m}"] = _ratio(row.get(f"model_{m}"), row.get(f"baseline_{m}"))
+        for m in REDUCTIONS:
+            r = row.get(f"ratio_{m}")
+            row[f"reduction_pct_{m}"] = None if r is None else 100.0 * (1.0 - r)
+    return row

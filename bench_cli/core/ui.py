@@ -1,0 +1,199 @@
+"""Terminal output: progress bars and summary tables (rich)."""
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console()
+from bench_cli.core.progress import err_console  # noqa: E402,F401  (one stderr console)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True):
+    if not enabled:
+        yield None
+        return
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                  console=console, transient=False,
+                  auto_refresh=console.is_terminal) as p:  # off a terminal rich draws only at the end: no 10 Hz thread
+        yield _Progress(p)
+
+
+class _Progress:
+    """Thin adapter so the trainer needs no rich import; tasks may omit `status`."""
+
+    def __init__(self, p: Progress):
+        self.p = p
+
+    def add_task(self, description, total, status="", transient=False):
+        return self.p.add_task(description, total=total, status=status)
+
+    def advance(self, task_id, n=1):
+        self.p.advance(task_id, n)
+
+    def update(self, task_id, **kw):
+        self.p.update(task_id, **kw)
+
+    def remove_task(self, task_id):
+        self.p.remove_task(task_id)
+
+
+def show_table(title: str, headers: list[str], rows: list[list[str]], *, caption: str | None = None,
+               row_styles: list[str | None] | None = None, out: Console | None = None) -> None:
+    """A table that stays readable at any width: columns as wide as their widest cell and never
+    wrapped when the table fits the console; otherwise one block per row (first column as its
+    heading, then ``header: value`` lines), so names and numbers are never cut or folded.
+    Cells may hold rich markup; widths are measured on the plain text."""
+    from rich.text import Text
+
+    out = out or console
+    plain = [[Text.from_markup(c).plain for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in plain]) for i, h in enumerate(headers)]
+    needed = sum(widths) + 3 * len(widths) + 1
+    styles = row_styles or [None] * len(rows)
+    if needed <= out.width:
+        t = Table(title=title, caption=caption, caption_justify="left")
+        for h in headers:
+            t.add_column(h, no_wrap=True)
+        for r, style in zip(rows, styles):
+            t.add_row(*r, style=style)
+        out.print(t)
+        return
+    out.print(f"[bold]{title}[/]", soft_wrap=True)
+    for r, style in zip(rows, styles):
+        out.print(Text.from_markup(r[0], style=style or ""), soft_wrap=True)
+        for h, c in zip(headers[1:], r[1:]):
+            out.print(Text.from_markup(f"  {h}: ") + Text.from_markup(c), soft_wrap=True)
+    if caption:
+        out.print(caption, soft_wrap=True)
+
+
+def human(n, unit="") -> str:
+    if n in (None, ""):
+        return "-"
+    n = float(n)
+    for suffix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000:
+            return f"{n:.3g}{suffix}{unit}"
+        n /= 1000
+    return f"{n:.3g}E{unit}"
+
+
+def print_summary(row: dict, records_path: str | None = None) -> None:
+    metric = row.get("metric") or "accuracy"
+    direction = {"True": "↑", "False": "↓", True: "↑", False: "↓"}.get(row.get("higher_is_better"), "")
+    t = Table(title=f"attnbench run {row['run_id']}  [{row['status']}]", show_header=True)
+    t.add_column("field", no_wrap=True)
+    t.add_column("value", overflow="fold")
+    others = [k[len("test_"):] for k in row if k.startswith("test_") and k not in
+              ("test_score", "test_score_last", f"test_{metric}", f"test_{metric}_last")
+              and not k.endswith("_last") and row.get(k) not in (None, "")]
+    from bench_cli.core.spread import interval_text
+
+    fields = [
+        ("task / dataset", f"{row['task']} / {row['dataset']}"),
+        ("model (attention)", f"{row['model']} ({row['attention']})"),
+        ("seed / protocol", f"{row['seed']} / {row['protocol']}" + ("  (test set selects the epoch: optimistic)" if row["protocol"] == "paper" else "")),
+        (f"test {metric} {direction}", _value(row.get("test_score"), metric)),
+        (f"val {metric} (selection)", _value(row.get("val_score"), metric)),
+        *[(f"test {name}", _value(row.get(f"test_{name}"), name)) for name in others],
+        ("best epoch / epochs run", f"{row.get('best_epoch', '-')} / {row.get('epochs_run', '-')}"),
+        ("params (attention per layer)", f"{human(row.get('params'))} ({human(row.get('attn_params_per_layer'))})"),
+        ("FLOPs/sample fwd | train step", f"{human(row.get('flops_forward'))} | {human(row.get('flops_train_step'))}"),
+        ("peak mem train | infer", f"{human(row.get('peak_mem_train_bytes'), 'B')} | {human(row.get('peak_mem_infer_bytes'), 'B')}"),
+        ("train time (median epoch [IQR])", f"{row.get('train_time_s', '-')} s ({interval_text(row, 'time_per_epoch_s', '{:.4g}')} s)"
+         + (f"  [red]{row['timing_noisy']}[/]" if row.get("timing_noisy") else "")),
+        ("device", row.get("device", "-")),
+    ]
+    if row.get("error"):
+        fields.append(("error", row["error"]))
+    for k, v in fields:
+        t.add_row(k, str(v))
+    console.print(t)
+    # Paths below the table, never folded inside a cell, so they can be copied (issue 22).
+    print_path(f"record (run_id {row['run_id']})", records_path or "-")
+    print_path("run folder", str(row.get("output_dir", "-")))
+    if row.get("checkpoint_dir"):  # bench_cli/engine/checkpoint.py
+        size = human(row.get("checkpoint_bytes") or 0, "B")
+        kept = Path(row["checkpoint_dir"]).is_dir()
+        print_path(f"checkpoints ({size}{'' if kept else '; removed, the run is ok: trainer.checkpoint.keep_final=true keeps them'})",
+                   row["checkpoint_dir"])
+
+
+def print_path(label: str, path: str, out: Console | None = None) -> None:
+    """``label: path`` on one line, or the path on a line of its own when both do not fit the
+    console: never broken inside (a terminal may wrap it for display; copying keeps it whole)."""
+    out = out or console
+    text = f"{label}: {path}"
+    if len(text) > out.width:
+        text = f"{label}:\n{path}"
+    out.print(text, soft_wrap=True, highlight=False, markup=False)
+
+
+def _value(v, name: str = "") -> str:
+    if v in (None, ""):
+        return "-"
+    v = float(v)
+    if "accuracy" in name:
+        return f"{v:.2f} %"
+    return f"{v:.4g}" if abs(v) < 100 else f"{v:.2f}"
+
+
+def fail(message: str, code: int = 2):
+    from rich.markup import escape  # a message is text: `pip install 'attnbench[vision]'` keeps its brackets
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+# --- value formatting: the one place reports, sweeps and summaries format numbers ----------------
+DASH = "—"  # a missing value in a report (never a 0)
+
+
+def wide(out: Console, width: int) -> Console:
+    """``out`` itself on a terminal; a console of at least ``width`` columns on the same stream
+    otherwise (a log file or a pipe gets the whole table instead of one squeezed into 80 columns)."""
+    return out if out.is_terminal else Console(file=out.file, width=max(out.width, width))
+
+
+def metric_digits(value: float) -> int:
+    """Decimals that show a metric readably (accuracy 98.65, RMSE 0.0123)."""
+    return 2 if abs(value) >= 1 else 4
+
+
+def mean_pm(mean: float | None, std: float | None, digits: int | None = None) -> str:
+    """mean ± std with 2 decimals, or 3 significant digits for values below 1 (an RMSE of 0.0543)."""
+    if mean is None:
+        return DASH
+    if digits is None:
+        digits = 2 if abs(mean) >= 1 or mean == 0 else 2 - math.floor(math.log10(abs(mean)))
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def fixed(value: float | None, digits: int = 2) -> str:
+    """A number with ``digits`` decimals and thousands separators (66,048), or a dash."""
+    return DASH if value is None else f"{value:,.{digits}f}"
+
+
+def signed(value: float | None) -> str:
+    """A difference with its sign and 2 decimals (+0.22), or a dash."""
+    return DASH if value is None else f"{value:+.2f}"
+
+
+def csv_value(value) -> str:
+    """A report CSV cell: blank for missing, true/false, whole numbers from 1000 up as integers,
+    other numbers with 4 decimals."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) >= 1000 else f"{value:.4f}"
+    return str(value)

@@ -1,0 +1,3 @@
+"""One run, start to end: the run path (runner), the training loop (trainer), the objective,
+optimisers, distributed setup, checkpoints and the measurement. Imports the results layer (to write
+the record), config and core; never a command (tests/test_layers.py)."""

@@ -1,0 +1,236 @@
+"""Checkpoints of a fit, and the exact resume of an interrupted job (DESIGN.md: no work is lost).
+
+A job's checkpoints live in one folder keyed by its ``job_key`` (bench_cli.results.records):
+``<trainer.checkpoint.root or the records file's folder/checkpoints>/<job_key>/ckpt-<n>.pt``, so a
+rerun of the same job with the same records file finds them from any working folder. A checkpoint
+holds everything the rest of the fit depends on (bench_cli.engine.trainer ``_Loop.state``): weights,
+optimiser, scheduler, gradient scaler, the selection (best evaluation, its weights, early-stopping
+count), the evaluation history, the position in the schedule (epoch, batches of it, optimiser
+steps), the training losses not yet read, every random state (Python, NumPy, torch CPU and CUDA,
+the training loader's generator) and the objective's settings. It is written to a temporary file
+and renamed (a crash mid-write leaves the previous one), and read with
+``torch.load(weights_only=True)``: plain data and tensors only, so a file cannot run code
+(random states are stored as tensors and lists for that reason).
+
+Settings (``trainer.checkpoint``, ``trainer.resume``) change where and how often a fit is saved,
+never its result: they are not part of the job key (records.NON_SEMANTIC_KEYS).
+"""
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench_cli.core.errors import UserError
+
+FORMAT = 1
+RESUME_CHOICES = {True: "true", False: "false", "true": "true", "false": "false", "must": "must"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``trainer.checkpoint`` and ``trainer.resume`` read once. ``every``: 0 = after every
+    evaluation, N = every N epochs (epoch schedules) or N optimiser steps (step schedules)."""
+
+    every: int
+    keep: int
+    keep_final: bool
+    resume: str  # true | false | must
+
+
+def settings(trainer_cfg) -> Settings | None:
+    """The checkpoint settings of a trainer config; None when checkpoints are off."""
+    c = trainer_cfg.get("checkpoint") or {}
+    resume = trainer_cfg.get("resume", True)
+    if resume not in RESUME_CHOICES:
+        raise UserError(f"trainer.resume={resume}: expected true, false or must")
+    if not c.get("enabled", True):
+        if RESUME_CHOICES[resume] == "must":
+            raise UserError("trainer.resume=must needs checkpoints: trainer.checkpoint.enabled=false turns them off")
+        return None
+    every = c.get("every", "eval")
+    if every in ("eval", None, 0):
+        every = 0
+    elif not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise UserError(f"trainer.checkpoint.every={every}: expected 'eval' or a whole number of epochs / steps")
+    keep = c.get("keep", 1)
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise UserError(f"trainer.checkpoint.keep={keep}: expected a whole number >= 1")
+    return Settings(int(every), int(keep), bool(c.get("keep_final", False)), RESUME_CHOICES[resume])
+
+
+def folder_of(cfg, job_key: str) -> Path:
+    """The job's checkpoint folder: ``trainer.checkpoint.root/<job_key>``, by default beside the
+    records file (``<its folder>/checkpoints/<job_key>``), as an absolute path."""
+    root = (cfg.trainer.get("checkpoint") or {}).get("root")
+    base = Path(root).expanduser() if root else Path(str(cfg.results.path)).expanduser().parent / "checkpoints"
+    return (base / job_key).absolute()
+
+
+# --- random states, as tensors and lists (torch.load(weights_only=True) reads nothing else) ------
+def rng_state() -> dict:
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, torch.tensor(mt, dtype=torch.int64), gauss],
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict) -> None:
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt.tolist()), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def read(path: Path) -> dict:
+    """A checkpoint file's contents (weights_only: a pickle that would build any other object is
+    refused, without running it). Raises CheckpointError naming the file and the reason."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, corrupt, or a pickle of something else than data
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in str(e):
+            found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand (\S+)", str(e))
+            what = f" ({next(g for g in found.groups() if g)})" if found else ""
+            reason = f"it holds objects other than tensors and plain data{what}, refused unread (loading could run code)"
+        raise CheckpointError(f"checkpoint {path} is unreadable: {reason[:200]}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not an attnbench checkpoint of format {FORMAT}")
+    missing = [k for k in PARTS if k not in state]
+    if missing or not isinstance(state["meta"], dict) or not isinstance(state["position"], dict):
+        raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing) or 'a well-formed meta and position'}")
+    return state
+
+
+# what every checkpoint holds (bench_cli.engine.trainer._Loop.state, and the job's identity)
+PARTS = ("job_key", "meta", "sittings", "wall_time_s", "position", "model", "optimizer", "scheduler", "scaler",
+         "selection", "objective", "result", "pending")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used (one line naming the file)."""
+
+
+def write_atomically(path: Path, state: dict) -> None:
+    """``torch.save`` to a temporary file beside ``path``, synced, renamed over it."""
+    from bench_cli.core.files import atomic_open
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("ckpt-*.pt") if p.is_file()) if folder.is_dir() else 0
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Checkpoints:
+    """The checkpoints of one job: where they are, which to resume from, writing and pruning them,
+    and what the record says about them (``columns``)."""
+
+    def __init__(self, folder: Path, settings: Settings, job_key: str, meta: dict, started: float):
+        self.folder, self.settings, self.job_key, self.meta = folder, settings, job_key, meta
+        self.started = started  # perf_counter at the start of this sitting
+        self.resumed_from, self.sittings, self.earlier_wall_s = "", 1, 0.0
+        self.sequence = 0  # number of the last checkpoint written
+
+    @classmethod
+    def of(cls, cfg, job_key: str, meta: dict, started: float, distributed: bool) -> "Checkpoints | None":
+        """The job's checkpoints, or None when off (or in a distributed run: not supported yet)."""
+        s = settings(cfg.trainer)
+        if s is None:
+            return None
+        if distributed:
+            if s.resume == "must":
+                raise UserError("trainer.resume=must: checkpoints are not written in distributed runs (trainer.strategy=ddp) yet")
+            return None
+        checkpoints = cls(folder_of(cfg, job_key), s, job_key, meta, started)
+        if s.resume == "must" and not checkpoints.files():  # refused before the run starts: no record
+            raise UserError(f"trainer.resume=must: no checkpoint of job {job_key} in {checkpoints.folder}")
+        return checkpoints
+
+    def files(self) -> list[Path]:
+        """The job's checkpoints, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        return sorted(self.folder.glob("ckpt-*.pt"), key=lambda p: _number(p))
+
+    def load(self) -> dict | None:
+        """The newest usable checkpoint (None: start from the beginning). An unreadable one is one
+        line naming it and what happens next: the previous one, starting over, or with
+        ``trainer.resume=must`` a refusal."""
+        if self.settings.resume == "false":
+            return None
+        files = self.files()
+        for path in reversed(files):
+            try:
+                state = read(path)
+                if state.get("job_key") != self.job_key:
+                    raise CheckpointError(f"checkpoint {path} is of job {state.get('job_key')}, not {self.job_key}")
+            except CheckpointError as e:
+                older = files.index(path) > 0
+                if self.settings.resume == "must" and not older:
+                    raise UserError(f"{e}; trainer.resume=must: refusing to start over (remove it, or use trainer.resume=true)") from None
+                say(f"{e}: {'trying the previous one' if older else 'starting over from the beginning'}")
+                continue
+            self.resumed_from = str(path)
+            self.sittings = int(state.get("sittings", 1)) + 1
+            self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
+            self.sequence = _number(path)
+            written = state.get("meta", {}).get("git_commit")
+            differs = f" (written by commit {written}, this is {self.meta.get('git_commit')})" if written != self.meta.get("git_commit") else ""
+            say(f"resuming from {path}: epoch {state['position']['epoch']}, step {state['position']['step']}, "
+                f"sitting {self.sittings}{differs}")
+            return state
+        if self.settings.resume == "must":
+            raise UserError(f"trainer.resume=must: no checkpoint of job {self.job_key} in {self.folder}")
+        return None
+
+    def save(self, state: dict) -> Path:
+        """Write ``state`` as the next checkpoint (with the job's identity and the sittings' wall
+        time), then remove the oldest beyond ``keep``."""
+        self.sequence += 1
+        path = self.folder / f"ckpt-{self.sequence:06d}.pt"
+        wall = self.earlier_wall_s + time.perf_counter() - self.started
+        write_atomically(path, {"format": FORMAT, "job_key": self.job_key, "meta": self.meta,
+                                "sittings": self.sittings, "wall_time_s": wall, **state})
+        for old in self.files()[:-self.settings.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def finish(self, status: str) -> None:
+        """After the record: an ``ok`` job's checkpoints are removed unless ``keep_final``."""
+        if status == "ok" and not self.settings.keep_final and self.folder.is_dir():
+            shutil.rmtree(self.folder, ignore_errors=True)
+            try:  # the checkpoints folder itself, when this was its last job
+                self.folder.parent.rmdir()
+            except OSError:
+                pass
+
+    def columns(self) -> dict:
+        """The record's resume columns (bench_cli.results.schema)."""
+        return {"resumed_from": self.resumed_from, "sittings": self.sittings, "checkpoint_dir": str(self.folder),
+                "checkpoint_bytes": folder_bytes(self.folder)}
+
+
+def _number(path: Path) -> int:
+    try:
+        return int(path.stem.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1

@@ -1,0 +1,210 @@
+"""The package's shape, kept (issue 35, DESIGN.md): the import graph of bench_cli, tasks and models,
+read with ``ast`` (imports inside functions included), has no cycle between files, and imports
+point only down the layers: commands -> engine -> results -> config -> core, with tasks/ and
+models/ on core alone (models nothing of tasks). No function is over 80 lines. Reading the source
+imports nothing, so this runs in a fraction of a second."""
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bench_cli", "tasks", "models")
+MAX_FUNCTION_LINES = 80
+# Functions allowed over MAX_FUNCTION_LINES, each with its reason. None today.
+LONG_FUNCTIONS: dict[str, str] = {}
+
+# Top to bottom: a module may import its own layer and the layers below it, never one above.
+# The engine writes its record through results; results never run anything.
+LAYERS = ("bench_cli.commands", "bench_cli.engine", "bench_cli.results", "bench_cli.config", "bench_cli.core")
+# Old documented paths kept as one-line re-exports (pyproject's console script, `python -m
+# bench_cli.cli` under torchrun, `python -m bench_cli.profile.overhead`): above every layer.
+ENTRY_SHIMS = ("bench_cli.cli", "bench_cli.profile", "bench_cli.profile.overhead")
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> its file, for every module of the three packages."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``name`` imports anywhere in its file (lazy imports too);
+    ``from pkg import sub`` counts as importing the submodule."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {name: imported(name, path, set(files)) for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], itertools.count()
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = next(counter)
+        stack.append(root), on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = next(counter)
+                    stack.append(child), on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def layer_of(name: str) -> int | None:
+    """The module's place in LAYERS (0: the top); None outside bench_cli's layers."""
+    return next((i for i, layer in enumerate(LAYERS) if _within(name, layer)), None)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import against the layer rule, as 'importer -> imported'."""
+    bad = []
+    for name, targets in graph.items():
+        for target in sorted(targets):
+            if _within(name, "tasks") or _within(name, "models"):
+                allowed = not _within(target, "bench_cli") or _within(target, "bench_cli.core")
+                allowed = allowed and not (_within(name, "models") and _within(target, "tasks"))
+            elif _within(name, "bench_cli.core"):
+                allowed = _within(target, "bench_cli.core")
+            elif name in ENTRY_SHIMS or name == "bench_cli" or target == "bench_cli":
+                allowed = True  # bench_cli/__init__.py holds only the version and imports nothing
+            elif _within(name, "bench_cli"):
+                mine, theirs = layer_of(name), layer_of(target)
+                allowed = (mine is not None and (theirs is None and not _within(target, "bench_cli")
+                                                 or theirs is not None and theirs >= mine))
+            else:
+                allowed = True
+            if not allowed:
+                bad.append(f"{name} -> {target}")
+    return bad
+
+
+def functions_over(limit: int, source: str) -> dict[str, int]:
+    """function name -> lines (decorators included), for the functions and methods of ``source``
+    longer than ``limit`` lines."""
+    out = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - min([node.lineno] + [d.lineno for d in node.decorator_list]) + 1
+            if lines > limit:
+                out[node.name] = lines
+    return out
+
+
+def long_functions() -> dict[str, int]:
+    """'module:function' -> lines, for the functions over MAX_FUNCTION_LINES in the three packages."""
+    return {f"{name}:{function}": lines for name, path in module_files().items()
+            for function, lines in functions_over(MAX_FUNCTION_LINES, path.read_text()).items()}
+
+
+GRAPH = import_graph()
+
+
+def test_the_graph_sees_module_level_and_lazy_imports():
+    # runner imports the trainer at module level, the zoo's report builds tasks inside a function
+    assert "bench_cli.engine.trainer" in GRAPH["bench_cli.engine.runner"]
+    assert "bench_cli.config.taskfit" in GRAPH["bench_cli.results.report.zoo"]
+    assert len([m for m in GRAPH if _within(m, "bench_cli")]) > 50 and "tasks.lra.tasks" in GRAPH
+
+
+def test_no_cycle_between_files():
+    assert cycles(GRAPH) == []
+
+
+def test_every_bench_cli_module_sits_in_one_layer():
+    loose = [m for m in GRAPH if _within(m, "bench_cli") and layer_of(m) is None
+             and m not in ENTRY_SHIMS and m != "bench_cli"]
+    assert loose == []
+
+
+def test_imports_point_only_down_the_layers():
+    assert upward_imports(GRAPH) == []
+    assert GRAPH["bench_cli"] == set()
+
+
+def test_no_function_over_80_lines_but_the_listed_ones():
+    assert long_functions().keys() <= LONG_FUNCTIONS.keys()
+
+
+def test_the_length_check_finds_a_planted_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    source = f"def short():\n    pass\n\n\n@staticmethod\ndef planted():\n{body}\n"
+    assert functions_over(MAX_FUNCTION_LINES, source) == {"planted": 82}
+
+
+@pytest.mark.parametrize("graph, finds", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+])
+def test_the_cycle_check_finds_a_planted_cycle(graph, finds):
+    assert cycles(graph) == finds
+
+
+@pytest.mark.parametrize("importer, target", [
+    ("bench_cli.engine.runner", "bench_cli.commands.sweep"),      # engine up to a command
+    ("bench_cli.results.schema", "bench_cli.engine.measure"),     # results up to the engine
+    ("bench_cli.core.errors", "bench_cli.config.compose"),        # core out of core
+    ("tasks.lra.tasks", "bench_cli.engine.trainer"),              # a task past core
+    ("models.lra", "tasks.lra.tasks"),                            # a model into tasks
+    ("bench_cli.flat_module", "bench_cli.core.errors"),           # a module in no layer
+])
+def test_the_layer_check_refuses_a_planted_upward_import(importer, target):
+    assert upward_imports({importer: {target}}) == [f"{importer} -> {target}"]
+
+
+def test_the_layer_check_lets_downward_imports_pass():
+    assert upward_imports({"bench_cli.commands.cli": {"bench_cli.engine.runner", "tasks"},
+                           "bench_cli.engine.runner": {"bench_cli.results.records", "models"},
+                           "tasks.lra.tasks": {"bench_cli.core.task"}}) == []
