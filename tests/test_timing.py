@@ -53,6 +53,14 @@ def test_noisy_steps_run_until_the_budget():
     assert Spread.of(times).noisy
 
 
+def test_one_round_is_never_precise_enough_to_stop():
+    """min_rounds=1 (the zoo profile): a single time has no spread to judge, so rounds go on until
+    three agree (or the budget ends), not 'IQR 0' after one."""
+    clock = FakeClock()
+    (times,) = time_rounds([clock.step("a", constant(1.0))], min_rounds=1, budget_s=1e9, warmup=0, clock=clock)
+    assert times == [1.0] * 3
+
+
 def test_max_rounds_caps_a_noisy_series():
     clock = FakeClock()
     (times,) = time_rounds([clock.step("a", iter([1.0, 3.0] * 100))], min_rounds=2, max_rounds=7, budget_s=1e9,

@@ -475,11 +475,16 @@ def time_rounds(steps: list[Callable[[], float | None]], *, min_rounds: int = 5,
     return times
 
 
+PRECISION_MIN_N = 3  # fewer times have no spread to judge: one round's "IQR" is 0 by construction
+
+
 def _precise(times: list[list[float]], precision: float) -> bool:
     live = [t for t in times if t]
     if not live:
         return True
     base = live[0]
+    if len(base) < PRECISION_MIN_N:
+        return False
     return Spread.of(base).relative <= precision and all(
         ratio_spread(t, base).relative <= precision for t in live[1:] if len(t) == len(base))
 
