@@ -155,7 +155,7 @@ def test_common_options_accepted_everywhere():
 def test_speed_benchmark_runs_every_variant(capsys):
     from bench_cli.commands.bench_attention import main
 
-    results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0"])
+    results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "3", "--budget", "0"])
     timed = {r["variant"] for r in results}
     assert timed == EXPECTED  # 16 is a 4 x 4 grid, so conv2d runs too
     assert all(r["forward_s"] > 0 and r["fwd_bwd_s"] > 0 for r in results)

@@ -18,6 +18,9 @@ def quartiles(values: list[float]) -> tuple[float, float]:
     return q1, q3
 
 
+MIN_SPREAD_N = 3  # fewer measurements than this have no interquartile range worth printing
+
+
 @dataclass(frozen=True)
 class Spread:
     """The median of ``n`` measurements and their interquartile range [q1, q3]."""
@@ -51,9 +54,11 @@ class Spread:
         return Spread(factor / self.median, factor / self.q3, factor / self.q1, self.n)
 
     def columns(self, name: str, digits: int = 6) -> dict:
-        """``{name: median, name_q1: q1, name_q3: q3}`` for a record or a CSV row."""
-        return {name: round(self.median, digits), f"{name}_q1": round(self.q1, digits),
-                f"{name}_q3": round(self.q3, digits)}
+        """``{name: median, name_q1: q1, name_q3: q3}`` for a record or a CSV row; the quartiles
+        empty under MIN_SPREAD_N times (one timed round has no spread: not an interval of width 0)."""
+        known = self.n >= MIN_SPREAD_N
+        return {name: round(self.median, digits), f"{name}_q1": round(self.q1, digits) if known else None,
+                f"{name}_q3": round(self.q3, digits) if known else None}
 
     def text(self, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
         """'1.23 [1.10-1.31]': the median and its IQR."""
