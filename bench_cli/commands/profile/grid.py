@@ -220,7 +220,7 @@ def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples
         for m in TIMED:
             ratio = ratio_spread(model.rounds[m], baseline.rounds[m])
             spreads.append(ratio)
-            out.update({f"ratio_{m}": ratio.median, f"ratio_{m}_q1": ratio.q1, f"ratio_{m}_q3": ratio.q3})
+            out.update(ratio.columns(f"ratio_{m}", digits=9))
     return {**out, **conditions.columns(), "timing_noisy": conditions.noise(spreads)}
 
 

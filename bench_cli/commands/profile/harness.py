@@ -226,7 +226,7 @@ def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, 
         if side.ok and train and infer:
             for key, values in side.rounds.items():
                 spread = Spread.of(values)
-                side.metrics.update({key: spread.median, f"{key}_q1": spread.q1, f"{key}_q3": spread.q3})
+                side.metrics.update(spread.columns(key, digits=9))
         side.module.zero_grad(set_to_none=True)
 
 
