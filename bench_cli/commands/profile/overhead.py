@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 from bench_cli.core.files import write_atomically
 from bench_cli.core.phases import Phases, process_age_s
@@ -292,12 +293,6 @@ def stages(side: dict) -> dict[str, float]:
     age = phases.get("process_age_s")
     out["exit"] = side["process_s"] - age if age is not None else float("nan")
     return out
-
-
-def median(values: list[float]) -> float:
-    import statistics
-
-    return statistics.median(values)
 
 
 def measure_case(name: str, overrides: list[str], repeats: int, workdir: Path) -> dict:
