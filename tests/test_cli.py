@@ -375,3 +375,15 @@ def test_run_summary_prints_long_paths_unbroken_at_80_columns(workdir):
     lines = out.splitlines()
     assert folder in lines and records in lines  # each on a line of its own, whole
     assert max(len(line) for line in lines if line not in (folder, records)) <= 80
+
+
+def test_every_command_answers_help_with_its_usage_and_exit_0(capsys, workdir):
+    """`attnbench VERB --help` never refuses --help as an unknown option: every verb prints a usage
+    (its own, or its entry of the main usage with the options it takes)."""
+    from bench_cli.commands.cli import COMMANDS
+
+    for command in COMMANDS:
+        main([command, "--help"])
+        out = capsys.readouterr().out
+        assert f"attnbench {command}" in out, (command, out)
+        assert "unknown option" not in out

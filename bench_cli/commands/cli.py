@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench_cli.config import compose as C
-from bench_cli.config.args import parse
+from bench_cli.config.args import HelpRequested, parse
 from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, first_line,
                                    interruption_name, path_error, unknown_choice)
 from bench_cli.core.phases import PHASES, process_age_s
@@ -453,6 +453,21 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_
             "smoke": cmd_smoke, "evaluate": cmd_evaluate}
 
 
+def command_usage(command: str, options: dict) -> str:
+    """`attnbench COMMAND --help` for a command without a usage text of its own: its entry of USAGE
+    (the lines from its name to the next command) and the options it takes."""
+    lines, mine = [], False
+    for line in USAGE.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            mine = line.split()[0] == command
+        elif not line.startswith("   "):
+            mine = False
+        if mine:
+            lines.append(line)
+    valid = ", ".join(sorted(options)) or "none"
+    return "\n".join([f"usage: attnbench {command} ...", *lines, f"options: {valid}"])
+
+
 def available_commands() -> list[str]:
     return sorted(COMMANDS)
 
@@ -514,6 +529,8 @@ def main(argv: list[str] | None = None) -> None:
         if cmd in COMPOSING:
             rest = take_config_dirs(rest)
         COMMANDS[cmd](rest)
+    except HelpRequested as h:
+        print(command_usage(h.command, h.options))
     except UserError as e:
         fail(str(e))
     except OSError as e:  # a path the user gave that cannot be written (a run records its own failures)

@@ -21,6 +21,15 @@ from bench_cli.core.errors import UserError, did_you_mean
 Arity = bool | str | tuple  # False: flag, True: one value, "+": one or more, tuple: optional value from choices
 
 
+class HelpRequested(Exception):
+    """``-h``/``--help`` given to a command that has no usage text of its own: the dispatcher prints
+    the command's lines of the main usage and its options, and exits 0."""
+
+    def __init__(self, command: str, options: dict[str, Arity]):
+        super().__init__(command)
+        self.command, self.options = command, options
+
+
 @dataclass
 class Parsed:
     positional: list[str] = field(default_factory=list)
@@ -53,6 +62,8 @@ def parse(command: str, args: list[str], options: dict[str, Arity], free_options
     accepted (checked later by the callee); with ``hydra`` Hydra's flags are accepted (the
     command's own options win a name they share); without ``positional`` every argument that is
     not an option is an override (Hydra's grammar then judges it)."""
+    if not hydra and any(a in ("-h", "--help") for a in args) and not {"-h", "--help"} & set(options):
+        raise HelpRequested(command, options)
     out, i = Parsed(), 0
     known = options  # with Hydra's flags once an option is met: reading them imports Hydra (half a second)
     while i < len(args):
