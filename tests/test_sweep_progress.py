@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from bench_cli.core import ui
 from bench_cli.results import records
 from test_sweep import sweep, tiny
 
-LINE = re.compile(r"^sweep progress: (\d+) done, (\d+) failed, (\d+) running, (\d+) to go; \d+ s elapsed, ETA (\d+ s|\?)$")
+LINE = re.compile(r"^sweep progress: (\d+) done, (\d+) failed, (\d+) running, (\d+) to go; ETA (\d+ s|\?), \d+ s elapsed$")
 
 
 def progress_lines(out: str) -> list[tuple[int, int, int, int, str]]:
@@ -37,8 +38,10 @@ def test_counts_come_from_the_records_and_claims_the_jobs_write(workdir, monkeyp
     now[0] = 130.0  # two jobs in 30 s: 15 s a job, two left
     counts = progress.poll()
     assert (counts.done, counts.failed, counts.running, counts.to_go, counts.eta_s) == (1, 1, 1, 1, 30.0)
-    assert counts.text(30.0) == "1 done, 1 failed, 1 running, 1 to go; 30 s elapsed, ETA 30 s"
-    assert P.Counts(4).text(5.0).endswith("ETA ?")  # nothing finished: no time per job yet
+    assert counts.text(30.0) == "1 done, 1 failed, 1 running, 1 to go; ETA 30 s, 30 s elapsed"
+    assert "ETA ?" in P.Counts(4).text(5.0)  # nothing finished: no time per job yet
+    assert P.Counts(200, done=16, failed=1, running=2, eta_s=9000).text(730) == \
+        "16 done, 1 failed, 2 running, 181 to go; ETA 2.5 h, 12 min elapsed"
 
 
 def test_redirected_lines_after_each_finished_job_and_while_quiet(workdir, monkeypatch, capsys):
@@ -54,6 +57,23 @@ def test_redirected_lines_after_each_finished_job_and_while_quiet(workdir, monke
                                                 "sweep progress: 1 done, 0 failed, 0 running, 1 to go",
                                                 "sweep progress: 2 done, 0 failed, 0 running, 0 to go"]
     assert P.QUIET_LINE_S == 60  # the middle line: a minute (92 - 31 s) without a finished job
+
+
+def test_on_a_terminal_the_progress_is_one_live_line_of_80_columns(workdir, monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(ui, "console", ui.Console(file=out, force_terminal=True, width=80))
+    monkeypatch.setattr(P, "POLL_S", 0.05)
+    path = str(workdir / "res.csv")
+    with P.SweepProgress([("k1", path), ("k2", path)], {}, ttl_s=600) as progress:
+        records.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
+        for _ in range(100):  # the background thread reads the record within a poll or two
+            if progress.bar.tasks[0].completed == 1:
+                break
+            time.sleep(0.05)
+        progress.bar.refresh()
+    shown = out.getvalue()
+    assert re.search(r"sweep\S* \S* 1 done, 0 failed, 0 running, 1 to go; ETA \d+ s, \d+ s elapsed\s", shown), shown
+    assert "sweep progress:" not in shown  # no plain lines on a terminal
 
 
 def test_a_job_in_a_worker_process_clears_the_sweeps_live_line_in_the_same_write(monkeypatch):

@@ -42,9 +42,10 @@ class Counts:
         return self.done + self.failed
 
     def text(self, elapsed_s: float) -> str:
-        """One line that fits 80 columns beside the live bar ('ETA ?' until a job has finished)."""
+        """One line ('ETA ?' until a job has finished); beside the live bar on a narrow terminal,
+        what is cut is its end: the time elapsed."""
         return (f"{self.done} done, {self.failed} failed, {self.running} running, {self.to_go} to go; "
-                f"{records.duration_text(elapsed_s)} elapsed, ETA {records.duration_text(self.eta_s)}")
+                f"ETA {records.duration_text(self.eta_s)}, {records.duration_text(elapsed_s)} elapsed")
 
 
 class SweepProgress:
