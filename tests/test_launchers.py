@@ -49,6 +49,8 @@ def test_a_two_job_sweep_through_submitit_local_processes(uea_fixture, workdir, 
     args = [*tiny(workdir), "trainer.num_threads=1", "trainer.progress=false", "seed=0,1", "hydra/launcher=local",
             "hydra.launcher.timeout_min=5"]
     assert sweep(*args) == 0, capsys.readouterr()
+    # the jobs print into their own log files: the sweep's progress lines are what the terminal shows
+    assert "sweep progress: 2 done, 0 failed, 0 running, 0 to go" in capsys.readouterr().out
     rows = read_records(workdir / "res.csv")
     assert sorted((r["seed"], r["status"]) for r in rows) == [("0", "ok"), ("1", "ok")]
     assert len({r["output_dir"] for r in rows}) == 2

@@ -26,6 +26,9 @@ claim of a process that is gone (kill -9) is taken over. A dry run lists every j
 whose data is missing (of those to run: a finished job needs neither its data nor its model built);
 a real sweep refuses them in one line.
 
+Progress: jobs done / failed / running / to go with a time left, read from the records and
+claims the jobs write whichever process runs them (``sweep_progress``; docs/progress.md).
+
 Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recorded by the runner
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
 without an ``ok`` record after the sweep (capped at 125), not counting those another process is
@@ -134,6 +137,7 @@ class JobPlan:
     # ok row), or with --force the number of rows when the sweep started (those are rerun)
     ok_rows_from: dict = field(default_factory=dict)
     swept: frozenset = frozenset()  # the keys that vary between the sweep's jobs (their labels show them)
+    live_line: bool = False  # the sweep draws its progress on a live terminal line (sweep_progress)
 
     def check(self, overrides: tuple[str, ...], cfg: DictConfig) -> int:
         """The job's position in the plan, after checking that ``cfg`` is the planned config."""
@@ -434,7 +438,8 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     position = plan.check(overrides, cfg)
     head, key = _head(position, plan.total), plan.keys[overrides][1]
     label = job_label(cfg, overrides, plan.swept)
-    claimed = claim(cfg, key, plan, head, label)
+    say = _job_printer(plan)
+    claimed = claim(cfg, key, plan, head, label, say)
     if claimed is False:
         return "skipped"
     threads = _threads_for_launcher(cfg)
@@ -442,30 +447,45 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
         torch.set_num_threads(threads)
     try:
         if not claimed:  # a job of several processes: not claimed
-            return _run_job(cfg, hc, position, plan.total, head, label)
+            return _run_job(cfg, hc, position, plan.total, head, label, say)
         with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
-            return _run_job(cfg, hc, position, plan.total, head, label)
+            return _run_job(cfg, hc, position, plan.total, head, label, say)
     except KeyboardInterrupt as e:  # recorded by the runner; in the sweep's own process it stops the sweep
         if os.getpid() == plan.sweep_pid:
             raise
-        from bench_cli.core.ui import console
-
-        console.print(f"{head} [red]interrupted[/] ({interruption_name(e)}) {label}: the same sweep command resumes it "
-                      "from its checkpoint", highlight=False, soft_wrap=True)
+        say(f"{head} [red]interrupted[/] ({interruption_name(e)}) {label}: the same sweep command resumes it "
+            "from its checkpoint")
         return "interrupted"
     finally:
         if claimed:
             records.release_job(str(cfg.results.path), key)
 
 
-def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str) -> bool | None:
+def _job_printer(plan: JobPlan):
+    """``say(text)``: a job's line (rich markup) on the console; in another process than the
+    sweep's, writing to the terminal where the sweep draws its live line, that line is cleared
+    first (sweep_progress.clear_live_line)."""
+    from bench_cli.commands.sweep_progress import clear_live_line
+    from bench_cli.core.ui import console
+
+    clear = plan.live_line and os.getpid() != plan.sweep_pid and console.is_terminal
+
+    def say(text: str) -> None:
+        with console:  # one write: the clearing and the line
+            if clear:
+                clear_live_line(console)
+            console.print(text, highlight=False, soft_wrap=True)
+
+    return say
+
+
+def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str, say) -> bool | None:
     """Claim the job in its records file before it runs (records.claim_job), so that another sweep
     of the same file skips it: False when another process ran it or runs it now (said in one
     line), None for a job of several processes (torchrun, Slurm tasks: each runs it; not claimed)."""
     from rich.markup import escape
 
     from bench_cli.engine.distributed import launch_env
-    from bench_cli.core.ui import console
 
     env = launch_env()
     if env is not None and env.world_size > 1:
@@ -473,26 +493,26 @@ def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str) -> bo
     path = str(cfg.results.path)
     claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0), records.claim_ttl(cfg))
     if not claimed:
-        console.print(f"{head} [yellow]skipped[/], {escape(note)}: {label}", highlight=False, soft_wrap=True)
+        say(f"{head} [yellow]skipped[/], {escape(note)}: {label}")
     elif note:
-        console.print(f"{head} {escape(note)}: {label}", highlight=False, soft_wrap=True)
+        say(f"{head} {escape(note)}: {label}")
     return claimed
 
 
-def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: str) -> str:
-    """Train and record the job; print its line; its status."""
+def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: str, say) -> str:
+    """Train and record the job; print its line (``say``); its status."""
     from rich.markup import escape
 
     from bench_cli.engine.runner import run_experiment
-    from bench_cli.core.ui import console, metric_digits
+    from bench_cli.core.ui import metric_digits
 
-    console.print(f"{head} [cyan]start[/]   {label}", highlight=False, soft_wrap=True)
+    say(f"{head} [cyan]start[/]   {label}")
     t0 = time.perf_counter()
     try:
         row = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
                              line_prefix=f"[sweep {position + 1}/{total}] {label}: ")
     except UserError as e:  # recorded by the runner; the sweep goes on
-        console.print(f"{head} [red]failed[/]  {label}: {escape(str(e))}", highlight=False, soft_wrap=True)
+        say(f"{head} [red]failed[/]  {label}: {escape(str(e))}")
         return "failed"
     if row.get("_rank"):  # another process of a distributed job: rank 0 reports
         return row["status"]
@@ -500,8 +520,7 @@ def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: s
     shown = (f"test {row['metric']} {float(value):.{metric_digits(value)}f}" if isinstance(value, (int, float))
              else escape(str(row.get("error", ""))))
     style = "green" if row["status"] == "ok" else "red"
-    console.print(f"{head} [{style}]{row['status']:<7}[/] {label}  {shown}  ({time.perf_counter() - t0:.0f} s)",
-                  highlight=False, soft_wrap=True)
+    say(f"{head} [{style}]{row['status']:<7}[/] {label}  {shown}  ({time.perf_counter() - t0:.0f} s)")
     return row["status"]
 
 
@@ -511,12 +530,12 @@ def _head(position: int, total: int) -> str:
     return escape(f"[sweep {position + 1:>{len(str(total))}}/{total}]")
 
 
-def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None) -> list:
+def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live_line: bool = False) -> list:
     """Run ``todo`` with the launcher of the sweep's config, in batches of
     ``hydra.sweeper.max_batch_size``, as Hydra's ``Hydra.multirun`` and ``BasicSweeper.sweep`` do
     (callbacks, ``multirun.yaml`` in the sweep folder), minus their second expansion and
     composition of the grid: the jobs are the plan's. Returns Hydra's JobReturns; stops after a
-    batch in which a job did not match the plan. ``ok_rows_from``: see ``JobPlan``."""
+    batch in which a job did not match the plan. ``ok_rows_from``, ``live_line``: see ``JobPlan``."""
     from hydra._internal.callbacks import Callbacks
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
@@ -527,7 +546,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None) -> l
     keys = {tuple(j.overrides): (i, j.key) for i, j in enumerate(sweep.jobs)}
     swept = sweep.jobs[0].swept if sweep.jobs else frozenset()
     task_function = functools.partial(run_planned_job, plan=JobPlan(keys, len(sweep.jobs), os.getpid(),
-                                                                    dict(ok_rows_from or {}), swept))
+                                                                    dict(ok_rows_from or {}), swept, live_line))
     returns: list = []
     with C.hydra_app(JOB_NAME, sweep.flags) as app:
         setup_globals()
@@ -651,6 +670,7 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     process runs at the end are not counted)."""
     from rich.markup import escape
 
+    from bench_cli.commands.sweep_progress import SweepProgress
     from bench_cli.results.records import new_run_id
     from bench_cli.core.ui import console
 
@@ -659,7 +679,8 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     os.environ["ATTNBENCH_RUN_ID"] = new_run_id()  # the sweep's folder (hydra.sweep.dir)
     plugins.export_to_environment()  # the workers it starts import the same plugins
     try:
-        returns = launch(sweep, todo, before if force else None)
+        with SweepProgress([(j.key, j.records_path) for j in todo], before, records.claim_ttl(todo[0].cfg)) as progress:
+            returns = launch(sweep, todo, before if force else None, live_line=progress.live)
     except KeyboardInterrupt as e:
         summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)
         console.print(f"[red]interrupted[/] ({interruption_name(e)}): rerun the same command to run only the "

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.table import Column, Table
+from rich.text import Text
 
 console = Console()
 from bench_cli.core.progress import err_console  # noqa: E402,F401  (one stderr console)
@@ -19,24 +22,51 @@ def progress_bar(enabled: bool = True):
     if not enabled:
         yield None
         return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(),
+                  # the status (the last evaluation) folds onto a second line rather than squeeze the counts
+                  TextColumn("{task.fields[status]}", table_column=Column(no_wrap=False)),
                   console=console, transient=False,
                   auto_refresh=console.is_terminal) as p:  # off a terminal rich draws only at the end: no 10 Hz thread
         yield _Progress(p)
 
 
+class RateColumn(ProgressColumn):
+    """The task's speed in its ``unit`` per second (``12.5 steps/s``, ``1,250 steps/s``); empty for
+    a task without a unit or before rich has two samples."""
+
+    def render(self, task) -> Text:
+        unit, speed = task.fields.get("unit"), task.speed
+        if not unit or not speed:
+            return Text("")
+        return Text(f"{speed:,.0f} {unit}/s" if speed >= 100 else f"{speed:.3g} {unit}/s", style="progress.data.speed")
+
+
 class _Progress:
     """Thin adapter so the trainer needs no rich import; tasks may omit `status`."""
 
+    COUNT_EVERY_S = 0.1  # ``count`` redraws at most this often: a training step costs a call and a clock read
+
     def __init__(self, p: Progress):
         self.p = p
+        self.counted: dict = {}  # task -> (its total, when ``count`` last passed its value on)
 
-    def add_task(self, description, total, status="", transient=False):
-        return self.p.add_task(description, total=total, status=status)
+    def add_task(self, description, total, status="", transient=False, unit=""):
+        task = self.p.add_task(description, total=total, status=status, unit=unit)
+        self.counted[task] = (total, 0.0)
+        return task
 
     def advance(self, task_id, n=1):
         self.p.advance(task_id, n)
+
+    def count(self, task_id, done: int) -> None:
+        """The task's count, called as often as it changes (each training step): passed on to the
+        bar at most every COUNT_EVERY_S seconds, and when it reaches the total."""
+        now = time.monotonic()
+        total, last = self.counted[task_id]
+        if now - last >= self.COUNT_EVERY_S or done == total:
+            self.counted[task_id] = (total, now)
+            self.p.update(task_id, completed=done)
 
     def update(self, task_id, **kw):
         self.p.update(task_id, **kw)
@@ -51,8 +81,6 @@ def show_table(title: str, headers: list[str], rows: list[list[str]], *, caption
     wrapped when the table fits the console; otherwise one block per row (first column as its
     heading, then ``header: value`` lines), so names and numbers are never cut or folded.
     Cells may hold rich markup; widths are measured on the plain text."""
-    from rich.text import Text
-
     out = out or console
     plain = [[Text.from_markup(c).plain for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in plain]) for i, h in enumerate(headers)]
@@ -104,7 +132,7 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
         (f"test {metric} {direction}", _value(row.get("test_score"), metric)),
         (f"val {metric} (selection)", _value(row.get("val_score"), metric)),
         *[(f"test {name}", _value(row.get(f"test_{name}"), name)) for name in others],
-        ("best epoch / epochs run", f"{row.get('best_epoch', '-')} / {row.get('epochs_run', '-')}"),
+        schedule_field(row),
         ("params (attention per layer)", f"{human(row.get('params'))} ({human(row.get('attn_params_per_layer'))})"),
         ("FLOPs/sample fwd | train step", f"{human(row.get('flops_forward'))} | {human(row.get('flops_train_step'))}"),
         ("peak mem train | infer", f"{human(row.get('peak_mem_train_bytes'), 'B')} | {human(row.get('peak_mem_infer_bytes'), 'B')}"),
@@ -125,6 +153,15 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
         kept = Path(row["checkpoint_dir"]).is_dir()
         print_path(f"checkpoints ({size}{'' if kept else '; removed, the run is ok: trainer.checkpoint.keep_final=true keeps them'})",
                    row["checkpoint_dir"])
+
+
+def schedule_field(row: dict) -> tuple[str, str]:
+    """Where the selected evaluation was and how long the fit ran, in the schedule's unit: steps
+    for a step schedule (its record has ``best_step``: trainer.max_steps / eval_every_steps), else
+    epochs."""
+    if row.get("best_step") not in (None, ""):
+        return "best step / steps run", f"{row['best_step']} / {row.get('steps_run') or '-'}"
+    return "best epoch / epochs run", f"{row.get('best_epoch', '-')} / {row.get('epochs_run', '-')}"
 
 
 def print_path(label: str, path: str, out: Console | None = None) -> None:

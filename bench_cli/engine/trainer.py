@@ -410,10 +410,9 @@ class _Loop:
         self.loss_at: list[tuple[int, int]] = []  # (epoch, batch) of each, to say where a loss diverged
         clip = trainer.cfg.get("grad_clip")  # read once: a config lookup per step costs more than the clip
         self.grad_clip = float(clip) if clip else None
-        self.bar_unit = "steps" if plan.by_steps else "epochs"
+        # the bar counts optimiser steps (an epoch of ImageNet moves it too); an epoch schedule names the epoch
         progress = trainer.progress
-        self.bar = (progress.add_task("train", total=plan.total_steps if plan.by_steps else plan.epochs, status="")
-                    if progress else None)
+        self.bar = progress.add_task("train", total=plan.total_steps, status="", unit="steps") if progress else None
 
     def run(self, position: dict | None = None) -> None:
         """The epochs of the schedule, from the first or from a checkpoint's ``position``."""
@@ -425,6 +424,8 @@ class _Loop:
             t.train_model.train()
             if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
                 train_loader.sampler.set_epoch(epoch - 1)
+            if self.bar is not None and not plan.by_steps:
+                t.progress.update(self.bar, description=f"epoch {epoch}/{plan.epochs}")
             try:
                 stop = self.epoch(train_loader, epoch, position if epoch == first else None)
             except Exception:  # a model may fail on the weights a non-finite loss left: that is the cause
@@ -433,8 +434,6 @@ class _Loop:
             self.result.epochs_run = epoch
             if plan.evaluates_after(epoch):
                 stop = self.evaluate_and_select(epoch)
-            if self.bar is not None and self.bar_unit == "epochs":
-                t.progress.update(self.bar, advance=1)
             if stop or self.step >= plan.total_steps:
                 break
             due = not plan.by_steps and (plan.evaluates_after(epoch) if not self.checkpoint_every
@@ -499,8 +498,7 @@ class _Loop:
             raise UserError(f"checkpoint {t.checkpoints.resumed_from} does not fit this run ({reason}): "
                             "remove it, or run with trainer.resume=false") from None
         if self.bar is not None:
-            done = self.step if self.bar_unit == "steps" else self.result.epochs_run
-            t.progress.update(self.bar, completed=done)
+            t.progress.update(self.bar, completed=self.step)
 
     def read_losses(self) -> tuple[float, int]:
         """Sum and number of the training losses since the last evaluation, over every process,
@@ -597,8 +595,8 @@ class _Loop:
         self.step += 1
         if self.sched is not None and self.step < self.plan.total_steps:  # the lr after the last step is never used
             self.sched.step()
-        if self.bar is not None and self.bar_unit == "steps":
-            t.progress.update(self.bar, advance=1)
+        if self.bar is not None:  # the count only: its status (a metric) changes at evaluations, no tensor is read here
+            t.progress.count(self.bar, self.step)
 
     def evaluate_and_select(self, epoch: int) -> bool:
         """One evaluation (a history row); True when early stopping says stop."""
@@ -621,7 +619,7 @@ class _Loop:
             t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step,
                                 f"best_{split}_{result.metric.name}": selection.best_value})
         if self.bar is not None:
-            at = f"step {selection.step}" if self.bar_unit == "steps" else selection.epoch
+            at = f"step {selection.step}" if self.plan.by_steps else f"epoch {selection.epoch}"
             t.progress.update(self.bar, status=f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
                               f"best {selection.best_value:.2f} @ {at}")
         return stop

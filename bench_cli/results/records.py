@@ -556,12 +556,15 @@ def _holder_text(claim: dict) -> str:
     if claim.get("host") == socket.gethostname():
         return f"running in pid {claim.get('pid')} since {claim.get('since', '?')}"
     return (f"running in pid {claim.get('pid')} on {claim.get('host')} since {claim.get('since', '?')} "
-            f"(heartbeat {_age_text(heartbeat_age(claim))} ago)")
+            f"(heartbeat {duration_text(heartbeat_age(claim))} ago)")
 
 
-def _age_text(seconds: float | None) -> str:
+def duration_text(seconds: float | None) -> str:
+    """45 s, 12 min, 3.5 h (a claim's age, a sweep's time left)."""
     if seconds is None:
         return "?"
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
@@ -578,7 +581,7 @@ def _dead_reason(claim: dict, ttl_s: float) -> str:
     if claim.get("host") == socket.gethostname():
         return "no longer running"
     return (f"last heartbeat {claim.get('heartbeat') or claim.get('since', '?')}, "
-            f"{_age_text(heartbeat_age(claim))} ago, over the {_age_text(ttl_s)} time-to-live")
+            f"{duration_text(heartbeat_age(claim))} ago, over the {duration_text(ttl_s)} time-to-live")
 
 
 def claim_job(path: str | Path, key: str, ok_rows_from: int = 0, ttl_s: float = CLAIM_TTL_S) -> tuple[bool, str]:
@@ -666,10 +669,16 @@ def claimed_jobs(path: str | Path, keys, ttl_s: float = CLAIM_TTL_S) -> dict[str
 
 def running_elsewhere(path: str | Path, keys, ttl_s: float = CLAIM_TTL_S) -> dict[str, str]:
     """job_key -> who runs it, for the ``keys`` that another live process has claimed."""
-    path = target(path)
-    claims, me = _read_claims(path), _this_process()
-    return {k: _holder_text(c) for k in keys if (c := claims.get(k)) and claim_alive(c, ttl_s)
-            and (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
+    me = _this_process()
+    return {k: _holder_text(c) for k, c in live_claims(path, keys, ttl_s).items()
+            if (c.get("pid"), c.get("host")) != (me["pid"], me["host"])}
+
+
+def live_claims(path: str | Path, keys, ttl_s: float = CLAIM_TTL_S) -> dict[str, dict]:
+    """job_key -> its claim, for the ``keys`` a live process (this one included) has claimed: the
+    jobs of the file running now."""
+    claims = _read_claims(target(path))
+    return {k: c for k in keys if (c := claims.get(k)) and claim_alive(c, ttl_s)}
 
 
 BOM = "\ufeff"
