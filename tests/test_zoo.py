@@ -85,6 +85,7 @@ def test_a_tiny_zoo_sweep_gives_records_the_report_and_a_plot(workdir, monkeypat
     assert "| softmax | 1 |" in section and "| linear | 1 |" in section and "1.00 | 1.00 | 1.00 |" in section
     assert "![uea/BasicMotions](uea_BasicMotions.png)" in section
     assert (out / "uea_BasicMotions.png").stat().st_size > 10_000
+    assert "[vector PDF](uea_BasicMotions.pdf)" in section and (out / "uea_BasicMotions.pdf").is_file()
     # the profile's ratios at 1K/2K/4K, a time's with its IQR and the flag of the busy machine it was taken on
     assert "| linear | 0.50 [0.40-0.60] noisy | — | oom | 0.25 | — | oom |" in md
     assert "budget uea/BasicMotions: 1 layer, d_model 32" in md

@@ -14,11 +14,12 @@ from bench_cli.commands.profile.config import load_config
 from bench_cli.core.files import write_atomically
 
 USAGE = """\
-usage: attnbench profile [profile=NAME] [model=M] [baseline=B] [task=T] [profile.KEY=VALUE ...]
+usage: attnbench profile [profile=NAME] [model=M] [baseline=B] [task=T] [profile.KEY=VALUE ...] [--replot]
 
 Parameters, FLOPs, peak memory and time of `model` next to `baseline` on synthetic inputs of
 the task's shape, for every (profile.sdpa_backends, profile.d_models, profile.seq_lens) point;
-one CSV row per point (profile.output), a plot (profile.plot) and a table. No dataset is read.
+one CSV row per point (profile.output), a plot (profile.plot, PNG + PDF) and a table. No dataset
+is read. --replot: draw the plots again from the CSV profile.output holds, measuring nothing.
 presets (profile=NAME): {presets}
 example: attnbench profile model=attention_bn_sh baseline=softmax task=lra_retrieval \\
              profile.seq_lens=[1024,2048,4096] profile.d_models=[64,128,256]
@@ -27,7 +28,8 @@ keys: see conf/profile/default.yaml; `attnbench profile --cfg` prints the compos
 
 
 # --cfg prints the composed config (its optional value, as Hydra's --cfg takes, changes nothing).
-PROFILE_OPTIONS = {"-h": False, "--help": False, "--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all")}
+PROFILE_OPTIONS = {"-h": False, "--help": False, "--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
+                   "--replot": False}
 
 
 def cmd_profile(args: list[str]) -> None:
@@ -39,12 +41,15 @@ def cmd_profile(args: list[str]) -> None:
     if p.get("-h") or p.get("--help"):
         print(USAGE.format(presets=", ".join(C.group_options("profile"))))
         return
-    show_cfg, overrides = bool(p.get("--cfg") or p.get("-c")), p.overrides
+    show_cfg, replot, overrides = bool(p.get("--cfg") or p.get("-c")), bool(p.get("--replot")), p.overrides
     cfg = load_config(overrides)
     if show_cfg:
         print(OmegaConf.to_yaml(cfg, resolve=True))
         return
     p = cfg.profile
+    if replot:
+        replot_figures(cfg, overrides)
+        return
     # One id for the run folder and the rows (the layout of `attnbench run`'s folders).
     run_id = records.new_run_id()
     run_dir = Path(str(cfg.paths.output_dir)) / "profile" / f"{datetime.now():%Y-%m-%d}" / run_id
@@ -63,7 +68,7 @@ def cmd_profile(args: list[str]) -> None:
         pba.print_pba_tables(params, flops)
         console.print(pba.reference_coverage(params, p.get("reference_csv")), highlight=False)
         images = plots.pba_figures(flops, p.figures, c_attn=OmegaConf.to_container(p.eqn24))
-        console.print(f"[green]ok[/]: {p.params_output}, {p.output}, " + ", ".join(str(i) for i in images)
+        console.print(f"[green]ok[/]: {p.params_output}, {p.output}, " + _figure_files(images)
                       + f" ({time.perf_counter() - started:.0f} s)")
         _log(cfg, run_dir, {"pba_params": params, "pba_flops": flops}, images)
         if not all(r["match"] for r in params):
@@ -92,7 +97,7 @@ def cmd_profile(args: list[str]) -> None:
         report.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(report, markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}", notes))
         images.append(report)
-    console.print(f"[green]ok[/]: {len(rows)} points -> {output}" + "".join(f", {i}" for i in images)
+    console.print(f"[green]ok[/]: {len(rows)} points -> {output}, " + _figure_files(images)
                   + f" ({time.perf_counter() - started:.0f} s)")
     _log(cfg, run_dir, {"profile": rows}, [i for i in images if Path(i).suffix == ".png"])
 
@@ -124,12 +129,52 @@ def _profile_task(cfg: DictConfig, output: Path, progress, command: str, run_id:
     rows = run_profile(cfg, on_row, progress, command=command, run_id=run_id)
     title = render.title(cfg, rows[0]["device"] if rows else "")
     render.print_task_table(rows, title)
+    return rows, task_figures(cfg, rows)
+
+
+def task_figures(cfg: DictConfig, rows: list[dict]) -> list[Path]:
+    """One figure per measured model (render.plot_paths), from its rows (measured or read back)."""
+    from bench_cli.results import plots
+    from bench_cli.commands.profile import render
+
     images = []
     for model, plot in render.plot_paths(cfg) if rows else []:
-        from bench_cli.results import plots
+        mine = [r for r in rows if r["model"] == model]
+        if mine:
+            images.append(plots.ratio_figure(mine, plot, *render.figure_titles(cfg, model, mine)))
+    return images
 
-        images.append(plots.ratio_figure([r for r in rows if r["model"] == model], plot, title=title))
-    return rows, images
+
+def replot_figures(cfg: DictConfig, overrides: list[str]) -> None:
+    """`--replot`: the figures drawn again from the CSV a profile wrote (profile.output), nothing
+    measured: new figure code applied to committed numbers."""
+    from bench_cli.core.errors import UserError
+    from bench_cli.core.ui import console
+    from bench_cli.results import plots
+    from bench_cli.results.records import read_records
+
+    p = cfg.profile
+    output = Path(str(p.output))
+    if not output.is_file():
+        raise UserError(f"--replot: no such file: {output} (profile.output; run the profile without --replot first)")
+    rows = [r for r in read_records(output) if r.get("model")]
+    if str(p.mode) == "pba":
+        images = plots.pba_figures(rows, p.figures, c_attn=OmegaConf.to_container(p.eqn24))
+    else:  # per task of profile.tasks, as measured
+        images = []
+        for task_overrides in _task_overrides(p):
+            task_cfg = load_config([*overrides, *task_overrides]) if task_overrides else cfg
+            images += task_figures(task_cfg, [r for r in rows if r.get("task") in (None, "", str(task_cfg.task.name))])
+    if not images:
+        raise UserError(f"--replot: no figure to draw from {output} (profile.plot is null, or no row of its models)")
+    console.print(f"[green]ok[/]: from {output} (nothing measured): " + _figure_files(images), highlight=False)
+
+
+def _figure_files(images: list[Path]) -> str:
+    """'a.png (+ a.pdf), report.md': each figure and its vector copy."""
+    from bench_cli.results.plots import vector_path
+
+    return ", ".join(f"{i} (+ {vector_path(i).name})" if Path(i).suffix == ".png" else str(i) for i in images)
 
 
 def _log(cfg: DictConfig, run_dir: Path, tables: dict[str, list[dict]], images: list[Path]) -> None:

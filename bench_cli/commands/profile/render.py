@@ -22,6 +22,17 @@ def title(cfg: DictConfig, device: str) -> str:
             f"{cfg.task.name} ({device})")
 
 
+def figure_titles(cfg: DictConfig, model: str, rows: list[dict]) -> tuple[str, str]:
+    """(title, subtitle) of one model's figure: the preset's ``profile.figure_title`` (the paper's
+    name for it) or one made from the names; the subtitle says what was measured on what."""
+    base = cfg.get("baseline") or "-"
+    title = cfg.profile.get("figure_title") or f"{model} / {base}: cost ratios vs sequence length"
+    first = rows[0] if rows else {}
+    subtitle = (f"model {model}, baseline {base}, on synthetic {cfg.task.name} inputs (batch "
+                f"{first.get('batch_size', '-')}, {first.get('device', '-')}); ratio 1 = as costly as the baseline")
+    return title, subtitle
+
+
 def fmt(v, kind: str = "") -> str:
     from bench_cli.core.ui import human
 

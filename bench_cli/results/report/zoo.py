@@ -10,9 +10,10 @@ same refusal (config.taskfit.check_model_fits_task). Built-in attentions that no
 
 Per case, one table: the test metric's mean ± std over the seeds, and the training time, peak
 training memory and training FLOPs per sample as ratios to the baseline (softmax) on that case; one
-plot (bench_cli.results.plots.zoo_figure: metric against training time, point size by memory, the LRA
-paper's Figure 3 form). Then the `attnbench profile` ratios at the LRA lengths (``report.profile_csv``),
-the same for every task: they do not depend on the data.
+plot (bench_cli.results.plots.zoo_figure: metric against training time, mean ± std over the seeds,
+marker area by memory, the LRA paper's Figure 3 form; PNG and PDF). Then the `attnbench profile`
+ratios at the LRA lengths (``report.profile_csv``), the same for every task: they do not depend on
+the data.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Case:
     dataset: str
     budget: str
     skipped: dict[str, str] = field(default_factory=dict)   # model -> the registry's refusal
+    title: str = ""           # the plot's title (report.case_title): the task as a reader of a paper names it
 
     @property
     def label(self) -> str:
@@ -116,7 +118,8 @@ def zoo_plan(name: str, overrides: list[str] = ()) -> tuple[ZooPlan, object]:
             case_cfg = compose_one([f"experiment={name}", f"{axis}={option}", *overrides])
             cases.append(Case(option, str(case_cfg.task.name), str(case_cfg.task.get("dataset", "")),
                               str(OmegaConf.select(case_cfg, "report.budget", default="") or ""),
-                              refusals(case_cfg, models)))
+                              refusals(case_cfg, models),
+                              str(OmegaConf.select(case_cfg, "report.case_title", default="") or "")))
     return ZooPlan(cases, models, presetless_attentions(models)), cfg
 
 
@@ -132,9 +135,13 @@ class Entry:
     noisy: int = 0                    # runs behind the time ratio (its and the baseline's) flagged timing_noisy
 
 
+def rows_of(case: Case, rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("task") == case.task and r.get("dataset") == case.dataset]
+
+
 def case_entries(case: Case, rows: list[dict], models: list[str], baseline: str) -> list[Entry]:
     """Every model with records on the case, best metric first (models without an ok run last)."""
-    mine = [r for r in rows if r.get("task") == case.task and r.get("dataset") == case.dataset]
+    mine = rows_of(case, rows)
     cells = select.aggregate(mine, "test_score")
     base = cells.get((case.dataset, baseline))
     entries = []
@@ -162,6 +169,26 @@ def metric_name(rows: list[dict], case: Case) -> str:
     names = sorted({r.get("metric", "") for r in rows if r.get("dataset") == case.dataset} - {""})
     name = names[0] if names else "metric"
     return f"{name} (%)" if name == "accuracy" else name
+
+
+ACRONYMS = ("rmse", "mse", "mae", "bleu", "auc")  # metric names written in capitals on a plot
+
+
+def zoo_figure_content(case: Case, entries: list[Entry], metric: str, higher: bool) -> dict:
+    """The arguments of plots.zoo_figure for a case: every attention with an ok run, best first (its
+    number in the plot is its rank), mean ± std over the seeds on both axes."""
+    from bench_cli.results.plots import ZooPoint
+
+    ok = [e for e in entries if e.cell.mean is not None]
+    name, _, unit = metric.partition(" (")
+    metric = (name.upper() if name in ACRONYMS else name) + (f" ({unit}" if unit else "")
+    seeds = max((e.cell.n for e in ok), default=0)
+    return {"points": [ZooPoint(e.model, e.cell.mean, e.means["train_time_s"], e.means["peak_mem_train_bytes"],
+                                e.time_sd, e.cell.std) for e in ok],
+            "title": f"Attention zoo, {case.title or case.label}: test {metric.partition(' (')[0]} vs training time",
+            "metric": f"test {metric}, {'higher' if higher else 'lower'} is better",
+            "subtitle": f"mean ± std over {'up to ' if any(e.cell.n < seeds for e in ok) else ''}{seeds} seeds, "
+                        "reduced budget"}
 
 
 def case_table(entries: list[Entry]) -> list[list[str]]:
@@ -295,10 +322,8 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
         metric = metric_name(rows, case)
         png = out_dir / f"{case.task}_{case.dataset}.png" if entries and opts.get("write", True) else None
         if png:
-            plots.zoo_figure([plots.ZooPoint(e.model, e.cell.mean, e.means["train_time_s"],
-                                             e.means["peak_mem_train_bytes"], e.time_sd)
-                              for e in entries if e.cell.mean is not None],
-                             png, f"{case.label}: {metric} against training time", metric)
+            higher = _higher_is_better(rows_of(case, rows))
+            plots.zoo_figure(path=png, **zoo_figure_content(case, entries, metric, higher))
         sections.append(Section(case, metric, entries, png))
     profile = profile_table(plan.models, profile_ratios(profile_path and records.PROJECT_ROOT / profile_path), baseline)
     title = str(cfg.report.get("title") or name)
@@ -335,7 +360,10 @@ def markdown(title: str, header: list[str], sections: list[Section], profile: li
         lines += ["", f"## {s.case.label}", ""]
         lines += render._markdown_table(case_table(s.entries), case_headers(s.metric)) if s.entries else ["No records."]
         if s.plot:
-            lines += ["", f"![{s.case.label}]({s.plot.relative_to(out_dir)})"]
+            from bench_cli.results.plots import vector_path
+
+            png = s.plot.relative_to(out_dir)
+            lines += ["", f"![{s.case.label}]({png})", "", f"[vector PDF]({vector_path(png)})"]
     if profile:
         lines += ["", "## Profile at the LRA lengths", "",
                   *render.wrapped("Training-step time and peak training memory as ratios to softmax on one "
