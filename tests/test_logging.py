@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench_cli.commands.cli import main
 from bench_cli.results.records import read_records
@@ -83,6 +84,39 @@ def test_a_resumed_fit_continues_its_history(uea_fixture, workdir, monkeypatch):
     resumed = read_records("cut/res.csv")[-1]
     assert resumed["sittings"] == "2" and resumed["output_dir"] != first["output_dir"]
     assert history_csv(resumed) == straight
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_step_losses_read_no_tensor_in_the_step_loop_unless_a_tracker_shows_them(uea_fixture, monkeypatch, tmp_path,
+                                                                                    live):
+    """The step losses are summed on the device. Without a live tracker no host read happens
+    between evaluations (tests/test_overhead.py's count); with one, a read per point (a
+    host-device sync every log_every_n_steps steps on a GPU), and none more."""
+    from bench_cli.config.compose import compose
+    from bench_cli.engine import trainer as T
+    from bench_cli.results.loggers import HistoryCSV, Loggers, NullLogger
+    from tasks.uea import UEAClassification
+    from test_overhead import TINY as OVERHEAD, HostReads
+
+    class Live(NullLogger):
+        live = True
+
+    cfg = compose([*OVERHEAD, "task.protocol=paper"])
+    task = UEAClassification(cfg.task, cfg.paths.data_root)
+    task.setup("paper")
+    model = task.build_model(cfg.model)
+    reads = HostReads(monkeypatch)
+    monkeypatch.setattr(T._Loop, "run", reads.during("steps", T._Loop.run))
+    monkeypatch.setattr(T._Loop, "evaluate_and_select", reads.during("evaluation", T._Loop.evaluate_and_select))
+    logger = Loggers(HistoryCSV(tmp_path), Live() if live else None, every_n_steps=2)
+    result = T.Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0, logger=logger).fit("paper")
+    logger.finish()
+    points = result.steps_run // 2  # 40 training series at batch 8, 4 epochs: 20 steps
+    in_steps = reads.in_phase("steps")
+    assert sum(in_steps.values()) == (points if live else 0), in_steps
+    assert all(where.startswith("loggers.py:") for _, where in in_steps)
+    with open(tmp_path / "history.csv", newline="") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f) if r["train_loss_step"]] == list(range(2, 21, 2))
 
 
 def wandb_records(folder: Path):
