@@ -395,7 +395,8 @@ class _Loop:
 
     Nothing in the step loop reads a tensor on the host: on CUDA a ``.item()`` per step is a
     host-device sync per step. The losses stay on the device and are read once per evaluation,
-    where their finiteness is checked (``read_losses``)."""
+    where their finiteness is checked (``read_losses``); a live tracker (wandb, tensorboard) reads
+    its step losses every ``logger.log_every_n_steps`` steps (bench_cli.results.loggers.StepLosses)."""
 
     def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection,
                  train_loader: DataLoader):

@@ -4,7 +4,9 @@ whatever the logger; ``logger=wandb`` adds Weights & Biases and ``logger=tensorb
 scalars, of the same rows. The CSV record is written in any case (bench_cli.results.records)."""
 from __future__ import annotations
 
+import json
 import os
+import uuid
 from pathlib import Path
 
 from bench_cli.core.errors import unknown_choice
@@ -187,8 +189,6 @@ class WandbLogger(NullLogger):
                 name = f"{name}-job{sweep[1]}"
         self.resume_file = Path(resume_folder) / RESUME_FILE if resume_folder is not None else None
         earlier = self._earlier()
-        import uuid
-
         run_id = earlier["id"] if earlier else uuid.uuid4().hex[:8]
         self.run = wandb.init(
             project=cfg.get("project", "attnbench"), entity=cfg.get("entity"), group=group,
@@ -199,18 +199,14 @@ class WandbLogger(NullLogger):
         self.resumed = earlier is not None
         self.earlier_dirs = list(earlier["dirs"]) if earlier else []  # offline folders of the earlier sittings
         self.url = self.run.url if mode == "online" else None
-        self.every_step_logged = self.run.step  # a resumed online run is past these steps already
+        self.first_step = self.run.step  # a resumed online run holds the steps before it already
         if self.resume_file is not None:
             self.resume_file.parent.mkdir(parents=True, exist_ok=True)
-            import json
-
             write_atomically(self.resume_file, json.dumps({"id": run_id, "dirs": self.earlier_dirs + [self.run_path]}))
         self._save_config(config, run_dir)
 
     def _earlier(self) -> dict | None:
         """The wandb run of the job's earlier sitting, when its fit will resume from a checkpoint."""
-        import json
-
         f = self.resume_file
         if f is None or not f.is_file() or not any(f.parent.glob("ckpt-*.pt")):
             return None
@@ -234,12 +230,12 @@ class WandbLogger(NullLogger):
         self.run.save(str(target), base_path=self.run.dir, policy="now")
 
     def log_step(self, point: dict) -> None:
-        if point["step"] >= self.every_step_logged:
+        if point["step"] >= self.first_step:
             self.run.log({STEP_LOSS: point[STEP_LOSS], "epoch": point["epoch"]}, step=int(point["step"]))
 
     def log_epoch(self, row: dict) -> None:
         # x-axis: optimiser steps, as the step losses (wandb's step only grows); the epoch is a metric
-        if row["step"] >= self.every_step_logged:
+        if row["step"] >= self.first_step:
             self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"},
                          step=int(row["step"]))
 
