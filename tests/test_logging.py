@@ -167,7 +167,8 @@ def wandb_env(workdir: Path) -> dict:
 
 
 def test_wandb_groups_a_sweeps_runs(uea_fixture, workdir):
-    """The two jobs of one sweep: one group (the sweep's folder name), a name per job."""
+    """The two jobs of one sweep: one group (the sweep's folder name), a name per job; the sweep's
+    summary ends with the command that uploads both."""
     r = attnbench("sweep", *TINY, "trainer.max_epochs=1", *WANDB, "seed=0,1", env=wandb_env(workdir), cwd=workdir)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = read_records(workdir / "res.csv")
@@ -176,6 +177,9 @@ def test_wandb_groups_a_sweeps_runs(uea_fixture, workdir):
     sweep_folder = Path(rows[0]["output_dir"]).parent
     assert [run["group"] for run in logged] == [f"sweep-{sweep_folder.name}"] * 2
     assert sorted(run["name"] for run in logged) == ["uea-Fixture-softmax-s0-job0", "uea-Fixture-softmax-s1-job1"]
+    command = f"wandb sync {sweep_folder}/*/wandb/offline-run-*"  # at the sweep's end, for all its jobs
+    assert f"wandb offline runs (2), upload them with: {command}" in re.sub(r"\s+", " ", r.stdout), r.stdout[-2000:]
+    assert len(list(sweep_folder.glob("*/wandb/offline-run-*"))) == 2
 
 
 def test_wandb_offline_runs_hold_config_tags_step_losses_resume_and_say_how_to_sync(uea_fixture, workdir):

@@ -275,6 +275,19 @@ class WandbLogger(NullLogger):
         return [(f"wandb {self.mode} run", self.run_path), ("upload it with", f"wandb sync {folders}")]
 
 
+def offline_sync(output_dirs: list[str]) -> tuple[int, str] | None:
+    """(how many, the `wandb sync` command) of the offline wandb runs in these run folders (a
+    sweep's jobs'): one glob per folder that holds the run folders; None when there are none."""
+    holding: dict[str, int] = {}
+    for d in dict.fromkeys(output_dirs):
+        n = len(list(Path(d).glob("wandb/offline-run-*")))
+        if n:
+            holding[str(Path(d).parent)] = holding.get(str(Path(d).parent), 0) + n
+    if not holding:
+        return None
+    return sum(holding.values()), "wandb sync " + " ".join(f"{p}/*/wandb/offline-run-*" for p in sorted(holding))
+
+
 class TensorBoardLogger(NullLogger):
     """TensorBoard scalars of the history's columns (x-axis: optimiser steps) in the run folder's
     ``tensorboard/``. Its events file is TensorBoard's own log, appended record by record (each
