@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Every module an extra provides, by extra (the packages of pyproject.toml's extras, as imported).
 EXTRA_MODULES = {"vision": ["torchvision", "timm", "mlxtend"], "rl": ["h5py", "gymnasium", "mujoco"],
-                 "text": ["datasets", "sacrebleu"], "wandb": ["wandb"], "bench": ["transformers"]}
+                 "text": ["datasets", "sacrebleu"], "wandb": ["wandb"], "tensorboard": ["tensorboard"],
+                 "bench": ["transformers"]}
 
 # Runs `attnbench ARGS` with the named top-level modules made unimportable, as in an environment
 # where their extra was not installed (a meta path finder refusing them, before anything imports).
@@ -50,7 +51,7 @@ def test_pyproject_pins_no_torch_and_names_every_extra():
     assert pinned == []  # ranges only: a GPU machine keeps its own torch
     extras = project["optional-dependencies"]
     assert set(EXTRA_MODULES) | {"all", "test"} == set(extras)
-    assert not any(d.startswith(("torchvision", "timm", "h5py", "gymnasium", "datasets", "wandb"))
+    assert not any(d.startswith(("torchvision", "timm", "h5py", "gymnasium", "datasets", "wandb", "tensorboard"))
                    for d in project["dependencies"])
 
 

@@ -787,4 +787,15 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
         _print_checkpoints([r for _, _, r in bad if r])
     style = "red" if bad else "green"
     console.print(f"[{style}]sweep done[/] in {seconds:.0f} s: {len(jobs)} jobs: {parts}", soft_wrap=True)
+    _print_offline_runs([r["output_dir"] for _, s, r in res if s != "skipped" and (r or {}).get("output_dir")])
     return len(bad)
+
+
+def _print_offline_runs(output_dirs: list[str]) -> None:
+    """The command that uploads the jobs' offline wandb runs (logger=wandb offline; docs/logging.md)."""
+    from bench_cli.results.loggers import offline_sync
+    from bench_cli.core.ui import print_path
+
+    found = offline_sync(output_dirs)
+    if found:
+        print_path(f"wandb offline runs ({found[0]}), upload them with", found[1])

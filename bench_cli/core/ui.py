@@ -153,6 +153,8 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
         kept = Path(row["checkpoint_dir"]).is_dir()
         print_path(f"checkpoints ({size}{'' if kept else '; removed, the run is ok: trainer.checkpoint.keep_final=true keeps them'})",
                    row["checkpoint_dir"])
+    for label, where in row.get("_logged") or ():  # bench_cli.results.loggers: history.csv, wandb's folder and sync command
+        print_path(label, where)
 
 
 def schedule_field(row: dict) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from bench_cli.config.taskfit import build_task, check_model_fits_task
 from bench_cli.engine.checkpoint import Checkpoints
 from bench_cli.core.errors import UserError, warn_once
 from bench_cli.core.phases import PHASES, process_age_s
-from bench_cli.results.loggers import LineLogger, Loggers, make_logger
+from bench_cli.results.loggers import LineLogger, run_loggers
 from bench_cli.engine.head_diversity import record_head_diversity
 from bench_cli.engine.objective import Objective
 from bench_cli.engine.trainer import Trainer, seed_everything, select_device
@@ -279,10 +279,10 @@ def train_and_measure(cfg: DictConfig, row: dict, env, run_dir: Path, progress, 
         torch.manual_seed(int(cfg.seed) + env.rank)
     logger = None
     if env.is_main:
-        tracker = make_logger(cfg.logger, resolved, run_dir,
-                              name=f"{row['task']}-{row['dataset']}-{row['model']}-s{row['seed']}")
-        logger = Loggers(tracker, LineLogger(task.selection_metric(), schema.protocol(row["protocol"]).selects,
-                                             prefix=line_prefix))
+        resumable = checkpoints is not None and checkpoints.settings.resume != "false"
+        logger = run_loggers(cfg.logger, resolved, run_dir, row,
+                             LineLogger(task.selection_metric(), schema.protocol(row["protocol"]).selects, prefix=line_prefix),
+                             resume_folder=checkpoints.folder if resumable else None)
         loggers.append(logger)
     objective = Objective.of(task, cfg.model)
     trainer = Trainer(cfg.trainer, task, model, device, int(cfg.seed), objective=objective, logger=logger,
@@ -328,4 +328,5 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env, run_dir
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])
+        row["_logged"] = logger.locations()  # the summary says where (history.csv, wandb's folder and sync command)
     D.shutdown()

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from bench_cli.engine import distributed as D
 from bench_cli.core import metrics as M
 from bench_cli.results import schema
+from bench_cli.results.loggers import StepLosses
 from bench_cli.engine.checkpoint import Checkpoints, set_rng_state, rng_state
 from bench_cli.core.phases import PHASES
 from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signal_pending, signals_deferred, unknown_choice
@@ -394,7 +395,8 @@ class _Loop:
 
     Nothing in the step loop reads a tensor on the host: on CUDA a ``.item()`` per step is a
     host-device sync per step. The losses stay on the device and are read once per evaluation,
-    where their finiteness is checked (``read_losses``)."""
+    where their finiteness is checked (``read_losses``); a live tracker (wandb, tensorboard) reads
+    its step losses every ``logger.log_every_n_steps`` steps (bench_cli.results.loggers.StepLosses)."""
 
     def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection,
                  train_loader: DataLoader):
@@ -408,6 +410,7 @@ class _Loop:
         self.step, self.train_stats = 0, {}
         self.losses: list[torch.Tensor] = []  # each training batch's loss since the last evaluation (on the device)
         self.loss_at: list[tuple[int, int]] = []  # (epoch, batch) of each, to say where a loss diverged
+        self.step_losses = StepLosses(trainer.logger)  # the loss every logger.log_every_n_steps steps
         clip = trainer.cfg.get("grad_clip")  # read once: a config lookup per step costs more than the clip
         self.grad_clip = float(clip) if clip else None
         # the bar counts optimiser steps (an epoch of ImageNet moves it too); an epoch schedule names the epoch
@@ -441,6 +444,7 @@ class _Loop:
             self.boundary(due, epoch + 1, 0)
         if self.losses:  # steps after the last evaluation (none on the schedules above): still checked
             self.read_losses()
+        self.step_losses.read()
         self.result.steps_run = self.step
         if position is None or not position["finished"]:
             keep_final = self.checkpoints is not None and self.checkpoints.settings.keep_final
@@ -469,7 +473,7 @@ class _Loop:
                 "result": {"history": self.result.history, "epochs_run": self.result.epochs_run,
                            "train_time_s": self.result.train_time_s, "epoch_times_s": list(self.result.epoch_times_s)},
                 "pending": {"losses": list(self.losses), "loss_at": [list(a) for a in self.loss_at],
-                            "train_stats": dict(self.train_stats)}}
+                            "train_stats": dict(self.train_stats), "step_losses": self.step_losses.state_dict()}}
 
     def restore(self, state: dict) -> None:
         """The fit as ``state`` left it (the random states and the loader's position are restored
@@ -493,6 +497,7 @@ class _Loop:
             self.loss_at = [tuple(a) for a in pending["loss_at"]]
             self.train_stats = {k: v.to(device) if torch.is_tensor(v) else v for k, v in pending["train_stats"].items()}
             self.step = state["position"]["step"]
+            self.step_losses.load_state_dict(pending.get("step_losses"), device, self.result.history)
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as e:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise UserError(f"checkpoint {t.checkpoints.resumed_from} does not fit this run ({reason}): "
@@ -553,6 +558,7 @@ class _Loop:
             self.backward(to_device(batch, t.device), last_micro, epoch, i)
             if last_micro:
                 self.optimiser_step()
+                self.step_losses.stepped(self.step, epoch)
                 evaluates = plan.evaluates_at_step(self.step)
                 if evaluates:
                     result.train_time_s += self.clock.stop()
@@ -580,6 +586,7 @@ class _Loop:
         # kept on the device; read and checked for divergence at the next evaluation (read_losses)
         self.losses.append(loss.detach())
         self.loss_at.append((epoch, i))
+        self.step_losses.add(self.losses[-1])
         if self.train_metrics:
             with torch.no_grad():
                 M.accumulate(self.train_stats, t.task.batch_stats(out.detach().float(), batch))
@@ -602,6 +609,7 @@ class _Loop:
         """One evaluation (a history row); True when early stopping says stop."""
         t, result, selection = self.t, self.result, self.selection
         split = result.protocol.selects
+        self.step_losses.read()  # the step losses up to here, before the evaluation row (and a divergence)
         loss_sum, batches = self.read_losses()
         row = {"epoch": epoch, "step": self.step, "train_loss": loss_sum / max(batches, 1),
                "lr": self.opt.param_groups[0]["lr"]}
