@@ -623,11 +623,11 @@ class _Loop:
         row.update({f"{split}_{k}": v for k, v in selected.items()})
         stop = selection.offer(selected, t.model, epoch, self.step)
         result.history.append(row)
+        at = f"step {selection.step}" if self.plan.by_steps else f"epoch {selection.epoch}"  # the schedule's unit
         if t.logger is not None:  # with the selection so far, so every line agrees with the record
-            t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step,
+            t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step, "best_at": at,
                                 f"best_{split}_{result.metric.name}": selection.best_value})
         if self.bar is not None:
-            at = f"step {selection.step}" if self.plan.by_steps else f"epoch {selection.epoch}"
             t.progress.update(self.bar, status=f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
                               f"best {selection.best_value:.2f} @ {at}")
         return stop

@@ -404,7 +404,7 @@ class LineLogger(NullLogger):
         value = row.get(name)
         shown = "-" if value is None else f"{value:.4g}"
         # the trainer's selection (bench_cli.engine.trainer.Selection: ties to the lower loss), as the record says
-        best = f" (best {row['best_' + name]:.4g} @ epoch {row['best_epoch']})" if "best_epoch" in row else ""
+        best = f" (best {row['best_' + name]:.4g} @ {row['best_at']})" if "best_at" in row else ""
         line = (f"{self.prefix}epoch {row['epoch']} step {row['step']} | train loss {row.get('train_loss', float('nan')):.4g}"
                 f" | {self.split} {self.metric.name} {shown}{best} | {time.perf_counter() - self.started:.0f} s")
         self.log.info(line)
