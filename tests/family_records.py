@@ -14,6 +14,7 @@ minute or two."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -105,7 +106,8 @@ def rows(path: str) -> list[dict]:
 
 
 def compare(before: str, after: str) -> int:
-    """Every column of every record equal, except the volatile ones (when, where, how fast)."""
+    """The same columns in the same order; every value equal, except the volatile ones (when, where,
+    how fast)."""
     # the same data in another folder: its path, named in metrics_json, made the same
     a = [{k: v.replace(str(work_dir(before)), "WORK") for k, v in r.items()} for r in rows(before)]
     b = [{k: v.replace(str(work_dir(after)), "WORK") for k, v in r.items()} for r in rows(after)]
@@ -114,17 +116,37 @@ def compare(before: str, after: str) -> int:
         return 1
     differ = 0
     for x, y in zip(a, b):
-        if set(x) != set(y):
-            print(f"{x['task']} {x['model']}: columns differ: {sorted(set(x) ^ set(y))}")
+        if list(x) != list(y):  # the same columns in the same order
+            print(f"{x['task']} {x['model']}: columns differ: {list(x)} != {list(y)}")
             differ += 1
         for column in sorted(set(x) & set(y)):
             if column in VOLATILE or column.startswith(VOLATILE_PREFIXES) or x[column] == y[column]:
                 continue
             print(f"{x['task']} {x['model']}: {column}: {x[column][:120]!r} != {y[column][:120]!r}")
             differ += 1
+    differ += compare_run_folders(work_dir(before), work_dir(after))
     compared = len(set(a[0]) - VOLATILE) if a else 0
     print(f"{len(a)} records, {compared} columns each (volatile ones aside): {differ} differences")
     return 1 if differ else 0
+
+
+def compare_run_folders(before: Path, after: Path) -> int:
+    """The run folders' files: ``config.yaml`` the same text, ``record.json`` and ``run.json`` the
+    same keys in the same order."""
+    differ = 0
+    folders = [sorted((w / "outputs" / "runs").glob("*/*")) for w in (before, after)]
+    for x, y in zip(*folders):
+        if sorted(f.name for f in x.iterdir()) != sorted(f.name for f in y.iterdir()):
+            print(f"{x.name} / {y.name}: other files")
+            differ += 1
+        for name in ("config.yaml", "record.json", "run.json"):
+            texts = [(d / name).read_text().replace(str(w), "WORK").replace(str(w.with_suffix(".csv")), "RECORDS")
+                     for d, w in ((x, before), (y, after))]
+            same = texts[0] == texts[1] if name == "config.yaml" else list(json.loads(texts[0])) == list(json.loads(texts[1]))
+            if not same:
+                print(f"{x.name} / {y.name}: {name} differs")
+                differ += 1
+    return differ
 
 
 if __name__ == "__main__":
