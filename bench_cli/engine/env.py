@@ -58,6 +58,10 @@ class Environment:
     def autocast(self):
         return autocast(self.device, self.precision)
 
+    def shutdown(self) -> None:
+        """Leave the processes' group (the run's last step; nothing in a single process)."""
+        D.shutdown()
+
 
 def prepare_environment(cfg) -> Environment:
     """Join the processes of ``trainer.strategy``, pick ``trainer.device`` (one per local process),

@@ -20,7 +20,6 @@ from bench_cli.config.taskfit import build_task
 from bench_cli.core.errors import UserError
 from bench_cli.core.files import write_atomically
 from bench_cli.core.phases import PHASES, process_age_s
-from bench_cli.engine import distributed as D
 from bench_cli.engine.checkpoint import Checkpoints
 from bench_cli.engine.env import Environment, prepare_environment
 from bench_cli.engine.measure import Conditions, measure_run
@@ -155,4 +154,4 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env: Environ
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])
-    D.shutdown()
+    env.shutdown()
