@@ -20,7 +20,8 @@ from bench_cli.config.compose import compose
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import UserError
 from bench_cli.results.report.spec import paper_runs as paper_runs_of
-from bench_cli.engine.trainer import Selection, Trainer, seed_everything
+from bench_cli.engine.env import seed_everything
+from bench_cli.engine.trainer import Selection, Trainer
 from tasks import task_class
 from tasks.text.classification import TextClassification
 from test_text import write_imdb

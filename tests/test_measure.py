@@ -263,8 +263,9 @@ def test_a_run_and_profile_measure_the_same_objective_ksvd_term_included(uea_fix
     from bench_cli.config.compose import compose
     from bench_cli.engine.objective import Objective
     from bench_cli.commands.profile import harness
-    from bench_cli.engine.runner import build_task, example_batch
-    from bench_cli.engine.runner import measure as run_measure
+    from bench_cli.config.taskfit import build_task
+    from bench_cli.engine.measure import example_batch
+    from bench_cli.engine.measure import measure_run as run_measure
 
     cfg = compose(["task.dataset=Fixture", "model=primalformer", "task.backbone.d_model=16", "task.backbone.n_heads=2",
                    "task.backbone.n_layers=1", "task.backbone.d_ff=16", "model.attention.low_rank=2",

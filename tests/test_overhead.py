@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bench_cli.engine import trainer as T
+from bench_cli.engine.env import seed_everything
 from bench_cli.config.compose import compose
 from tasks.uea import UEAClassification
 
@@ -74,9 +75,9 @@ class HostReads:
 
 def fit_counting_host_reads(cfg, task, monkeypatch) -> tuple[T.TrainResult, HostReads]:
     """``Trainer.fit`` of the task's model (protocol 'paper', seed 0) with the host reads counted."""
-    T.seed_everything(0)
+    seed_everything(0)
     task.setup("paper")
-    T.seed_everything(0)
+    seed_everything(0)
     model = task.build_model(cfg.model)
     reads = HostReads(monkeypatch)
     monkeypatch.setattr(T._Loop, "run", reads.during("steps", T._Loop.run))
@@ -125,7 +126,8 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
     a model whose forward reads a tensor value (ValueReads) is measured every time."""
     from bench_cli.engine import measure as M
     from bench_cli.engine.objective import Objective
-    from bench_cli.engine.runner import build_task, measure
+    from bench_cli.config.taskfit import build_task
+    from bench_cli.engine.measure import measure_run as measure
 
     cfg = compose([*TINY, "results.path=res/runs.csv"])
     task = build_task(cfg)

@@ -53,7 +53,7 @@ def test_a_run_resolves_its_config_once_with_the_same_keys_and_config_file(tmp_p
 
     from bench_cli.config.compose import compose
     from bench_cli.results.records import config_hash, job_key, run_keys, variant_key
-    from bench_cli.engine.runner import save_resolved
+    from bench_cli.results.records import save_resolved
 
     for overrides in ([], ["experiment=primal_dual/table1", "task.dataset=JapaneseVowels", "model=attention_bn",
                            "seed=3"]):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from bench_cli.config.compose import compose
-from bench_cli.engine.trainer import Trainer, seed_everything
+from bench_cli.engine.env import seed_everything
+from bench_cli.engine.trainer import Trainer
 from bench_cli.core.task import TensorDictDataset
 from tasks.uea import UEAClassification
 

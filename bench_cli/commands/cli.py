@@ -110,7 +110,7 @@ def check_model_on_data(task, cfg: DictConfig):
     `validate` rejects what the run would (e.g. a Conv2D grid that does not match the length)."""
     import torch
 
-    from bench_cli.engine.runner import example_batch
+    from bench_cli.engine.measure import example_batch
 
     try:
         model = task.build_model(cfg.model)

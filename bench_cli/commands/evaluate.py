@@ -60,7 +60,8 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
     from bench_cli.engine.checkpoint import read
     from bench_cli.core.errors import UserError
     from bench_cli.config.taskfit import build_task
-    from bench_cli.engine.trainer import Trainer, seed_everything, select_device
+    from bench_cli.engine.env import seed_everything, select_device
+    from bench_cli.engine.trainer import Trainer
 
     state = read(path)
     if not isinstance(state["meta"].get("config"), dict):

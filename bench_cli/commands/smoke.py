@@ -134,7 +134,7 @@ def synthetic_steps(overrides: list[str], steps: int = 3, seq_len: int = 128, ba
     from bench_cli.engine.measure import _call
     from bench_cli.engine.objective import Objective
     from bench_cli.config.taskfit import build_task
-    from bench_cli.engine.trainer import autocast, seed_everything, select_device
+    from bench_cli.engine.env import autocast, seed_everything, select_device
 
     cfg = C.compose(overrides)
     device, precision = select_device(str(cfg.trainer.device)), str(cfg.trainer.precision)

@@ -39,7 +39,7 @@ def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optiona
 def check_settings(cfg: DictConfig) -> None:
     """Ranges and choices of the trainer and task settings every run reads."""
     from bench_cli.engine.optim import OPTIMIZERS, SCHEDULERS
-    from bench_cli.engine.trainer import select_device
+    from bench_cli.engine.env import select_device
     from tasks import task_class
 
     t = cfg.trainer
@@ -72,7 +72,7 @@ def check_settings(cfg: DictConfig) -> None:
     train_metrics_source(t.get("train_metrics", "none"))
     device = select_device(str(t.device))
     from bench_cli.engine.distributed import STRATEGIES
-    from bench_cli.engine.trainer import PRECISIONS
+    from bench_cli.engine.env import PRECISIONS
 
     if str(t.get("strategy", "none")) not in STRATEGIES:
         raise unknown_choice("trainer.strategy", t.strategy, STRATEGIES)

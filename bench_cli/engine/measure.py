@@ -1,4 +1,5 @@
-"""Measurements of a model: parameters, counted FLOPs and peak memory.
+"""Measurements of a model: parameters, counted FLOPs and peak memory; at the end, a run's
+measurement (``measure_run``) with its cache (``MeasureCache``) and its inference time.
 
 Everything is device-agnostic: the device is the one of the model's parameters (or, for a
 parameter-free model, of the inputs). ``inputs`` is what the model is called with: a dict of
@@ -54,12 +55,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import os
 import resource
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -68,11 +71,13 @@ from torch.utils import flop_counter
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench_cli.core.errors import is_oom
+from bench_cli.core.errors import is_oom, warn_once
+from bench_cli.core.files import write_atomically
 from bench_cli.core.spread import NOISY_NOTE, NOISY_SPREAD, Spread, ratio_spread
 
 __all__ = [
     "Conditions",
+    "MeasureCache",
     "Spread",
     "ratio_spread",
     "seconds",
@@ -86,8 +91,11 @@ __all__ = [
     "flops_forward",
     "flops_train_step",
     "is_attention_module",
+    "example_batch",
+    "inference_time",
     "is_oom",
     "measure_model",
+    "measure_run",
     "peak_memory_inference",
     "peak_memory_train_step",
     "per_sample",
@@ -623,7 +631,7 @@ class ValueReads(TorchDispatchMode):
     ``float()``, ``torch.equal``) or made shapes from values (``nonzero``, ``masked_select``,
     ``unique``, indexing with a boolean mask). A model that did neither ran the same ops on the
     same shapes whatever its weights and data values: its FLOPs and peak memory depend on the
-    shapes alone, so they can be reused (bench_cli.engine.runner's measurement cache)."""
+    shapes alone, so they can be reused (MeasureCache, below)."""
 
     VALUE_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "nonzero_static", "argwhere",
                            "masked_select", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive"})
@@ -660,3 +668,154 @@ def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size:
     if memory != "off" or budget_bytes is not None:
         out.update(_peak_memory(model, inputs, loss_fn, memory, _device(model, inputs), budget_bytes))
     return out
+
+
+# --------------------------------------------------------------------------- a run's measurement
+
+
+def example_batch(task, split: str, batch_size: int, device) -> dict:
+    """The first ``batch_size`` samples of ``split`` as one batch (the task's collate)."""
+    from torch.utils.data import DataLoader
+
+    from bench_cli.core.task import to_device
+
+    loader = DataLoader(task.dataset(split), batch_size=batch_size, shuffle=False, collate_fn=task.collate(split))
+    return to_device(next(iter(loader)), device)
+
+
+def measure_run(task, model, cfg, device, objective) -> dict:
+    """A run's measurement columns: parameters, FLOPs per sample and peak memory of one training
+    step of the run's objective (the KSVD term included) and of one inference batch, by the one
+    measurement path (measure_model) as `attnbench profile` measures; the inference time
+    (``measure.inference_samples``) and the heads' diversity (``measure.head_diversity``)."""
+    from bench_cli.engine.head_diversity import record_head_diversity
+    from bench_cli.results.schema import measurement_columns
+
+    started = time.perf_counter()
+    # one forward/backward of training: a micro-batch when the batch is accumulated (a 64 x 512-token
+    # batch of the 267,744-word LM would need 35 GB of logits; training never holds it at once)
+    size = min(int(cfg.trainer.batch_size), int(cfg.trainer.get("micro_batch_size") or cfg.trainer.batch_size))
+    batch = example_batch(task, "train", size, device)
+    flops = ("meta" if cfg.measure.get("meta_flops", False) else "real") if cfg.measure.flops else "off"
+    memory = "real" if cfg.measure.memory else "off"
+    cache = MeasureCache.of(cfg, model, task, batch, device, (flops, memory))
+    measured = cache.load(count_parameters(model)) if cache else None
+    if measured is None:
+        with ValueReads() as reads:
+            measured = measure_model(model, task.model_inputs(batch), objective.on(model, batch),
+                                     task.batch_len(batch), flops=flops, memory=memory)
+        if cache and not reads.seen:  # shapes alone decided the ops: the next job of these shapes reuses it
+            cache.store(measured)
+    out = {k: v for k, v in measured.items() if k not in ("flops_method", "memory_method")}
+    samples = int(cfg.measure.get("inference_samples") or 0)
+    if samples:
+        out.update(inference_time(task, model, cfg, device, samples))
+    out["peak_rss_bytes"] = process_peak_rss_bytes()
+    out["measure_time_s"] = round(time.perf_counter() - started, 3)
+    return measurement_columns(out) | record_head_diversity(cfg, task, model, device)
+
+
+class MeasureCache:
+    """Parameters, FLOPs and peak memory of a (model, task shape), measured by one job and reused by
+    the next jobs of a sweep that have the same key (other seeds, above all): the semantic model
+    and task config, the example batch (its shapes, dtypes and values), the measurement modes, the
+    device type, torch's version and the source of every module the model is made of, of the task
+    and of the measurement. Only measurements that read no tensor value are stored
+    (ValueReads): they depend on the shapes, not on the weights. One JSON file
+    per key in ``.measure_cache/`` beside ``results.path``, written atomically (parallel jobs);
+    ``measure.cache=false`` turns it off."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def of(cls, cfg, model, task, batch: dict, device, modes: tuple) -> "MeasureCache | None":
+        import hashlib
+        import inspect
+
+        from omegaconf import OmegaConf
+
+        if not cfg.measure.get("cache", True) or modes == ("off", "off"):
+            return None
+        import models
+
+        # the model zoo's code (helpers included), a plugin's modules, the task's, the measurement's
+        sources = set(Path(models.__file__).parent.rglob("*.py"))
+        sources |= {inspect.getsourcefile(cls) for m in model.modules() for cls in type(m).__mro__
+                    if not cls.__module__.startswith(("torch", "builtins"))}
+        sources |= {inspect.getsourcefile(type(task)), Path(__file__), Path(__file__).with_name("objective.py")}
+        digest = hashlib.sha256()
+        for part in (OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.task, resolve=True),
+                     modes, device.type, torch.__version__):
+            digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+        for name in sorted(batch):
+            value = batch[name]
+            if torch.is_tensor(value):
+                digest.update(f"{name}{tuple(value.shape)}{value.dtype}".encode())
+                digest.update(value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+            else:
+                digest.update(f"{name}{value!r}".encode())
+        for source in sorted({Path(s) for s in sources if s}):
+            digest.update(source.read_bytes())
+        return cls(Path(cfg.results.path).parent / ".measure_cache" / f"{digest.hexdigest()[:32]}.json")
+
+    def load(self, params: int) -> dict | None:
+        """The entry, if it is one: a dict of numbers and strings measured on a model of ``params``
+        parameters; anything else is a miss (measured again, with a warning)."""
+        try:
+            entry = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            entry = None
+        if isinstance(entry, dict) and entry.get("params") == params and all(
+                v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool)) for v in entry.values()):
+            return entry
+        warn_once(f"warning: measurement cache {self.path} is not an entry for this model: measured again")
+        return None
+
+    def store(self, measured: dict) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, json.dumps(measured))
+        except OSError:  # a read-only results folder: measured again next time
+            pass
+
+
+def inference_time(task, model, cfg, device, samples: int) -> dict:
+    """Inference (eval mode, no gradients, ``trainer.precision``) over the first ``samples`` test
+    samples in batches of ``eval_batch_size``, after one warm-up batch; data loading excluded.
+    Pay-better-attention Table 4 reports the total over 5,000 samples (on an Apple M2):
+    ``infer_time_s`` is that total (scaled to ``samples`` when the test split is smaller),
+    ``infer_time_per_batch_s`` the median batch, with its quartiles. Ratios between attentions are
+    what compares. Not time_rounds: each batch is new data, timed once."""
+    from torch.utils.data import DataLoader
+
+    from bench_cli.core.task import to_device
+    from bench_cli.engine.env import autocast
+
+    loader = DataLoader(task.dataset("test"), batch_size=int(cfg.trainer.eval_batch_size), shuffle=False,
+                        collate_fn=task.collate("test"))
+    was_training = model.training
+    model.eval()
+    times, seen, warm = [], 0, False
+    try:
+        with torch.no_grad(), autocast(device, str(cfg.trainer.get("precision", "32"))):
+            for batch in loader:
+                keep = min(task.batch_len(batch), samples - seen)
+                batch = {k: v[:keep] for k, v in batch.items()}  # the last batch holds only what is missing
+                inputs = task.model_inputs(to_device(batch, device))
+                if not warm:
+                    model(**inputs)
+                    warm = True
+                times.append(seconds(lambda: model(**inputs), device))
+                seen += task.batch_len(batch)
+                if seen >= samples:
+                    break
+    finally:
+        model.train(was_training)
+    if not times:
+        return {}
+    return {"infer_time_s": round(sum(times) * samples / seen, 6), "infer_samples": seen,
+            "infer_batch_size": int(cfg.trainer.eval_batch_size),
+            **Spread.of(times).columns("infer_time_per_batch_s")}

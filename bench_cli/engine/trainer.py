@@ -1,5 +1,6 @@
-"""The training loop: optimiser, schedule, accumulation, device, seeds, loaders, auxiliary losses
-(Primal-Attention's KSVD objective) and the two evaluation protocols.
+"""The training loop: optimiser, schedule, accumulation, loaders, auxiliary losses (Primal-Attention's
+KSVD objective) and the two evaluation protocols. The device, the seeds and the precision are the
+run's environment (bench_cli/engine/env.py), chosen before the trainer is built.
 
 The trainer knows no dataset and no metric by name: batches come from the task's loaders, the
 loss from ``task.loss``, evaluations from ``task.evaluate`` and the direction of the selection
@@ -16,12 +17,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
-import random
-import sys
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -35,45 +32,8 @@ from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_sig
 from bench_cli.engine.objective import Objective
 from bench_cli.engine.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
+from bench_cli.engine.env import autocast, seed_worker
 from bench_cli.engine.measure import RegionTimer
-
-
-def select_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"trainer.device={name} but CUDA is not available here; use trainer.device=auto or cpu")
-    return torch.device(name)
-
-
-def deterministic_algorithms() -> None:
-    """torch.use_deterministic_algorithms(True, warn_only=True) without its import of
-    torch._inductor.config, which loads torch._dynamo (as long as `import torch` itself, per job)
-    only to set the compiler's flag: nothing here compiles. The flag is set when the compiler is
-    already loaded."""
-    torch._C._set_deterministic_algorithms(True, warn_only=True)
-    inductor = sys.modules.get("torch._inductor.config")
-    if inductor is not None:
-        inductor.deterministic = True
-
-
-def seed_everything(seed: int, deterministic: bool = True) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        deterministic_algorithms()
-        torch.backends.cudnn.benchmark = False
-
-
-def seed_worker(worker_id: int) -> None:
-    """DataLoader worker init: numpy and random follow the worker's torch seed."""
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
 
 
 @dataclass
@@ -231,17 +191,6 @@ class Selection:
         self.epoch, self.step, self.since_best = state["epoch"], state["step"], state["since_best"]
         weights = state["weights"]
         self.state = None if weights is None else {k: v.to(device) if torch.is_tensor(v) else v for k, v in weights.items()}
-
-
-PRECISIONS = ("32", "bf16", "fp16")
-
-
-def autocast(device: torch.device, precision: str):
-    """Mixed precision of ``trainer.precision``: bf16/fp16 autocast (fp16 with a GradScaler, see
-    ``Trainer``); ``32`` does nothing. fp16 needs CUDA (bench_cli.commands.validate refuses it on the CPU)."""
-    if str(precision) == "32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if str(precision) == "bf16" else torch.float16)
 
 
 class Trainer:

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError
 from bench_cli.core.files import unwritable_folder, write_atomically
-from bench_cli.results.schema import COLUMNS, IDENTITY as _IDENTITY  # the schema names the columns
+from bench_cli.results.schema import COLUMNS, IDENTITY as _IDENTITY, identity  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
 NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
@@ -236,6 +236,61 @@ def write_run_marker(run_dir: Path, row: dict) -> None:
                                        "experiment", "job_key")}
     marker.update(pid=os.getpid(), host=socket.gethostname())
     write_atomically(Path(run_dir) / "run.json", json.dumps(marker, indent=1) + "\n")
+
+
+@dataclass
+class RunFolder:
+    """A started run: its folder, its record so far (the identity columns; status failed until it
+    ends) and its config resolved once (``config.yaml``, the keys and the loggers read it)."""
+
+    path: Path
+    row: dict
+    resolved: dict
+
+
+def start_run(cfg: DictConfig, run_dir: Path | None, run_id: str | None, overrides, write: bool) -> RunFolder:
+    """The run folder (``paths.output_dir``/runs/<run id> unless given) with, when ``write`` (rank 0),
+    ``config.yaml`` and ``run.json``; the record's identity columns (``overrides``: the run's
+    command-line overrides, None: this process's)."""
+    from datetime import datetime, timezone
+
+    run_id = run_id or new_run_id()
+    path = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
+    path.mkdir(parents=True, exist_ok=True)
+    # resolved once (most of the config's cost): config.yaml, the record's keys and the logger read it
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if write:
+        save_resolved(resolved, path / "config.yaml")
+    row = identity(cfg, run_id=run_id, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   config_path=path / "config.yaml", output_dir=path,
+                   overrides=" ".join(overrides) if overrides is not None else command_line(),
+                   keys=run_keys(resolved), command=invocation(), provenance=provenance())
+    if write:
+        write_run_marker(path, row)
+    return RunFolder(path, row, resolved)
+
+
+def save_resolved(resolved: dict, path: Path) -> None:
+    """``OmegaConf.save(cfg, path, resolve=True)`` of the config ``resolved`` was resolved from: the
+    same text (omegaconf.py ``to_yaml``: its YAML dumper and options), without resolving it again."""
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
+    write_atomically(path, yaml.dump(resolved, default_flow_style=False, allow_unicode=True, sort_keys=False,
+                                     Dumper=get_omega_conf_dumper()), encoding="utf-8")
+
+
+def write_record(run_dir: Path, results_path, row: dict) -> None:
+    """A finished run's record: ``record.json`` in its folder first, then appended to ``results_path``.
+    When that append fails (full disk, read-only filesystem) the record is safe in the folder, and
+    ``row["_append_error"]`` says so and where."""
+    write_atomically(Path(run_dir) / "record.json", json.dumps(row, indent=1, default=str))
+    try:
+        append_record(results_path, row)
+    except (OSError, RecordsFileError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        row["_append_error"] = (f"could not append to {results_path} ({reason}); "
+                                f"the record is in {Path(run_dir) / 'record.json'}")
 
 
 def run_state(run_dir: Path) -> dict | None:

@@ -117,7 +117,7 @@ def _build_side(side: H.Side, cfg: DictConfig, task, seq_len: int, device) -> No
     """The side's model, its synthetic batch and the run's objective on it (and its optimiser)."""
     from bench_cli.engine.objective import Objective
     from bench_cli.engine.optim import make_optimizer, parameter_groups
-    from bench_cli.engine.trainer import seed_everything
+    from bench_cli.engine.env import seed_everything
 
     p = cfg.profile
     seed_everything(int(cfg.seed), False)
@@ -140,7 +140,7 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     from bench_cli.engine import measure as M
     from bench_cli.results import records
     from bench_cli.config.taskfit import build_task, check_model_fits_task
-    from bench_cli.engine.trainer import select_device
+    from bench_cli.engine.env import select_device
 
     p = cfg.profile
     device = select_device(str(cfg.trainer.device))

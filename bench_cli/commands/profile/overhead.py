@@ -62,7 +62,7 @@ class BareLoop:
     def __init__(self, cfg):
         import torch
 
-        from bench_cli.engine.trainer import seed_everything, select_device
+        from bench_cli.engine.env import seed_everything, select_device
         from tasks import task_class
 
         t = self.tcfg = cfg.trainer
@@ -83,7 +83,7 @@ class BareLoop:
 
     def build(self) -> None:
         from bench_cli.engine.objective import Objective
-        from bench_cli.engine.trainer import seed_everything
+        from bench_cli.engine.env import seed_everything
 
         seed_everything(self.seed, bool(self.tcfg.deterministic))
         self.model = self.task.build_model(self.model_cfg).to(self.device)
@@ -94,7 +94,7 @@ class BareLoop:
         import torch
         from torch.utils.data import DataLoader
 
-        from bench_cli.engine.trainer import seed_worker
+        from bench_cli.engine.env import seed_worker
 
         t, g = self.tcfg, torch.Generator().manual_seed(self.seed)
         bs = int(t.batch_size if train else t.eval_batch_size)
@@ -110,7 +110,7 @@ class BareLoop:
 
     def evaluate(self, split: str) -> dict:
         from bench_cli.core.task import EvalContext
-        from bench_cli.engine.trainer import autocast
+        from bench_cli.engine.env import autocast
 
         with autocast(self.device, str(self.tcfg.get("precision", "32"))):
             return self.task.evaluate(self.model, split, EvalContext(lambda s: self.loader(s, False), self.device))
@@ -136,7 +136,7 @@ class BareLoop:
 
         from bench_cli.core import metrics as M
         from bench_cli.core.task import to_device
-        from bench_cli.engine.trainer import autocast
+        from bench_cli.engine.env import autocast
 
         loader = self.loader("train", train=True)
         plan, opt, sched = self.optimisation(len(loader), loader.batch_size)
