@@ -288,6 +288,25 @@ def test_a_mistake_in_a_readme_command_fails(right, wrong, manual_env, capsys, m
         check(mutated, manual_env, capsys, monkeypatch)
 
 
+def test_every_make_target_and_command_named_in_the_prose_exists():
+    """`make TARGET` and `attnbench VERB` written inline in the text, outside code blocks."""
+    from bench_cli.commands.cli import available_commands
+
+    targets, verbs = {}, {}
+    for path in MANUAL:
+        prose = FENCE.sub("", path.read_text())
+        for target in re.findall(r"`make ([a-z][\w.-]*)", prose):
+            targets.setdefault(target, path.name)
+        for verb in re.findall(r"`(?:\S*/)?attnbench ([a-z][\w-]*)", prose):
+            verbs.setdefault(verb, path.name)
+    unknown = [f"{where}: attnbench {verb}" for verb, where in verbs.items() if verb not in available_commands()]
+    for target, where in targets.items():
+        r = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        if r.returncode:
+            unknown.append(f"{where}: make {target}: {r.stderr.strip()}")
+    assert len(targets) > 20 and len(verbs) > 8 and not unknown, "\n".join(unknown)
+
+
 # --- links -----------------------------------------------------------------------------------------
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
