@@ -25,7 +25,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,6 +208,7 @@ def check_make(cmd: Command) -> None:
 
 
 def check_pip(cmd: Command) -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     for spec in cmd.argv:
         m = re.fullmatch(r"\.\[([\w,-]+)\]", spec)
