@@ -50,9 +50,11 @@ NOT_RUN = {
 # experiment's own fp16, e.g. primal_dual/table3, too: the GPU's side is `attnbench smoke`'s).
 CPU_STAND_INS = {"trainer.device=cuda": "trainer.device=cpu", "trainer.precision=fp16": "trainer.precision=bf16"}
 CPU_PRECISION = "trainer.precision=bf16"
-# Grids too large to plan in a test (the zoo: 150 compositions, ~30 s of CPU): one model of them is
-# planned, the command's own overrides unchanged (tests/test_zoo.py plans the zoo's grid).
-NARROWED = {"experiment=zoo/offline": ["model=softmax"]}
+# Grids too large to plan here (the zoo: 150 compositions, ~30 s of CPU; Table 1: 40): a part of
+# them is planned, unless the command sets that key itself (tests/test_sweep.py plans every
+# experiment's whole grid).
+NARROWED = {"experiment=zoo/offline": ["model=softmax"], "experiment=primal_dual/table1": ["task.dataset=JapaneseVowels"],
+            "experiment=primal_attention/d4rl": ["task.dataset=hopper-medium-v2"]}
 HYDRA_PRINT_FLAGS = {"--cfg", "-c", "--info", "-i", "--hydra-help", "--help", "-h", "--version", "--shell-completion"}
 HELP_ONLY = {"bench", "bench-cli", "bench-overhead", "smoke", "evaluate"}  # time for minutes or need a GPU
 CHEAP_PROFILE = ["profile.timing.enabled=false", "profile.flops=off", "profile.memory=off", "profile.memory_budget_gb=null"]
@@ -92,41 +94,37 @@ def shell_commands(path: Path, text: str | None = None) -> list[Command]:
                 i += 1
                 line = line[:-1] + " " + lines[i].strip()
             i += 1
-            words = shlex.split(line, comments=True)
-            for part in _split_on(words, {"&&", ";", "||"}):
-                part = _without_redirections(part)
-                env = {}
-                while part and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", part[0]) and len(part) > 1:
-                    key, _, value = part.pop(0).partition("=")
-                    env[key] = value
-                if part:
-                    text_of = " ".join(shlex.quote(w) for w in [*(f"{k}={v}" for k, v in env.items()), *part])
-                    cmd = Command(f"{path.name}:{first + start}", text_of, env, part, list(block))
-                    block.append(cmd)
-                    commands.append(cmd)
+            for cmd in commands_of(line, f"{path.name}:{first + start}", block):
+                block.append(cmd)
+                commands.append(cmd)
     return commands
 
 
-def _split_on(words: list[str], separators: set[str]) -> list[list[str]]:
-    parts = [[]]
-    for w in words:
-        if w in separators:
-            parts.append([])
-        else:
-            parts[-1].append(w)
-    return parts
-
-
-def _without_redirections(words: list[str]) -> list[str]:
-    out, skip = [], False
-    for w in words:
+def commands_of(line: str, where: str, earlier: list[Command]) -> list[Command]:
+    """The commands of one shell line: split at ; && || and pipes, comments and redirections
+    dropped, leading NAME=VALUE words taken as the environment."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    parts, skip = [[]], False
+    for word in lexer:
         if skip:
             skip = False
-        elif w in (">", ">>", "2>", "<"):
+        elif word in (">", ">>", "<", "2>"):
             skip = True
-        elif not re.match(r"^\d?>>?\S", w):
-            out.append(w)
-    return out
+        elif word and set(word) <= set(";&|"):
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    commands = []
+    for part in parts:
+        env = {}
+        while len(part) > 1 and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", part[0]):
+            key, _, value = part.pop(0).partition("=")
+            env[key] = value
+        if part:
+            text = " ".join(shlex.quote(w) for w in [*(f"{k}={v}" for k, v in env.items()), *part])
+            commands.append(Command(where, text, env, part, [*earlier, *commands]))
+    return commands
 
 
 # --- the checks ------------------------------------------------------------------------------------
@@ -153,7 +151,8 @@ def cheap_form(cmd: Command, argv: list[str], tmp: Path) -> tuple[list[str], int
         if not torch.cuda.is_available():
             rest = [CPU_STAND_INS.get(a, a) for a in rest]
             rest += [] if any(a.startswith("trainer.precision=") for a in rest) else [CPU_PRECISION]
-        rest += [o for a in rest for o in NARROWED.get(a, [])]
+        given = {a.split("=")[0] for a in rest}
+        rest += [o for a in rest for o in NARROWED.get(a, []) if o.split("=")[0] not in given]
         return ["sweep", *([] if "--dry-run" in rest else ["--dry-run"]), *rest], (1 if verb == "run" else None)
     if verb == "profile":
         return [*argv, *CHEAP_PROFILE, f"profile.output={tmp / 'profile.csv'}", "profile.plot=null"], None
@@ -202,9 +201,18 @@ def check_attnbench(cmd: Command, argv: list[str], tmp: Path, capsys, monkeypatc
         assert planned and int(planned.group(1)) == jobs, f"{cmd}: a run is one job; planned: {out[:300]}"
 
 
-def check_make(cmd: Command) -> None:
+def check_make(cmd: Command, tmp: Path, capsys, monkeypatch) -> None:
+    """The target exists; when the manual gives it variables (DATASETS=, ARGS=), the sweeps of its
+    recipe are planned (`make -n` prints them), so the variables are checked too."""
     r = subprocess.run(["make", "-n", *cmd.argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{cmd}: {r.stderr.strip()}"
+    if not any("=" in a for a in cmd.argv[1:]):
+        return
+    for line in r.stdout.splitlines():
+        for step in commands_of(line, cmd.where, []):
+            if Path(step.argv[0]).name == "attnbench" and step.argv[1:2] == ["sweep"]:
+                check_attnbench(Command(cmd.where, f"{cmd.text} -> {step.text}", {}, step.argv), step.argv[1:],
+                                tmp, capsys, monkeypatch)
 
 
 def check_pip(cmd: Command) -> None:
@@ -217,14 +225,17 @@ def check_pip(cmd: Command) -> None:
             assert not unknown, f"{cmd}: no extra {sorted(unknown)} in pyproject.toml ({sorted(extras)})"
 
 
+PASSED: set[str] = set()  # a command written twice in the manual (README and a docs page) is checked once
+
+
 def check(cmd: Command, tmp: Path, capsys, monkeypatch) -> None:
-    if cmd.text in NOT_RUN:
+    if cmd.text in NOT_RUN or cmd.text in PASSED:
         return
     program = Path(cmd.argv[0]).name
     if program == "attnbench":
         check_attnbench(cmd, cmd.argv[1:], tmp, capsys, monkeypatch)
     elif program == "make":
-        check_make(cmd)
+        check_make(cmd, tmp, capsys, monkeypatch)
     elif program == "torchrun":
         assert shutil.which("torchrun") or Path(sys.executable).with_name("torchrun").exists(), f"{cmd}: no torchrun"
         module = cmd.argv.index("-m")
@@ -236,6 +247,7 @@ def check(cmd: Command, tmp: Path, capsys, monkeypatch) -> None:
         pass  # an installed program (python -m venv, wandb ...)
     else:
         pytest.fail(f"{cmd}: neither checkable nor in NOT_RUN")
+    PASSED.add(cmd.text)
 
 
 COMMANDS = [c for path in MANUAL for c in shell_commands(path)]
@@ -273,6 +285,7 @@ MUTATIONS = [  # (command in the README, mistake): each must be caught
     ("ls models", "ls model"),
     ("data uea BasicMotions", "data uea BasicMotion"),
     ("make help", "make hepl"),
+    ("DATASETS=JapaneseVowels ", "DATASETS=JapaneseVowelz "),
 ]
 
 
