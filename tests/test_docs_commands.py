@@ -281,6 +281,8 @@ def test_the_manual_has_commands_and_every_code_block_names_its_language():
 
 MUTATIONS = [  # (command in the README, mistake): each must be caught
     ("model=attention_bn_sh", "model=attention_bn_shh"),
+    ("run task=uea", "run task=ueaa"),
+    ("run --cfg job", "run --cfgg job"),
     ("task.dataset=JapaneseVowels", "task.dataset=JapaneseVowel"),
     ("experiment=primal_dual/table1 task.dataset", "experiment=primal_dual/table99 task.dataset"),
     ("trainer.max_epochs=50", "trainer.max_epoch=50"),
