@@ -4,7 +4,7 @@
 # MNIST and CIFAR-100 download with `make vision-data`; ImageNet goes by hand under the data root
 # as imagenet/{train,val}/<wnid>/*.JPEG (ImageNet-100 is read from it). Everything but the mnist5k
 # target needs GPUs; multi-GPU jobs on Slurm: VISION_LAUNCHER="hydra/launcher=slurm_ddp ..." with
-# ARGS="trainer.strategy=ddp" (one run on one node: torchrun, see README).
+# ARGS="trainer.strategy=ddp" (one run on one node: torchrun, see docs/gpu.md).
 #   make reproduce-pba-mnist5k                       # offline, 2 CPU cores, 10 min
 #   make reproduce-pba-table1 ARGS="trainer.num_workers=8"
 #   make reproduce-table3 VISION_LAUNCHER="hydra/launcher=slurm_ddp hydra.launcher.partition=gpu" ARGS="trainer.strategy=ddp"

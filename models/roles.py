@@ -71,7 +71,7 @@ def build_layer_attentions(model_cfg, n_layers: int, d_model: int, n_heads: int,
                            attention_dropout: float | None = None) -> list[nn.Module]:
     """One attention module per layer. ``grid`` is the task's 2D token layout (image patches);
     sequence tasks have none, and a variant that needs one (Conv2D) then sees the sequence as a
-    1 x N grid, where its (k_h, k_w) kernel acts along the sequence only (documented in README).
+    1 x N grid, where its (k_h, k_w) kernel acts along the sequence only (documented in docs/models.md).
     ``attention_dropout`` (a backbone option; None keeps the model's) sets the attention-probability
     dropout of every layer, as the LRA code's and mvts_transformer's ``attention_dropout``/``dropout``.
     Variants sized by the sequence length (Super's W^A, Primal's ``rows: code``) get ``seq_len``

@@ -1,7 +1,7 @@
 """Plugins (issue 23): a module outside the repository registers an attention (or a task) and is
 found through ATTNBENCH_PLUGINS, the `plugins:` config key or an `attnbench.plugins` entry point;
 `ls models` shows it, a run and a sweep's workers use it and records name it; mistakes are one
-line. The plugin is the README's own example, so the documentation is what is tested."""
+line. The plugin is the manual's own example (docs/models.md), so the documentation is what is tested."""
 from __future__ import annotations
 
 import re
@@ -16,7 +16,7 @@ from bench_cli.commands.cli import main
 from bench_cli.results.records import job_key, read_records
 from conftest import attnbench
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+MODELS_DOC = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
         "task.backbone.d_ff=32", "trainer.max_epochs=1", "trainer.batch_size=8", "trainer.progress=false",
         "measure.flops=false", "measure.memory=false"]
@@ -27,14 +27,14 @@ TEST_MODULES = ("mymod", "broken", "exitimp", "dup_builtin", "first_mod", "secon
 
 
 def readme_plugin() -> str:
-    """The example plugin of the README's "Bring your own attention" section."""
-    section = README.read_text().split("## Bring your own attention", 1)[1]
+    """The example plugin of the manual's "Bring your own attention" section (docs/models.md)."""
+    section = MODELS_DOC.read_text().split("## Bring your own attention", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture
 def plugin_dir(tmp_path) -> Path:
-    """A folder outside the repository holding the README's plugin as mymod.py."""
+    """A folder outside the repository holding the manual's plugin as mymod.py."""
     folder = tmp_path / "plugins"
     folder.mkdir()
     (folder / "mymod.py").write_text(readme_plugin())

@@ -2,7 +2,7 @@
 
 The public API, kept stable for plugins: ``models.attention.register_attention``, ``Capabilities``,
 ``ProjectedAttention`` (a ``kernel(q, k, v, mask, causal)`` on (batch, heads, length, d_head)
-tensors) and ``tasks.register_task``. A plugin is found three ways (README "Bring your own
+tensors) and ``tasks.register_task``. A plugin is found three ways (docs/models.md "Bring your own
 attention"), like lm-evaluation-harness's ``--include_path`` but for code:
 
 - ``ATTNBENCH_PLUGINS=mod1,mod2``: module names, importable from ``sys.path`` (PYTHONPATH);
