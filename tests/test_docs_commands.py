@@ -103,6 +103,7 @@ def shell_commands(path: Path, text: str | None = None) -> list[Command]:
 def commands_of(line: str, where: str, earlier: list[Command]) -> list[Command]:
     """The commands of one shell line: split at ; && || and pipes, comments and redirections
     dropped, leading NAME=VALUE words taken as the environment."""
+    line = re.sub(r"\s\d*>&\d+", "", line)  # 2>&1: a descriptor duplicated, no file named
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     parts, skip = [[]], False
@@ -139,6 +140,23 @@ def attnbench_in_process(argv: list[str], capsys) -> tuple[int, str]:
     return code, out.out + out.err
 
 
+def replot_form(argv: list[str], tmp: Path) -> list[str]:
+    """`profile ... --replot` drawing from a copy of the CSV it names (a committed one stands in for
+    a CSV an earlier command of the manual would have written) into ``tmp``: the committed figures
+    are not rewritten by a test."""
+    from bench_cli.commands.profile.config import load_config
+
+    overrides = [a for a in argv[1:] if a != "--replot"]
+    p = load_config(overrides).profile
+    source = Path(str(p.output)) if Path(str(p.output)).is_absolute() else ROOT / str(p.output)
+    shutil.copy(source if source.exists() else ROOT / "results/reproduced/figure2.csv", tmp / "profile.csv")
+    if str(p.mode) == "pba":
+        figures = [f"profile.figures.{k}.path={tmp / k}.png" for k in p.figures if "path" in p.figures[k]]
+    else:
+        figures = [f"profile.plot={tmp / 'figure.png'}"]
+    return [*argv, f"profile.output={tmp / 'profile.csv'}", *figures]
+
+
 def cheap_form(cmd: Command, argv: list[str], tmp: Path) -> tuple[list[str], int | None]:
     """The attnbench command that checks ``argv`` without training, downloading or timing, and the
     number of jobs its plan must hold (None: any). Returns ([], None) when checked here already."""
@@ -154,10 +172,15 @@ def cheap_form(cmd: Command, argv: list[str], tmp: Path) -> tuple[list[str], int
         given = {a.split("=")[0] for a in rest}
         rest += [o for a in rest for o in NARROWED.get(a, []) if o.split("=")[0] not in given]
         return ["sweep", *([] if "--dry-run" in rest else ["--dry-run"]), *rest], (1 if verb == "run" else None)
+    if verb == "profile" and "--replot" in rest:
+        return replot_form(argv, tmp), None
     if verb == "profile":
         return [*argv, *CHEAP_PROFILE, f"profile.output={tmp / 'profile.csv'}", "profile.plot=null"], None
     if verb == "report":
         records = rest[rest.index("--records") + 1] if "--records" in rest else None
+        if records and not Path(records).exists() and (ROOT / records).exists():  # a committed file, named from the repository
+            argv = [str(ROOT / records) if a == records else a for a in argv]
+            records = str(ROOT / records)
         if records and not Path(records).exists():  # written by the block's sweep above: a committed file stands in
             assert any(f"results.path={records}" in c.argv for c in cmd.earlier), f"{cmd}: no such records file"
             shutil.copy(ROOT / "results/reproduced/primal_dual/table1.records.csv", records)
@@ -243,7 +266,7 @@ def check(cmd: Command, tmp: Path, capsys, monkeypatch) -> None:
         check_attnbench(cmd, cmd.argv[module + 2:], tmp, capsys, monkeypatch)
     elif program == "pip":
         check_pip(cmd)
-    elif program in ("python", "python3") or shutil.which(program):
+    elif program in ("python", "python3") or shutil.which(program) or Path(sys.executable).with_name(program).exists():
         pass  # an installed program (python -m venv, wandb ...)
     else:
         pytest.fail(f"{cmd}: neither checkable nor in NOT_RUN")
