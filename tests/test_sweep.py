@@ -114,7 +114,7 @@ def fake_runs(monkeypatch):
 
     seen = []
 
-    def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix=""):
+    def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix="", columns=None):
         seen.append(cfg)
         row = {"run_id": f"fake{len(seen)}", "status": "ok", "job_key": records.job_key(cfg), "metric": "accuracy",
                "test_score": 50.0, "overrides": " ".join(overrides or ()), "output_dir": str(run_dir)}

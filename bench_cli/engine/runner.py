@@ -177,7 +177,7 @@ def inference_time(task, model, cfg: DictConfig, device, samples: int) -> dict:
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
-                   run_id: str | None = None, line_prefix: str = "") -> dict:
+                   run_id: str | None = None, line_prefix: str = "", columns: dict | None = None) -> dict:
     """Train and evaluate one configuration (checked beforehand: bench_cli.commands.validate); append and
     return its record (a dict; bench_cli.results.schema names its columns).
 
@@ -185,7 +185,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     ``record.json`` at the end, whatever happens; a folder without ``record.json`` is a run that
     was killed (``attnbench ls runs``). The record is written to the run folder first, then
     appended to ``results.path``; if that append fails (full disk, read-only filesystem) the run
-    folder still holds it and the message says where."""
+    folder still holds it and the message says where. ``columns``: what the caller knows of the
+    run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS)."""
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
     run_id = run_id or records.new_run_id()
@@ -203,6 +204,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
                           overrides=" ".join(overrides) if overrides is not None else records.command_line(),
                           keys=records.run_keys(resolved), command=records.invocation(),
                           provenance=records.provenance())
+    row.update(columns or {})
     if env.is_main:
         records.write_run_marker(run_dir, row)
     loggers: list = []
