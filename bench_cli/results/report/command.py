@@ -440,7 +440,7 @@ def cmd_report(args: list[str]) -> None:
     if cfg.report.get("kind") == "study":  # no paper: the best trial of each study (bench_cli/results/report/trials.py)
         from bench_cli.results.report.trials import write_study_report
 
-        return write_study_report(name, cfg, path, sources.rows, opts, overrides, out_dir)
+        return write_study_report(name, cfg, path, sources.rows, opts, overrides, out_dir, found=sources.found)
     report = build(name, cfg, path, sources.all_records, sources.rows, opts["all"], sources.committed)
     report.command = rerun_command(name, None if sources.found else path, out_dir, opts, overrides)
     report.formats = tuple(opts["formats"])

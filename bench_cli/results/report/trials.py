@@ -82,9 +82,9 @@ def notes(table: list[dict]) -> list[str]:
 
 
 def write_study_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, overrides: list[str],
-                       out_dir: Path) -> None:
+                       out_dir: Path, found: bool = False) -> None:
     """`attnbench report NAME` of a search (``report.kind: study``): print and write ``<out>/<NAME>.md``
-    and ``.csv``."""
+    and ``.csv``. ``found``: the records file was found by the command (its rerun does not name it)."""
     from bench_cli.core.errors import UserError
     from bench_cli.core.files import write_atomically
     from bench_cli.core.ui import console
@@ -96,7 +96,7 @@ def write_study_report(name: str, cfg, path: Path, rows: list[dict], opts: dict,
         raise UserError(f"no trial of a study in the records of {name} ({path}): run `attnbench sweep experiment={name}`")
     screen = render.sized(console, opts["width"])
     title = str(cfg.report.get("title") or name)
-    lines = header(path, [r for r in rows if r.get("study")], table, rerun_command(name, None, out_dir, opts, overrides))
+    lines = header(path, [r for r in rows if r.get("study")], table, rerun_command(name, None if found else path, out_dir, opts, overrides))
     render.print_table(screen, title, lines, display(table), notes(table), COLUMNS)
     if opts["write"]:
         out = out_dir / name
