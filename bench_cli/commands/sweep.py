@@ -270,7 +270,23 @@ def _multirun(overrides: list[str], flags: dict | None):
     given = {o.split("=", 1)[0] for o in overrides}
     mode = [] if "hydra.mode" in given else ["hydra.mode=MULTIRUN"]
     with C.hydra_app(JOB_NAME, flags) as app:
-        yield app, app.compose([*overrides, *mode], RunMode.MULTIRUN)
+        try:
+            master = app.compose([*overrides, *mode], RunMode.MULTIRUN)
+        except UserError as e:
+            raise _without_optuna(e) from None
+        yield app, master
+
+
+def _without_optuna(error: UserError) -> UserError:
+    """Hydra's "Could not find 'hydra/sweeper/optuna'" where the plugin is not installed: how to get it."""
+    import importlib.util
+
+    from bench_cli.core.extras import install_hint
+
+    if "hydra/sweeper/optuna" in str(error) and importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+        return UserError(f"hydra/sweeper=optuna needs Hydra's Optuna sweeper, which is not installed: "
+                         f"{install_hint('tune')}")
+    return error
 
 
 def expand_grid(overrides: list[str], flags: dict | None = None) -> list[list[str]]:
