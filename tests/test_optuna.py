@@ -168,3 +168,23 @@ def test_a_trial_left_running_by_a_killed_sweep_is_run_when_the_study_continues(
     assert [r["trial"] for r in rows] == ["0", "1", "2"] and left.number == 2
     assert f"trainer.optimizer.lr={left.params['trainer.optimizer.lr']}" in rows[-1]["overrides"]
     assert [t.state.name for t in stored(workdir)] == [TOLD[r["status"]] for r in rows]  # its lr may diverge
+
+
+def test_committed_records_without_study_columns_still_load_and_gain_blank_ones(workdir):
+    """Records written before the study columns existed read as before (no study: no best-trial
+    section); a row appended to such a file adds the columns, blank for the earlier rows and for
+    any run that is not a trial."""
+    import shutil
+    from pathlib import Path
+
+    from bench_cli.results.records import append_record
+    from bench_cli.results.report.trials import best_trials
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "reproduced" / "primal_dual" / "table1.records.csv"
+    before = read_records(committed)
+    assert before and "study" not in before[0] and best_trials(before) == []
+    shutil.copy(committed, workdir / "old.csv")
+    append_record(workdir / "old.csv", {"run_id": "new", "status": "ok"})
+    after = read_records(workdir / "old.csv")
+    assert len(after) == len(before) + 1 and {(r["study"], r["trial"]) for r in after} == {("", "")}
+    assert [{k: v for k, v in r.items() if k in before[0]} for r in after[:-1]] == before

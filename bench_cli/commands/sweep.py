@@ -30,6 +30,9 @@ Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recor
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
 without an ``ok`` record after the sweep (capped at 125), not counting those another process is
 still running; 0 when all are ok.
+
+Search: with ``hydra/sweeper=optuna`` the grid's jobs are studies and their trials the jobs that
+run (bench_cli/commands/study.py; docs/tuning.md), planned, claimed and recorded as above.
 """
 from __future__ import annotations
 
