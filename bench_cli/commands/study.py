@@ -238,9 +238,10 @@ def run_trials(sweep: S.Sweep, study, s: Study, planned: list, n_trials: int, la
     for e in filter(None, map(S._error_of, returns)):  # a job that failed outside its run
         console.print(f"[bold red]error:[/] {escape(type(e).__name__)}: {escape(str(e))}", highlight=False, soft_wrap=True)
     new = {r.get("job_key"): r for r in records.read_records(path)[before:]}
+    ran = {j.key for j in todo}
     for trial, job in planned:
         row = new.get(job.key) or done.get(job.key)
-        if row is not None or job in todo:
+        if row is not None or job.key in ran:
             tell(study, trial, row, None)
     if todo:
         console.print(f"[dim]{len(todo)} trial(s) in {time.perf_counter() - started:.0f} s; {escape(best_text(study))}[/]",

@@ -25,9 +25,11 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
                         [overrides...]
 
   NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
-                  next to the paper's numbers. Without NAME: every run of the records file,
+                  next to the paper's numbers; of a search (tuning/uea_lr_dropout), the best trial
+                  of each study. Without NAME: every run of the records file,
                   grouped by the columns whose values differ between rows (model, dataset,
-                  overrides...), with the mean and std over seeds of each group
+                  overrides...), with the mean and std over seeds of each group, and the best
+                  trial of each Optuna study in it (docs/tuning.md)
   --records PATH  the records file. Default with NAME: found by the command from any folder --
                   your runs (results/local/NAME.records.csv, results.path of the config:
                   results/runs.csv) beside the committed reproduction
