@@ -133,7 +133,7 @@ def test_search_spaces_and_what_an_optuna_sweep_refuses(uea_fixture, workdir, ca
 def test_the_worked_example_tunes_two_attentions_and_reports_the_best_of_each(workdir, scored_runs, capsys):
     """conf/experiment/tuning/uea_lr_dropout.yaml (docs/tuning.md): JapaneseVowels (inside sktime),
     a study per attention; `attnbench report tuning/uea_lr_dropout` shows each study's best trial."""
-    records = f"results.path={workdir / 'r.csv'}"
+    records = f"results.path={workdir / 'local' / 'r.csv'}"  # a folder the sweep makes (the study's storage too)
     assert sweep("experiment=tuning/uea_lr_dropout", records, "--dry-run") == 0
     out = capsys.readouterr().out
     assert "2 studies of 12 trials, searching trainer.optimizer.lr, task.backbone.dropout" in out
@@ -141,18 +141,18 @@ def test_the_worked_example_tunes_two_attentions_and_reports_the_best_of_each(wo
     assert "tuning/uea_lr_dropout: uea/JapaneseVowels attention_bn seed=0" in out
 
     assert sweep("experiment=tuning/uea_lr_dropout", records, "hydra.sweeper.n_trials=2") == 0
-    rows = read_records(workdir / "r.csv")
+    rows = read_records(workdir / "local" / "r.csv")
     assert sorted((r["model"], r["trial"]) for r in rows) == [("attention_bn", "0"), ("attention_bn", "1"),
                                                               ("softmax", "0"), ("softmax", "1")]
     capsys.readouterr()
-    main(["report", "tuning/uea_lr_dropout", "--records", str(workdir / "r.csv"), "--out", str(workdir / "rep")])
+    main(["report", "tuning/uea_lr_dropout", "--records", str(workdir / "local" / "r.csv"), "--out", str(workdir / "rep")])
     md = (workdir / "rep" / "tuning" / "uea_lr_dropout.md").read_text()
     for model in ("softmax", "attention_bn"):
         ok = [r for r in rows if r["model"] == model and r["status"] == "ok"]
         best = max(ok, key=lambda r: float(r["val_score"]))
         line = next(line for line in md.splitlines() if f"| {model} |" in line)
         assert f"| {best['trial']} | {float(best['val_score']):,.2f} | {float(best['test_score']):,.2f} |" in line
-    assert f"--records {workdir / 'r.csv'}" in md  # the command that rewrites it
+    assert f"--records {workdir / 'local' / 'r.csv'}" in md  # the command that rewrites it
 
 
 def test_a_trial_left_running_by_a_killed_sweep_is_run_when_the_study_continues(uea_fixture, workdir, scored_runs):

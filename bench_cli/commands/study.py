@@ -40,6 +40,7 @@ from bench_cli.core.extras import require
 from bench_cli.results import records
 
 EXTRA = "tune"  # pyproject.toml's extra that installs hydra-optuna-sweeper (and optuna)
+SQLITE = "sqlite:///"  # the default storage's scheme: a file beside the records
 
 
 @dataclass
@@ -92,7 +93,7 @@ def study_of(job: S.Job, master: DictConfig) -> Study:
         base = (OmegaConf.select(master, "hydra.sweeper.study_name", default=None)
                 or OmegaConf.select(cfg, "experiment_name", default=None) or "sweep")
     storage = (OmegaConf.select(master, "hydra.sweeper.storage", default=None)
-               or f"sqlite:///{Path(job.records_path).resolve()}.optuna.db")
+               or f"{SQLITE}{Path(job.records_path).resolve()}.optuna.db")
     return Study(job, f"{base}: {job.label} {job.key}", str(storage), metric.name,
                  "maximize" if metric.higher_is_better else "minimize")
 
@@ -113,7 +114,7 @@ def sampler(master: DictConfig, finished: int):
 def stored_trials(study: Study) -> list | None:
     """The study's trials, without creating its storage (a dry run); None when it has none yet."""
     opt = optuna()
-    if study.storage.startswith("sqlite:///") and not Path(study.storage[len("sqlite:///"):]).is_file():
+    if study.storage.startswith(SQLITE) and not Path(study.storage[len(SQLITE):]).is_file():
         return None
     try:
         return opt.load_study(study_name=study.name, storage=study.storage).trials
@@ -124,6 +125,8 @@ def stored_trials(study: Study) -> list | None:
 def open_study(study: Study, master: DictConfig):
     opt = optuna()
     existing = stored_trials(study) or []
+    if study.storage.startswith(SQLITE):  # beside a records file that may not exist yet
+        Path(study.storage[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)
     return opt.create_study(study_name=study.name, storage=study.storage, direction=study.direction,
                             sampler=sampler(master, len(existing)), load_if_exists=True)
 
