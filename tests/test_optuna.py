@@ -128,6 +128,8 @@ def test_search_spaces_and_what_an_optuna_sweep_refuses(uea_fixture, workdir, ca
     assert "interval() is for search sweepers (Optuna): `attnbench sweep hydra/sweeper=optuna" in capsys.readouterr().err
     assert sweep(*args, "task.protocol=paper", "--dry-run") == 2
     assert "protocol paper selects on the test split" in capsys.readouterr().err
+    assert sweep(*args, "hydra.sweeper.direction=minimize", "--dry-run") == 2  # Hydra's default, not accuracy's
+    assert "the objective is the validation accuracy, which the task maximizes" in capsys.readouterr().err
 
 
 def test_the_worked_example_tunes_two_attentions_and_reports_the_best_of_each(workdir, scored_runs, capsys):

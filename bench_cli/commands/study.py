@@ -16,7 +16,7 @@ each, with the study's name and the trial's number: schema.STUDY_COLUMNS).
 
 The objective is the record's ``val_score``: the task's selection metric on the validation split
 carved from TRAIN (protocol holdout; a config whose protocol selects on TEST is refused), in the
-metric's direction (``hydra.sweeper.direction`` is not read: the task says it). The test split is
+metric's direction (the task says it: a ``hydra.sweeper.direction`` given against it is refused). The test split is
 evaluated with the selected weights and recorded, never told to Optuna. A trial that diverged
 (status nan) is pruned (the sampler takes it as the worst), one that crashed (failed, oom, timeout)
 failed; both are recorded and the study goes on. A trial whose job left no record (a sweep killed,
@@ -160,6 +160,11 @@ def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
     n_trials, batch = int(master.hydra.sweeper.n_trials), max(1, int(master.hydra.sweeper.get("n_jobs") or 1))
     S.validate_jobs(sweep.jobs, missing_data_ok=dry_run)
     studies = [study_of(job, master) for job in sweep.jobs]
+    given = [o.split("=", 1)[1] for o in master.hydra.overrides.hydra if o.startswith("hydra.sweeper.direction=")]
+    for s in studies if given else []:  # the task says it; a contrary wish is a mistake, not a setting
+        if given[-1] != s.direction:
+            raise UserError(f"hydra.sweeper.direction={given[-1]}: the objective is the validation {s.metric}, which "
+                            f"the task {'maximizes' if s.direction == 'maximize' else 'minimizes'}; leave the direction out")
     console.print(f"[bold]Optuna[/]: {len(studies)} stud{'ies' if len(studies) > 1 else 'y'} of {n_trials} trials, "
                   f"searching {', '.join(space)}; objective: the validation {studies[0].metric} "
                   f"({studies[0].direction}); storage: {studies[0].storage}", highlight=False, soft_wrap=True)
