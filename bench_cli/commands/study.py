@@ -64,7 +64,7 @@ def optuna():
 
 def search_space(master: DictConfig) -> dict:
     """{key: Optuna distribution} of the overrides Optuna samples (hydra-optuna-sweeper's reading)."""
-    require("hydra_plugins.hydra_optuna_sweeper", EXTRA, "hydra/sweeper=optuna")
+    optuna()  # the plugin's reading imports it
     from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
 
     _, searched = S.split_search(S.sweep_lines(master))
