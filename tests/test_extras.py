@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Every module an extra provides, by extra (the packages of pyproject.toml's extras, as imported).
 EXTRA_MODULES = {"vision": ["torchvision", "timm", "mlxtend"], "rl": ["h5py", "gymnasium", "mujoco"],
                  "text": ["datasets", "sacrebleu"], "wandb": ["wandb"], "tensorboard": ["tensorboard"],
-                 "bench": ["transformers"]}
+                 "bench": ["transformers"], "tune": ["optuna"]}
 
 # Runs `attnbench ARGS` with the named top-level modules made unimportable, as in an environment
 # where their extra was not installed (a meta path finder refusing them, before anything imports).

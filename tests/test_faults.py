@@ -607,7 +607,7 @@ def test_sweep_syntaxes_are_sweeps_alone(uea_fixture, workdir, capsys, override,
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("trainer.optimizer.lr=interval(0.001,0.01)", "interval() is for search sweepers (Optuna, Ax), which attnbench"),
+    ("trainer.optimizer.lr=interval(0.001,0.01)", "interval() is for search sweepers (Optuna): `attnbench sweep hydra/sweeper=optuna"),
     ("task.dataset=glob(F*)", "glob() selects options of a config group"),
     ("model=glob(zz*)", "'model=glob(zz*)' matches no model; model options: "),
     ("model=glob(*,exclude=[a*])", "is a sweep"),  # the brackets shown as typed, not taken for markup

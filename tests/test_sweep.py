@@ -114,7 +114,7 @@ def fake_runs(monkeypatch):
 
     seen = []
 
-    def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix=""):
+    def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix="", columns=None):
         seen.append(cfg)
         row = {"run_id": f"fake{len(seen)}", "status": "ok", "job_key": records.job_key(cfg), "metric": "accuracy",
                "test_score": 50.0, "overrides": " ".join(overrides or ()), "output_dir": str(run_dir)}
@@ -377,7 +377,7 @@ def test_every_experiment_composes_and_lists_its_grid():
     assert not [e for e in exps if "/_" in e or e.startswith("_")]  # building blocks are not options
     for exp in exps:
         cfg = C.compose([f"experiment={exp}"])
-        assert cfg.experiment_name == exp and (cfg.report.get("paper_csv") or cfg.report.get("kind") == "zoo")
+        assert cfg.experiment_name == exp and (cfg.report.get("paper_csv") or cfg.report.get("kind") in ("zoo", "study"))
 
 
 def test_table1_grid_is_the_papers_protocol_and_datasets_restrict_it():

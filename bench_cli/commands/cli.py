@@ -129,13 +129,16 @@ def check_single_job(cfg: DictConfig, overrides: list[str]) -> None:
     takes it only when every axis is fixed on the command line."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    open_axes = [k for k, v in params.items() if k not in given and "," in str(v)]
+    axes = {k: C.parse_override(f"{k}={v}") for k, v in params.items() if k not in given}
+    open_axes = [k for k, o in axes.items() if o.is_sweep_override()]
     if open_axes:
         n = 1
         for k in open_axes:
-            n *= len(str(params[k]).split(","))
+            n *= len(list(axes[k].sweep_string_iterator())) if axes[k].is_discrete_sweep() else 1
+        searched = [k for k in open_axes if not axes[k].is_discrete_sweep()]  # interval(): Optuna samples it
+        what = f"a search over {', '.join(searched)}" if searched else f"a grid of {n} jobs over {', '.join(open_axes)}"
         name = OmegaConf.select(cfg, "experiment_name", default=None) or "this experiment"
-        raise UserError(f"{name} is a grid of {n} jobs over {', '.join(open_axes)}: run it with "
+        raise UserError(f"{name} is {what}: run it with "
                         f"`attnbench sweep {' '.join(overrides)}`, or fix {', '.join(open_axes)} to run one job")
 
 

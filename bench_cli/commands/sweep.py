@@ -33,6 +33,9 @@ Failures: a job that crashes, diverges (NaN loss) or runs out of memory is recor
 with its status and error and the sweep goes on. The exit status is the number of jobs of the grid
 without an ``ok`` record after the sweep (capped at 125), not counting those another process is
 still running; 0 when all are ok.
+
+Search: with ``hydra/sweeper=optuna`` the grid's jobs are studies and their trials the jobs that
+run (bench_cli/commands/study.py; docs/tuning.md), planned, claimed and recorded as above.
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ record and runs only what is missing or failed.
   attnbench sweep experiment=primal_dual/table1 hydra/launcher=joblib_cpu   # conf/hydra/launcher
   attnbench sweep experiment=primal_dual/table1 hydra/launcher=submitit_slurm
   attnbench sweep model=softmax,attention_bn seed=0,1 trainer.max_epochs=5
+  attnbench sweep experiment=tuning/uea_lr_dropout   # hydra/sweeper=optuna: a search per model (docs/tuning.md)
 
 options:
   --force     rerun jobs that already have an ok record
@@ -99,6 +103,8 @@ class Job:
     variant: tuple = field(repr=False)  # (task, dataset, model config): what validation checks once for all
     composer: C.JobComposer = field(repr=False)
     swept: frozenset = field(default=frozenset(), repr=False)  # the keys that vary between the sweep's jobs
+    position: int | None = field(default=None, repr=False)  # its number in the sweep's lines; None: its place in the plan
+    columns: dict = field(default_factory=dict, repr=False)  # record columns its config does not say (an Optuna trial's)
 
     @property
     def label(self) -> str:
@@ -121,6 +127,7 @@ class Sweep:
     master: DictConfig = field(repr=False)
     jobs: list[Job]
     flags: dict = field(default_factory=dict)  # Hydra's search-path flags (--config-dir ...)
+    total: int | None = None  # how many jobs its lines count ([sweep i/total]); None: its jobs
 
 
 class PlanMismatchError(RuntimeError):
@@ -138,6 +145,7 @@ class JobPlan:
     ok_rows_from: dict = field(default_factory=dict)
     swept: frozenset = frozenset()  # the keys that vary between the sweep's jobs (their labels show them)
     live_line: bool = False  # the sweep draws its progress on a live terminal line (sweep_progress)
+    columns: dict = field(default_factory=dict)  # job_key -> record columns its config does not say (Job.columns)
 
     def check(self, overrides: tuple[str, ...], cfg: DictConfig) -> int:
         """The job's position in the plan, after checking that ``cfg`` is the planned config."""
@@ -184,21 +192,62 @@ def swept_keys(override_lists) -> frozenset:
 
 
 # --- the plan ---------------------------------------------------------------------------------
-def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
-    """Override lists of every job, as Hydra's BasicSweeper.sweep makes them: the config's
-    ``hydra.sweeper.params`` first, then the command line (which replaces a param of the same key)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"  # hydra/sweeper=optuna
+
+
+def is_search(master: DictConfig) -> bool:
+    """Whether the sweep is Optuna's (hydra/sweeper=optuna: bench_cli/commands/study.py runs it)."""
+    return str(OmegaConf.select(master, "hydra.sweeper._target_", default="")) == OPTUNA_SWEEPER
+
+
+def sweep_lines(master: DictConfig, config_loader=None) -> list:
+    """The sweep's overrides parsed: the config's ``hydra.sweeper.params`` first, then the command
+    line (which replaces a param of the same key), as Hydra's sweepers take them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     sweeper = master.hydra.sweeper
-    if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
-        raise UserError(f"`attnbench sweep` plans with Hydra's basic sweeper; {sweeper._target_} is not supported")
     params = OmegaConf.to_container(sweeper.params, resolve=True) if sweeper.get("params") else {}
     # as typed: an override whose value has an interpolation is the job's to resolve, not the plan's
     lines = [f"{k}={v}" for k, v in params.items()] + OmegaConf.to_container(master.hydra.overrides.task)
     try:
-        parsed = OverridesParser.create(config_loader=app.config_loader).parse_overrides(lines)
+        return OverridesParser.create(config_loader=config_loader).parse_overrides(lines)
+    except HydraException as e:
+        raise UserError(f"cannot expand the grid: {str(e).strip().splitlines()[0]}") from None
+
+
+def searched(override) -> bool:
+    """In an Optuna sweep, the overrides Optuna samples (interval(), choice(), range()); a comma
+    list or a glob is a grid of studies, one per value, each searched alike (a variant per study:
+    the comparison of attentions tunes each of them with the same number of trials)."""
+    from hydra.core.override_parser.types import ValueType
+
+    return override.value_type in (ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP, ValueType.INTERVAL_SWEEP)
+
+
+def split_search(parsed: list) -> tuple[list, dict]:
+    """(the overrides of the grid, {key: override} of those Optuna samples) of an Optuna sweep's
+    ``sweep_lines``; the last override of a key is the one taken, as by Hydra's sweepers."""
+    last = {o.get_key_element(): o for o in parsed}
+    return ([o for o in parsed if not searched(last[o.get_key_element()])],
+            {k: o for k, o in last.items() if searched(o)})
+
+
+def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
+    """Override lists of every job, as Hydra's BasicSweeper.sweep makes them (``sweep_lines``).
+    An Optuna sweep's are its studies' (each without the overrides Optuna samples: ``searched``)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.errors import HydraException
+
+    target = str(master.hydra.sweeper.get("_target_", ""))
+    if not target.endswith(".BasicSweeper") and not is_search(master):
+        raise UserError(f"`attnbench sweep` runs Hydra's basic sweeper (a grid) and Optuna's (hydra/sweeper=optuna); "
+                        f"{target} is not supported")
+    parsed = sweep_lines(master, app.config_loader)
+    if is_search(master):
+        parsed, _ = split_search(parsed)
+    C.refuse_search(parsed)
+    try:
         (grid,) = BasicSweeper.split_arguments(parsed, None)
     except HydraException as e:
         raise UserError(f"cannot expand the grid: {str(e).strip().splitlines()[0]}") from None
@@ -224,11 +273,27 @@ def _multirun(overrides: list[str], flags: dict | None):
     composes it (``hydra.mode=MULTIRUN`` added as hydra/_internal/utils.py ``_run_app`` adds it)."""
     from hydra.types import RunMode
 
-    C.check_group_choices(overrides, allow_sweep=True)
+    C.check_group_choices(overrides, allow_sweep=True, allow_search=True)  # interval(): job_overrides judges
     given = {o.split("=", 1)[0] for o in overrides}
     mode = [] if "hydra.mode" in given else ["hydra.mode=MULTIRUN"]
     with C.hydra_app(JOB_NAME, flags) as app:
-        yield app, app.compose([*overrides, *mode], RunMode.MULTIRUN)
+        try:
+            master = app.compose([*overrides, *mode], RunMode.MULTIRUN)
+        except UserError as e:
+            raise _without_optuna(e) from None
+        yield app, master
+
+
+def _without_optuna(error: UserError) -> UserError:
+    """Hydra's "Could not find 'hydra/sweeper/optuna'" where the plugin is not installed: how to get it."""
+    import importlib.util
+
+    from bench_cli.core.extras import install_hint
+
+    if "hydra/sweeper/optuna" in str(error) and importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+        return UserError(f"hydra/sweeper=optuna needs Hydra's Optuna sweeper, which is not installed: "
+                         f"{install_hint('tune')}")
+    return error
 
 
 def expand_grid(overrides: list[str], flags: dict | None = None) -> list[list[str]]:
@@ -446,10 +511,11 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     if threads:
         torch.set_num_threads(threads)
     try:
+        columns = plan.columns.get(key)
         if not claimed:  # a job of several processes: not claimed
-            return _run_job(cfg, hc, position, plan.total, head, label, say)
+            return _run_job(cfg, hc, position, plan.total, head, label, say, columns)
         with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
-            return _run_job(cfg, hc, position, plan.total, head, label, say)
+            return _run_job(cfg, hc, position, plan.total, head, label, say, columns)
     except KeyboardInterrupt as e:  # recorded by the runner; in the sweep's own process it stops the sweep
         if os.getpid() == plan.sweep_pid:
             raise
@@ -499,8 +565,9 @@ def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str, say) 
     return claimed
 
 
-def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: str, say) -> str:
-    """Train and record the job; print its line (``say``); its status."""
+def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: str, say,
+             columns: dict | None = None) -> str:
+    """Train and record the job (``columns``: JobPlan.columns); print its line (``say``); its status."""
     from rich.markup import escape
 
     from bench_cli.engine.runner import run_experiment
@@ -510,7 +577,7 @@ def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: s
     t0 = time.perf_counter()
     try:
         row = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
-                             line_prefix=f"[sweep {position + 1}/{total}] {label}: ")
+                             line_prefix=f"[sweep {position + 1}/{total}] {label}: ", columns=columns)
     except UserError as e:  # recorded by the runner; the sweep goes on
         say(f"{head} [red]failed[/]  {label}: {escape(str(e))}")
         return "failed"
@@ -530,12 +597,14 @@ def _head(position: int, total: int) -> str:
     return escape(f"[sweep {position + 1:>{len(str(total))}}/{total}]")
 
 
-def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live_line: bool = False) -> list:
+def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live_line: bool = False,
+           first_job_idx: int = 0) -> list:
     """Run ``todo`` with the launcher of the sweep's config, in batches of
     ``hydra.sweeper.max_batch_size``, as Hydra's ``Hydra.multirun`` and ``BasicSweeper.sweep`` do
     (callbacks, ``multirun.yaml`` in the sweep folder), minus their second expansion and
     composition of the grid: the jobs are the plan's. Returns Hydra's JobReturns; stops after a
-    batch in which a job did not match the plan. ``ok_rows_from``, ``live_line``: see ``JobPlan``."""
+    batch in which a job did not match the plan. ``ok_rows_from``, ``live_line``: see ``JobPlan``;
+    ``first_job_idx``: the first job's number in the sweep folder (the jobs launched before it)."""
     from hydra._internal.callbacks import Callbacks
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
@@ -543,10 +612,11 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
     from hydra.types import HydraContext
 
     master = sweep.master
-    keys = {tuple(j.overrides): (i, j.key) for i, j in enumerate(sweep.jobs)}
+    keys = {tuple(j.overrides): (i if j.position is None else j.position, j.key) for i, j in enumerate(sweep.jobs)}
     swept = sweep.jobs[0].swept if sweep.jobs else frozenset()
-    task_function = functools.partial(run_planned_job, plan=JobPlan(keys, len(sweep.jobs), os.getpid(),
-                                                                    dict(ok_rows_from or {}), swept, live_line))
+    columns = {j.key: j.columns for j in sweep.jobs if j.columns}
+    task_function = functools.partial(run_planned_job, plan=JobPlan(keys, sweep.total or len(sweep.jobs), os.getpid(),
+                                                                    dict(ok_rows_from or {}), swept, live_line, columns))
     returns: list = []
     with C.hydra_app(JOB_NAME, sweep.flags) as app:
         setup_globals()
@@ -560,7 +630,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
         write_atomically(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(master))
         batches = BasicSweeper.split_overrides_to_chunks([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
         for batch in batches:
-            returns += launcher.launch(batch, initial_job_idx=len(returns))
+            returns += launcher.launch(batch, initial_job_idx=first_job_idx + len(returns))
             if any(isinstance(_error_of(r), PlanMismatchError) for r in returns):
                 break
         callbacks.on_multirun_end(config=master, config_name=app.config_name)
@@ -620,6 +690,13 @@ def cmd_sweep(args: list[str]) -> None:
     jobs = sweep.jobs
     if not jobs:
         raise UserError("the sweep has no jobs")
+    if is_search(sweep.master):  # each job of the grid is a study (bench_cli/commands/study.py)
+        from bench_cli.commands.study import run_studies
+
+        if force:
+            raise UserError("--force does not apply to an Optuna sweep: a study is continued, never rerun; "
+                            "for a new one give hydra.sweeper.study_name=NAME")
+        return run_studies(sweep, dry_run)
     paths = {j.records_path for j in jobs}
     done = {}
     for path in paths:
@@ -665,19 +742,26 @@ def check_launcher_reachable(master: DictConfig) -> None:
                         "hydra/launcher=joblib_cpu (jobs side by side)")
 
 
+def start_launching() -> None:
+    """Before a sweep launches its first job: the sweep's folder (hydra.sweep.dir) is named by a new
+    run id, and the workers it starts import the same plugins."""
+    from bench_cli.results.records import new_run_id
+
+    os.environ["ATTNBENCH_RUN_ID"] = new_run_id()
+    plugins.export_to_environment()
+
+
 def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict, force: bool = False) -> int:
     """Launch ``todo``, then summarise; the number of jobs without an ok record (those another
     process runs at the end are not counted)."""
     from rich.markup import escape
 
     from bench_cli.commands.sweep_progress import SweepProgress
-    from bench_cli.results.records import new_run_id
     from bench_cli.core.ui import console
 
     before = {p: len(records.read_records(p)) for p in paths}
     started = time.perf_counter()
-    os.environ["ATTNBENCH_RUN_ID"] = new_run_id()  # the sweep's folder (hydra.sweep.dir)
-    plugins.export_to_environment()  # the workers it starts import the same plugins
+    start_launching()
     try:
         with SweepProgress([(j.key, j.records_path) for j in todo], before, records.claim_ttl(todo[0].cfg)) as progress:
             returns = launch(sweep, todo, before if force else None, live_line=progress.live)

@@ -413,10 +413,11 @@ def check_experiment_tasks(experiments: list[str], tasks: list[str]) -> None:
                             f"{hint}")
 
 
-def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None:
+def check_group_choices(overrides: list[str], allow_sweep: bool = False, allow_search: bool = False) -> None:
     """Unknown group options ('model=no_such_model') list the valid choices; ``+key`` outside the
     keys that are read (``ADDABLE``) is refused; a task the experiment is not for is refused.
-    Hydra's sweep syntaxes (comma lists, choice, range, glob) are `sweep`'s alone, interval none's."""
+    Hydra's sweep syntaxes (comma lists, choice, range, glob) are `sweep`'s alone, interval an
+    Optuna sweep's alone (``allow_search``: `sweep` checks its sweeper once composed, refuse_search)."""
     note_searchpath(overrides)
     quick_check(overrides)  # a misspelt key is refused before Hydra is imported
     from hydra.core.override_parser.types import Glob
@@ -432,9 +433,8 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
             raise UserError(f"'{o.input_line}': nothing reads a top-level key {o.key_or_group}; "
                             f"new keys can be added only under {', '.join(a + '*' for a in ADDABLE)}")
         key = o.key_or_group
-        if o.is_interval_sweep():  # no command of attnbench samples: one line, the same everywhere
-            raise UserError(f"'{o.input_line}': interval() is for search sweepers (Optuna, Ax), which attnbench does "
-                            "not run; `attnbench sweep` takes comma lists, choice(), range() and glob()")
+        if o.is_interval_sweep() and not allow_search:
+            refuse_search([o])
         if isinstance(o.value(), Glob) and key.split("@")[0] not in GROUPS:  # Hydra would expand it to nothing
             raise UserError(f"'{o.input_line}': glob() selects options of a config group ({', '.join(sorted(GROUPS))}); "
                             f"for the values of {key} give them as a comma list or choice()")
@@ -460,6 +460,16 @@ def check_group_choices(overrides: list[str], allow_sweep: bool = False) -> None
                 if group in chosen:
                     chosen[group].append(str(v))
     check_experiment_tasks(chosen["experiment"], chosen["task"])
+
+
+def refuse_search(parsed: list) -> None:
+    """interval() outside an Optuna sweep: one line, the same in every command (nothing but a
+    search sweeper samples a value from a range)."""
+    for o in parsed:
+        if o.is_interval_sweep():
+            raise UserError(f"'{o.input_line}': interval() is for search sweepers (Optuna): "
+                            "`attnbench sweep hydra/sweeper=optuna ...` samples it (docs/tuning.md); a grid takes "
+                            "comma lists, choice(), range() and glob()")
 
 
 def chosen_experiments_and_tasks(parsed: list) -> tuple[list[str], list[str]]:

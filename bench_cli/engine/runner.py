@@ -30,7 +30,7 @@ from bench_cli.results.loggers import LineLogger, Loggers, run_loggers
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
-                   run_id: str | None = None, line_prefix: str = "") -> dict:
+                   run_id: str | None = None, line_prefix: str = "", columns: dict | None = None) -> dict:
     """Train and evaluate one configuration (checked beforehand: bench_cli.commands.validate); append and
     return its record (a dict; bench_cli.results.schema names its columns).
 
@@ -38,12 +38,13 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     ``record.json`` at the end, whatever happens; a folder without ``record.json`` is a run that
     was killed (``attnbench ls runs``). The record is written to the run folder first, then
     appended to ``results.path``; if that append fails (full disk, read-only filesystem) the run
-    folder still holds it and the message says where."""
+    folder still holds it and the message says where. ``columns``: what the caller knows of the
+    run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS)."""
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
     # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
     env = prepare_environment(cfg)
-    run = records.start_run(cfg, run_dir, run_id, overrides, write=env.is_main)
+    run = records.start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
     row = run.row
     row["device"] = env.description
     checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}

@@ -248,10 +248,12 @@ class RunFolder:
     resolved: dict
 
 
-def start_run(cfg: DictConfig, run_dir: Path | None, run_id: str | None, overrides, write: bool) -> RunFolder:
+def start_run(cfg: DictConfig, run_dir: Path | None, run_id: str | None, overrides, write: bool,
+              columns: dict | None = None) -> RunFolder:
     """The run folder (``paths.output_dir``/runs/<run id> unless given) with, when ``write`` (rank 0),
     ``config.yaml`` and ``run.json``; the record's identity columns (``overrides``: the run's
-    command-line overrides, None: this process's)."""
+    command-line overrides, None: this process's), with ``columns`` (what the caller knows of the
+    run that its config does not say)."""
     from datetime import datetime, timezone
 
     run_id = run_id or new_run_id()
@@ -265,6 +267,7 @@ def start_run(cfg: DictConfig, run_dir: Path | None, run_id: str | None, overrid
                    config_path=path / "config.yaml", output_dir=path,
                    overrides=" ".join(overrides) if overrides is not None else command_line(),
                    keys=run_keys(resolved), command=invocation(), provenance=provenance())
+    row.update(columns or {})
     if write:
         write_run_marker(path, row)
     return RunFolder(path, row, resolved)

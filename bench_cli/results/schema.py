@@ -56,6 +56,10 @@ COLUMNS = [
 TIMING_COLUMNS = ["time_per_epoch_s_q1", "time_per_epoch_s_q3", "infer_time_per_batch_s_q1",
                   "infer_time_per_batch_s_q3", "load_before", "load_after", "threads", "timing_noisy"]
 COLUMNS += TIMING_COLUMNS
+# an Optuna sweep's trial (bench_cli/commands/study.py): the study's name and the trial's number in it;
+# empty for every other run
+STUDY_COLUMNS = ["study", "trial"]
+COLUMNS += STUDY_COLUMNS
 # Fewer epochs (or inference batches) than this do not judge the spread: one slow epoch (the first
 # one's warm-up) moves the IQR of four.
 SPREAD_MIN_N = 5

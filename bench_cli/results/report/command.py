@@ -25,9 +25,11 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
                         [overrides...]
 
   NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
-                  next to the paper's numbers. Without NAME: every run of the records file,
+                  next to the paper's numbers; of a search (tuning/uea_lr_dropout), the best trial
+                  of each study. Without NAME: every run of the records file,
                   grouped by the columns whose values differ between rows (model, dataset,
-                  overrides...), with the mean and std over seeds of each group
+                  overrides...), with the mean and std over seeds of each group, and the best
+                  trial of each Optuna study in it (docs/tuning.md)
   --records PATH  the records file. Default with NAME: found by the command from any folder --
                   your runs (results/local/NAME.records.csv, results.path of the config:
                   results/runs.csv) beside the committed reproduction
@@ -261,7 +263,7 @@ def _load(names: list[str], overrides: list[str], opts: dict):
     C.check_group_choices(overrides)
     cfg = C.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
     settings = cfg.get("report")
-    if settings is None or not (settings.get("paper_csv") or settings.get("kind") == "zoo"):
+    if settings is None or not (settings.get("paper_csv") or settings.get("kind") in ("zoo", "study")):
         raise UserError(f"experiment {name} has no report settings (report.paper_csv)")
     return name, cfg, find_records(name, cfg, opts)
 
@@ -437,6 +439,10 @@ def cmd_report(args: list[str]) -> None:
     # Beside the records unless --out says otherwise: results/runs.csv -> results/reproduced/; records
     # the command found itself: the user's untracked results/local/.
     out_dir = Path(opts["out"] or (LOCAL if sources.found else path.parent / "reproduced"))
+    if cfg.report.get("kind") == "study":  # no paper: the best trial of each study (bench_cli/results/report/trials.py)
+        from bench_cli.results.report.trials import write_study_report
+
+        return write_study_report(name, cfg, path, sources.rows, opts, overrides, out_dir, found=sources.found)
     report = build(name, cfg, path, sources.all_records, sources.rows, opts["all"], sources.committed)
     report.command = rerun_command(name, None if sources.found else path, out_dir, opts, overrides)
     report.formats = tuple(opts["formats"])

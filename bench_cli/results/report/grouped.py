@@ -13,7 +13,7 @@ from bench_cli.config import compose as C
 from bench_cli.results import records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
-from bench_cli.results.report import render, select
+from bench_cli.results.report import render, select, trials
 from bench_cli.results.report.common import direction_note, made_by, records_line, rerun_command, wall_clock
 from bench_cli.core.ui import DASH, csv_value, fixed, mean_pm
 from bench_cli.core.files import write_atomically
@@ -143,11 +143,16 @@ def report_records(overrides: list[str], opts: dict) -> None:
     cols = [*axis_names, "n", f"test {metric_name(used or rows)}", "epochs", "params", "time/epoch (s)"]
     screen = render.sized(console, opts["width"])
     render.print_table(screen, title, lines, display(table, axis_names), notes(cells, dropped), cols)
+    best = trials.best_trials(rows)  # rows of an Optuna sweep: its studies' best trials below
+    sections = [(trials.SECTION, trials.display(best), trials.COLUMNS)] if best else []
+    for subtitle, shown, section_cols in sections:
+        render.print_table(screen, f"{title}: {subtitle}", [], shown, trials.notes(best), section_cols)
     if opts["write"]:
         # named after the whole file name: table1.records.csv -> table1.records.md, never table1.md
         md, csv = out_dir / f"{path.stem}.md", out_dir / f"{path.stem}.csv"
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols))
+        write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols,
+                                             sections))
         columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
                    "time_per_epoch_s_std", "timing_noisy"]
         records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)

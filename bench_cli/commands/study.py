@@ -1,0 +1,285 @@
+"""`attnbench sweep hydra/sweeper=optuna`: a hyperparameter search, every trial a job of the sweep.
+
+The sweep's overrides (``hydra.sweeper.params``, then the command line) are read as Hydra's Optuna
+sweeper reads them, in two parts (sweep.split_search): what Optuna samples (``interval(0,0.3)``,
+``tag(log, interval(1e-4,1e-2))``, ``choice()``, ``range()``: Optuna distributions made by the
+plugin's own function) and the rest, whose comma lists make a grid of studies, each searched alike
+(``model=softmax,attention_bn``: each attention tuned with as many trials, a fair comparison).
+
+One study per job of that grid, named ``<study_name, else experiment_name, else 'sweep'>: <job
+label> <job_key>`` (the job's config without the sampled values: another fixed setting is another
+study), stored in ``hydra.sweeper.storage`` (default ``sqlite:///<results.path>.optuna.db``, beside
+the records). A study runs until it holds ``hydra.sweeper.n_trials`` trials: the same command again
+continues it, a larger n_trials adds the difference. Trials are asked ``hydra.sweeper.n_jobs`` at a
+time and launched as a batch of the sweep (the config's launcher, claims, checkpoints; one record
+each, with the study's name and the trial's number: schema.STUDY_COLUMNS).
+
+The objective is the record's ``val_score``: the task's selection metric on the validation split
+carved from TRAIN (protocol holdout; a config whose protocol selects on TEST is refused), in the
+metric's direction (the task says it: a ``hydra.sweeper.direction`` given against it is refused). The test split is
+evaluated with the selected weights and recorded, never told to Optuna. A trial that diverged
+(status nan) is pruned (the sampler takes it as the worst), one that crashed (failed, oom, timeout)
+failed; both are recorded and the study goes on. A trial whose job left no record (a sweep killed,
+a job another process holds) stays running and is run again when the study continues (its job
+resumes from its checkpoint). Values sampled again (a small ``choice()`` space) reuse the job's ok
+record instead of training again.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from bench_cli.commands import sweep as S
+from bench_cli.core.errors import UserError, exit_code_of, interruption_name
+from bench_cli.core.extras import require
+from bench_cli.results import records
+
+EXTRA = "tune"  # pyproject.toml's extra that installs hydra-optuna-sweeper (and optuna)
+SQLITE = "sqlite:///"  # the default storage's scheme: a file beside the records
+
+
+@dataclass
+class Study:
+    """One study of the sweep: its job without the sampled values (``base``), where it is kept and
+    what it maximises or minimises."""
+    base: S.Job
+    name: str
+    storage: str
+    metric: str
+    direction: str  # 'maximize' | 'minimize'
+
+
+def optuna():
+    """The optuna module, quiet (its INFO lines would repeat the sweep's own)."""
+    module = require("optuna", EXTRA, "hydra/sweeper=optuna")
+    module.logging.set_verbosity(module.logging.WARNING)
+    warnings.filterwarnings("ignore", category=module.exceptions.ExperimentalWarning)
+    return module
+
+
+def search_space(master: DictConfig) -> dict:
+    """{key: Optuna distribution} of the overrides Optuna samples (hydra-optuna-sweeper's reading)."""
+    optuna()  # the plugin's reading imports it
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
+
+    _, searched = S.split_search(S.sweep_lines(master))
+    space = {}
+    for key, o in searched.items():
+        try:
+            space[key] = create_optuna_distribution_from_override(o)
+        except (AssertionError, ValueError, NotImplementedError) as e:
+            raise UserError(f"'{o.input_line}': Optuna cannot sample it ({e or 'not a distribution'})") from None
+    if not space:
+        raise UserError("hydra/sweeper=optuna: nothing to search; give a search space, e.g. "
+                        "'trainer.optimizer.lr=tag(log, interval(1e-4,1e-2))' 'task.backbone.dropout=interval(0,0.3)'")
+    return space
+
+
+def study_of(job: S.Job, master: DictConfig) -> Study:
+    """The study a job of the grid names: its name, storage, metric and direction."""
+    from bench_cli.config.taskfit import build_task
+
+    with job.reading() as cfg:
+        protocol = str(OmegaConf.select(cfg, "task.protocol", default="holdout"))
+        if protocol != "holdout":
+            raise UserError(f"job '{' '.join(job.overrides)}': protocol {protocol} selects on the test split; an Optuna "
+                            "sweep selects on validation: task.protocol=holdout")
+        metric = build_task(cfg).selection_metric()
+        base = (OmegaConf.select(master, "hydra.sweeper.study_name", default=None)
+                or OmegaConf.select(cfg, "experiment_name", default=None) or "sweep")
+    storage = (OmegaConf.select(master, "hydra.sweeper.storage", default=None)
+               or f"{SQLITE}{Path(job.records_path).resolve()}.optuna.db")
+    return Study(job, f"{base}: {job.label} {job.key}", str(storage), metric.name,
+                 "maximize" if metric.higher_is_better else "minimize")
+
+
+def sampler(master: DictConfig, finished: int):
+    """``hydra.sweeper.sampler`` (TPE by default). A seeded sampler is seeded anew per sitting
+    (seed + trials already in the study), so a continued study does not propose its first values again."""
+    from hydra.utils import instantiate
+
+    node = OmegaConf.to_container(master.hydra.sweeper.sampler, resolve=True)
+    if node.get("_partial_"):
+        raise UserError("hydra/sweeper/sampler=grid: a grid is `attnbench sweep` without hydra/sweeper=optuna")
+    if node.get("seed") is not None:
+        node["seed"] = int(node["seed"]) + finished
+    return instantiate(node)
+
+
+def stored_trials(study: Study) -> list | None:
+    """The study's trials, without creating its storage (a dry run); None when it has none yet."""
+    opt = optuna()
+    if study.storage.startswith(SQLITE) and not Path(study.storage[len(SQLITE):]).is_file():
+        return None
+    try:
+        return opt.load_study(study_name=study.name, storage=study.storage).trials
+    except KeyError:
+        return None
+
+
+def open_study(study: Study, master: DictConfig):
+    opt = optuna()
+    existing = stored_trials(study) or []
+    if study.storage.startswith(SQLITE):  # beside a records file that may not exist yet
+        Path(study.storage[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)
+    return opt.create_study(study_name=study.name, storage=study.storage, direction=study.direction,
+                            sampler=sampler(master, len(existing)), load_if_exists=True)
+
+
+def counts(trials) -> str:
+    """'3 complete, 1 pruned' of a study's trials."""
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in states.items()) or "no trials"
+
+
+def best_text(study) -> str:
+    try:
+        best = study.best_trial
+    except ValueError:  # no complete trial
+        return "no complete trial"
+    return f"best trial {best.number}: {best.value:.6g} ({' '.join(f'{k}={v:.6g}' if isinstance(v, float) else f'{k}={v}' for k, v in best.params.items())})"
+
+
+# --- the sweep --------------------------------------------------------------------------------
+def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
+    """The command's Optuna part: every study of the plan, one after the other; exits with the
+    number of studies left without a complete trial (a search whose every trial failed)."""
+    from rich.markup import escape
+
+    from bench_cli.core.ui import console
+
+    master = sweep.master
+    space = search_space(master)
+    n_trials, batch = int(master.hydra.sweeper.n_trials), max(1, int(master.hydra.sweeper.get("n_jobs") or 1))
+    S.validate_jobs(sweep.jobs, missing_data_ok=dry_run)
+    studies = [study_of(job, master) for job in sweep.jobs]
+    given = [o.split("=", 1)[1] for o in master.hydra.overrides.hydra if o.startswith("hydra.sweeper.direction=")]
+    for s in studies if given else []:  # the task says it; a contrary wish is a mistake, not a setting
+        if given[-1] != s.direction:
+            raise UserError(f"hydra.sweeper.direction={given[-1]}: the objective is the validation {s.metric}, which "
+                            f"the task {'maximizes' if s.direction == 'maximize' else 'minimizes'}; leave the direction out")
+    console.print(f"[bold]Optuna[/]: {len(studies)} stud{'ies' if len(studies) > 1 else 'y'} of {n_trials} trials, "
+                  f"searching {', '.join(space)}; objective: the validation {studies[0].metric} "
+                  f"({studies[0].direction}); storage: {studies[0].storage}", highlight=False, soft_wrap=True)
+    if dry_run:
+        for s in studies:
+            trials = stored_trials(s) or []
+            console.print(f"  {escape(s.name)}: {counts(trials)}; {max(0, n_trials - len(trials))} to ask",
+                          highlight=False, soft_wrap=True)
+        return
+    S.start_launching()
+    launched, empty = 0, 0
+    for s in studies:
+        try:
+            launched, study = run_study(sweep, s, space, n_trials, batch, launched)
+        except KeyboardInterrupt as e:
+            console.print(f"[red]interrupted[/] ({interruption_name(e)}): rerun the same command to continue the "
+                          "studies (a trial cut short resumes from its checkpoint)")
+            raise SystemExit(exit_code_of(e)) from None
+        console.print(f"[bold]study[/] {escape(s.name)}: {counts(study.trials)}; {escape(best_text(study))}",
+                      highlight=False, soft_wrap=True)
+        empty += not any(t.state.name == "COMPLETE" for t in study.trials)
+    if empty:
+        raise SystemExit(min(empty, S.MAX_EXIT))
+
+
+def trial_job(composer, s: Study, trial, space: dict) -> S.Job:
+    """The trial's job: the study's overrides and the values Optuna gave it."""
+    values = [f"{k}={trial.params[k]}" for k in space if k in trial.params]
+    job = S.plan_job(composer, [*s.base.overrides, *values])
+    job.swept = s.base.swept | frozenset(k.lstrip("+~") for k in space)
+    job.position, job.columns = trial.number, {"study": s.name, "trial": trial.number}
+    return job
+
+
+def run_study(sweep: S.Sweep, s: Study, space: dict, n_trials: int, batch: int, launched: int):
+    """Ask, run and tell until the study holds ``n_trials`` trials (those a killed sweep left
+    running first); (jobs launched in the sweep folder so far, the study)."""
+    opt = optuna()
+    study = open_study(s, sweep.master)
+    left = [t for t in study.trials if t.state == opt.trial.TrialState.RUNNING]
+    to_ask = max(0, n_trials - len(study.trials))
+    composer = s.base.composer
+    while left or to_ask:
+        trials = left[:batch]
+        left = left[batch:]
+        while len(trials) < batch and to_ask:
+            trials.append(study.ask(fixed_distributions=space))
+            to_ask -= 1
+        launched += run_trials(sweep, study, s, [(t, trial_job(composer, s, t, space)) for t in trials],
+                               n_trials, launched)
+    return launched, study
+
+
+def run_trials(sweep: S.Sweep, study, s: Study, planned: list, n_trials: int, launched: int) -> int:
+    """Run a batch of trials (their jobs with the sweep's launcher) and tell Optuna each one's
+    outcome from its record; the number of jobs launched."""
+    from rich.markup import escape
+
+    from bench_cli.core.ui import console
+
+    path = s.base.records_path
+    done = S.done_keys(path)
+    todo = []
+    for trial, job in planned:
+        if job.key in done:  # values sampled again: the job's ok record answers
+            console.print(f"[trial {trial.number}] {escape(job.label)}: done before (ok record "
+                          f"{done[job.key].get('run_id', '')})", highlight=False, soft_wrap=True)
+            continue
+        try:
+            S.validate_jobs([job])
+        except UserError as e:  # a sampled value the config refuses: this trial fails, the study goes on
+            tell(study, trial, None, str(e))
+            console.print(f"[trial {trial.number}] [red]failed[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            continue
+        todo.append(job)
+    before = len(records.read_records(path))
+    started = time.perf_counter()
+    returns = S.launch(S.Sweep(sweep.master, todo, sweep.flags, total=n_trials), todo, first_job_idx=launched) if todo else []
+    for e in filter(None, map(S._error_of, returns)):  # a job that failed outside its run
+        console.print(f"[bold red]error:[/] {escape(type(e).__name__)}: {escape(str(e))}", highlight=False, soft_wrap=True)
+    new = {r.get("job_key"): r for r in records.read_records(path)[before:]}
+    ran = {j.key for j in todo}
+    for trial, job in planned:
+        row = new.get(job.key) or done.get(job.key)
+        if row is not None or job.key in ran:
+            tell(study, trial, row, None)
+    if todo:
+        console.print(f"[dim]{len(todo)} trial(s) in {time.perf_counter() - started:.0f} s; {escape(best_text(study))}[/]",
+                      highlight=False, soft_wrap=True)
+    return len(todo)
+
+
+def objective(row: dict) -> float | None:
+    """The value Optuna is told: the record's validation score (never a test column)."""
+    try:
+        value = float(row.get("val_score"))
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def tell(study, trial, row: dict | None, refused: str | None) -> None:
+    """Tell Optuna how the trial's job ended: ok -> complete with its validation score; nan ->
+    pruned; failed, oom, timeout or refused -> failed; interrupted or no record -> left running
+    (the next sitting runs it again)."""
+    opt = optuna()
+    states = opt.trial.TrialState
+    status = (row or {}).get("status") or ("failed" if refused else None)
+    number = trial.number
+    if status in (None, "interrupted"):
+        return
+    value = objective(row) if status == "ok" else None
+    if status == "ok" and value is not None:
+        study.tell(number, value)
+    elif status == "nan":
+        study.tell(number, state=states.PRUNED)
+    else:
+        study.tell(number, state=states.FAIL)
