@@ -402,10 +402,21 @@ def cmd_bench(args: list[str]) -> None:
 
 
 def cmd_sweep(args: list[str]) -> None:
-    from bench_cli.commands.sweep import cmd_sweep as sweep
+    from bench_cli.commands import sweep
 
     note_invocation()
-    sweep(args)
+    planned = sweep.plan_command(args)
+    if planned is None:
+        return
+    grid, force, dry_run = planned
+    if not sweep.is_search(grid.master):
+        return sweep.run_grid(grid, force, dry_run)
+    from bench_cli.commands.study import run_studies  # hydra/sweeper=optuna: each job of the grid is a study
+
+    if force:
+        raise UserError("--force does not apply to an Optuna sweep: a study is continued, never rerun; "
+                        "for a new one give hydra.sweeper.study_name=NAME")
+    run_studies(grid, dry_run)
 
 
 def cmd_report(args: list[str]) -> None:

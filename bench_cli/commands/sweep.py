@@ -666,17 +666,20 @@ def parse_sweep_args(args: list[str]):
     return p, flags
 
 
-def cmd_sweep(args: list[str]) -> None:
+def plan_command(args: list[str]) -> tuple[Sweep, bool, bool] | None:
+    """`attnbench sweep ARGS` planned: (the sweep, --force, --dry-run); None when there is nothing
+    to run (--help, Hydra's printing flags). The CLI then runs it: a grid (``run_grid``) or, with
+    hydra/sweeper=optuna, a study per job (bench_cli/commands/study.py)."""
     from rich.markup import escape
 
     from bench_cli.core.ui import console
 
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)
-        return
+        return None
     parsed = parse_sweep_args(args)
     if parsed is None:
-        return
+        return None
     p, flags = parsed
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
     if not dry_run:  # a dry run lists every job, data or not
@@ -687,16 +690,17 @@ def cmd_sweep(args: list[str]) -> None:
     for reason in dict.fromkeys(reason for _, reason in skipped):
         console.print(f"[yellow]skipped[/] ({sum(r == reason for _, r in skipped)} jobs): {escape(reason)}",
                       highlight=False, soft_wrap=True)
-    jobs = sweep.jobs
-    if not jobs:
+    if not sweep.jobs:
         raise UserError("the sweep has no jobs")
-    if is_search(sweep.master):  # each job of the grid is a study (bench_cli/commands/study.py)
-        from bench_cli.commands.study import run_studies
+    return sweep, force, dry_run
 
-        if force:
-            raise UserError("--force does not apply to an Optuna sweep: a study is continued, never rerun; "
-                            "for a new one give hydra.sweeper.study_name=NAME")
-        return run_studies(sweep, dry_run)
+
+def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
+    """The planned grid's jobs without an ok record (every job with ``force``), or with ``dry_run``
+    the plan printed; exits with the number of failed jobs (at most MAX_EXIT)."""
+    from bench_cli.core.ui import console
+
+    jobs = sweep.jobs
     paths = {j.records_path for j in jobs}
     done = {}
     for path in paths:

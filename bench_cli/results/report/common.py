@@ -78,3 +78,9 @@ def records_line(path: Path, used: list[dict]) -> str:
 def made_by() -> str:
     """'; made by `make ...`' when a make target ran the report (ATTNBENCH_MADE_BY, mk/reproduce.mk)."""
     return f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""
+
+
+def overrides_of(row: dict) -> dict[str, str]:
+    """A record's ``overrides`` as {key: value} (``+key``/``~key`` as ``key``)."""
+    pairs = (tok.partition("=") for tok in (row.get("overrides") or "").split())
+    return {k.lstrip("+~"): v for k, eq, v in pairs if eq}

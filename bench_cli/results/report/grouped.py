@@ -14,7 +14,7 @@ from bench_cli.results import records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.results.report import render, select, trials
-from bench_cli.results.report.common import direction_note, made_by, records_line, rerun_command, wall_clock
+from bench_cli.results.report.common import direction_note, made_by, overrides_of, records_line, rerun_command, wall_clock
 from bench_cli.core.ui import DASH, csv_value, fixed, mean_pm
 from bench_cli.core.files import write_atomically
 
@@ -26,12 +26,6 @@ NOT_AXES = {"experiment", "task", "task.dataset", "model", "protocol", "seed"}
 # a moved results file or another data root is not a swept axis.
 NOT_RESULTS = (*records.NON_SEMANTIC, "measure", *records.NON_SEMANTIC_KEYS)
 UNSET = "(default)"   # an override a row was not given
-
-
-def overrides_of(row: dict) -> dict[str, str]:
-    """A record's ``overrides`` as {key: value} (``+key``/``~key`` as ``key``)."""
-    pairs = (tok.partition("=") for tok in (row.get("overrides") or "").split())
-    return {k.lstrip("+~"): v for k, eq, v in pairs if eq}
 
 
 def is_axis_key(key: str) -> bool:

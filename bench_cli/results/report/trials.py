@@ -10,7 +10,7 @@ from pathlib import Path
 from bench_cli.core.ui import DASH, csv_value, fixed
 from bench_cli.results import records
 from bench_cli.results.report import render, select
-from bench_cli.results.report.common import made_by, records_line, rerun_command
+from bench_cli.results.report.common import made_by, overrides_of, records_line, rerun_command
 
 SECTION = "best trial per study (validation selects; test reported)"
 COLUMNS = ["study", "model", "dataset", "trials", "ok", "best trial", "val", "test", "values"]
@@ -28,8 +28,6 @@ def _number(value) -> float | None:
 
 def searched_values(rows: list[dict]) -> dict[str, list[str]]:
     """{run_id: the overrides whose value differs between the study's trials} (what Optuna chose)."""
-    from bench_cli.results.report.grouped import overrides_of
-
     given = {r.get("run_id"): overrides_of(r) for r in rows}
     keys = [k for k in dict.fromkeys(k for o in given.values() for k in o)
             if len({o.get(k) for o in given.values()}) > 1]
