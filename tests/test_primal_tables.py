@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from bench_cli.config import compose as C
 from bench_cli.commands import sweep as S
-from bench_cli.results.report import command as RC
+from bench_cli.results.report import experiment as RC
 from models.attention import attention_spec
 
 PAPER = Path(__file__).resolve().parents[1] / "results" / "paper"

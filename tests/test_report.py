@@ -457,7 +457,7 @@ def test_wall_clock_charges_the_time_with_runs_in_progress_not_a_pause_between_s
 def test_an_experiments_budget_in_words_leads_the_budget_lines():
     from types import SimpleNamespace
 
-    from bench_cli.results.report.command import budget_lines
+    from bench_cli.results.report.experiment import budget_lines
 
     rows = [{"step_budget": "500", "overrides": "[]"}]
     stated = SimpleNamespace(used=rows, datasets=[], settings={"budget": "400 steps of batch 32"})
@@ -489,7 +489,7 @@ def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, ca
 def test_report_finds_your_records_and_the_committed_ones_from_any_folder(workdir, capsys, monkeypatch):
     """Without --records: the user's results/local records and the committed ones, found relative
     to the project (not the working folder); it says which files it read and writes to results/local."""
-    from bench_cli.results.report import command as RC
+    from bench_cli.results.report import experiment as RC
 
     project = workdir / "project"
     monkeypatch.setattr(RC, "LOCAL", project / "results" / "local")

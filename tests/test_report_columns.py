@@ -144,7 +144,7 @@ def test_layout_places_the_columns():
 def test_an_inline_column_the_paper_does_not_print_says_so_instead_of_naming_none():
     from types import SimpleNamespace
 
-    from bench_cli.results.report.command import inline_note
+    from bench_cli.results.report.experiment import inline_note
 
     report = SimpleNamespace(baseline="softmax")
     ours = spec.column({"column": "test_accuracy", "table": "inline", "label": "test accuracy"}, "c")

@@ -420,7 +420,7 @@ def cmd_sweep(args: list[str]) -> None:
 
 
 def cmd_report(args: list[str]) -> None:
-    from bench_cli.results.report import cmd_report as report
+    from bench_cli.commands.report import cmd_report as report
 
     report(args)
 

@@ -15,7 +15,8 @@ Where things are:
 - stats.py   the comparison: tolerance, Welch, averages, ratios to the baseline
 - render.py  cells, Markdown, CSV (values formatted by bench_cli.core.ui); the printed width (--width,
              COLUMNS, the terminal's, else 80) and the wrapping that never breaks a word
-- command.py the command: the header, the notes, the command that rewrites the file, writing
+- experiment.py an experiment's report: the header, the notes, the command that rewrites the file, writing
+  (the command line is parsed in bench_cli/commands/report.py)
 - grouped.py ``attnbench report [--records FILE]`` without NAME: any records file, grouped by the
              columns whose values differ between rows, mean and std over seeds
 Every report counts each job_key once (its latest ok row; select.one_row_per_job) and says so.
@@ -29,7 +30,7 @@ columns (spec.py).
 """
 from __future__ import annotations
 
-from bench_cli.results.report.command import cmd_report, grid_axes
+from bench_cli.results.report.experiment import grid_axes
 from bench_cli.results.report.paper import PaperTable, PaperValue, load_paper, matches, paper_dir
 from bench_cli.results.report.render import csv_rows, display_rows, headers, markdown, write_csv
 from bench_cli.results.report.select import Cell, aggregate, common_overrides, override_value, record_value
@@ -37,6 +38,6 @@ from bench_cli.results.report.spec import EFFICIENCY, Column, Layout, layout
 from bench_cli.results.report.stats import average_row, build_rows, tolerance, welch
 
 __all__ = ["EFFICIENCY", "Cell", "Column", "Layout", "PaperTable", "PaperValue", "aggregate", "average_row",
-           "build_rows", "cmd_report", "common_overrides", "csv_rows", "display_rows", "grid_axes", "headers",
+           "build_rows", "common_overrides", "csv_rows", "display_rows", "grid_axes", "headers",
            "layout", "load_paper", "markdown", "matches", "override_value", "paper_dir", "record_value",
            "tolerance", "welch", "write_csv"]

@@ -1,5 +1,5 @@
-"""`attnbench report NAME`: read the experiment's records, build its tables (bench_cli.results.report.spec
-says which), print them and write ``<out>/<NAME>.md`` + ``.csv`` (+ ``<NAME>.<column>.csv`` per
+"""The report of an experiment (`attnbench report NAME`, parsed in bench_cli/commands/report.py):
+read its records, build its tables (bench_cli.results.report.spec says which), print them and write ``<out>/<NAME>.md`` + ``.csv`` (+ ``<NAME>.<column>.csv`` per
 further table). The experiment's config is composed once, for its ``report:`` settings and its
 grid's axes; everything about the runs comes from record columns."""
 from __future__ import annotations
@@ -20,57 +20,8 @@ from bench_cli.results.report.paper import load_paper
 from bench_cli.core.ui import mean_pm
 from bench_cli.core.files import write_atomically
 
-USAGE = """\
-usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--format F] [--all] [--width N]
-                        [overrides...]
-
-  NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
-                  next to the paper's numbers; of a search (tuning/uea_lr_dropout), the best trial
-                  of each study. Without NAME: every run of the records file,
-                  grouped by the columns whose values differ between rows (model, dataset,
-                  overrides...), with the mean and std over seeds of each group, and the best
-                  trial of each Optuna study in it (docs/tuning.md)
-  --records PATH  the records file. Default with NAME: found by the command from any folder --
-                  your runs (results/local/NAME.records.csv, results.path of the config:
-                  results/runs.csv) beside the committed reproduction
-                  (results/reproduced/NAME.records.csv), else the committed one alone; it says
-                  which files it read. Without NAME: results.path of the config
-  --committed PATH  a committed reproduction's records to compare the runs with, cell by cell
-                  (make reproduce-* passes results/reproduced/NAME.records.csv)
-  --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
-                  default: results/local for records found by the command, else reproduced/
-                  beside the records file)
-  --format F      what NAME's report writes, comma-separated: markdown, csv, latex (NAME.tex: a
-                  booktabs table for a paper, model x dataset, mean ± std, the best per column in
-                  bold); default markdown,csv
-  --all           also list the grid's datasets that have no records (as gaps)
-  --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
-                  when the output is not a terminal); a wider table prints one block per row
-  --no-write      print only
-  logger=wandb    also log the table to Weights & Biases (with NAME)
-"""
-FORMATS = ("markdown", "csv", "latex")
-REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False,
-                  "--width": True, "--no-write": False}
 # Overrides that change the schedule: the header names them (the step budget is a record column).
 BUDGET_KEYS = ("trainer.max_epochs", "trainer.max_steps")
-
-
-def _parse(args: list[str]):
-    from bench_cli.config.args import parse
-
-    p = parse("report", args, REPORT_OPTIONS)
-    width = p.get("--width")
-    if width is not None and not (str(width).isdigit() and int(width) > 0):
-        raise UserError(f"--width {width}: expected a number of columns, e.g. --width 100")
-    formats = [f.strip() for f in str(p.get("--format") or "markdown,csv").split(",") if f.strip()]
-    for f in formats:
-        if f not in FORMATS:
-            raise unknown_choice("--format", f, FORMATS)
-    opts = {"records": p.get("--records"), "committed": p.get("--committed"), "out": p.get("--out"),
-            "formats": formats, "format": p.get("--format"), "all": bool(p.get("--all")),
-            "width": int(width) if width else None, "write": not p.get("--no-write")}
-    return p.positional, p.overrides, opts
 
 
 def grid_axes(cfg, *extra: str) -> dict[str, list[str]]:
@@ -413,20 +364,13 @@ def notes(report: Report) -> list[str]:
     return out + [inline_note(report, c) for c in report.layout.inline]
 
 
-# --- the command --------------------------------------------------------------------------------
-def cmd_report(args: list[str]) -> None:
+# --- the report of an experiment ------------------------------------------------------------------
+def report_experiment(names: list[str], overrides: list[str], opts: dict) -> None:
+    """`attnbench report NAME` (bench_cli/commands/report.py parses it): the experiment's records
+    found, its tables printed and written in ``opts["formats"]``; a zoo's leaderboard or a search's
+    best trials for those kinds of experiment."""
     from bench_cli.core.ui import console
 
-    if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
-        return
-    names, overrides, opts = _parse(args)
-    if opts["format"] and not names:
-        raise UserError("--format is for a paper's table: attnbench report NAME --format latex")
-    if not names:
-        from bench_cli.results.report.grouped import report_records
-
-        return report_records(overrides, opts)
     name, cfg, sources = _load(names, overrides, opts)
     path, screen = sources.paths[0], render.sized(console, opts["width"])
     render.print_lines(screen, sources.lines(name))
