@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import pytest
 
@@ -515,25 +516,43 @@ def test_report_finds_your_records_and_the_committed_ones_from_any_folder(workdi
     assert f"report: `attnbench report {EXP} --out {project / 'results' / 'local'}`" in md
 
 
-def test_a_committed_report_regenerates_from_its_own_report_line(workdir, capsys, monkeypatch):
-    """results/reproduced/primal_dual/table1.md: its report command (run from the project root, into
-    a temp folder) rewrites it byte for byte, the new headers included."""
+def committed_reports() -> list[str]:
+    """Every committed report (.md) that names the report command that wrote it."""
+    import subprocess
+
+    from bench_cli.results.records import PROJECT_ROOT
+
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout
+    return [p for p in tracked.split() if p.endswith(".md") and any(
+        line.startswith("- sweep:") and "report: `attnbench report " in line for line in (PROJECT_ROOT / p).read_text().splitlines())]
+
+
+@pytest.mark.parametrize("committed_path", committed_reports())
+def test_a_committed_report_regenerates_from_its_own_report_line(committed_path, workdir, capsys, monkeypatch):
+    """Each committed report: its report command (run from the project root, into a temp folder)
+    rewrites it byte for byte, the new headers included (report code changes keep them true)."""
     import shlex
 
     from bench_cli.results.records import PROJECT_ROOT
 
-    committed = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
-    assert "| matches paper (Welch p ≥ 0.05) |" in committed
+    committed = (PROJECT_ROOT / committed_path).read_text()
     (line,) = [line for line in committed.splitlines() if line.startswith("- sweep:")]
     command = line.split("report: `")[1].split("`")[0]
-    made_by = line.split("made by `")[1].rstrip("`") if "made by `" in line else None
+    made_by = line.split("made by `")[1].split("`")[0] if "made by `" in line else None
     if made_by:
         monkeypatch.setenv("ATTNBENCH_MADE_BY", made_by)
     monkeypatch.chdir(PROJECT_ROOT)
     args = shlex.split(command)[1:]
-    main([*args[:args.index("--out")], "--out", str(workdir / "out")])
-    regenerated = (workdir / "out" / "primal_dual" / "table1.md").read_text()
-    assert regenerated.replace(f"--out {workdir / 'out'}", "--out results/reproduced") == committed
+    out = args[args.index("--out") + 1]
+    main([*args[:args.index("--out")], "--out", str(workdir / "out"), *args[args.index("--out") + 2:]])
+    regenerated = (workdir / "out" / Path(committed_path).relative_to(out)).read_text()
+    assert regenerated.replace(f"--out {workdir / 'out'}", f"--out {out}") == committed
+
+
+def test_the_table1_report_says_what_a_cell_means():
+    from bench_cli.results.records import PROJECT_ROOT
+
+    assert "| matches paper (Welch p ≥ 0.05) |" in (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
 
 
 def test_latex_table_booktabs_best_per_column_in_bold(workdir):

@@ -38,7 +38,8 @@ COLUMN_KEYS = ("column", "paper_metric", "paper_filter", "ratio", "table", "labe
 ROWS_BY_KEYS = ("key", "paper_column", "paper_notes")
 SETTINGS = ("title", "paper_csv", "paper_tables", "paper_n", "paper_models", "paper_datasets", "baseline",
             "baseline_experiment", "tolerance_floor", "higher_is_better", "notes", "rows_by", "columns",
-            "budget")  # budget: the run's budget in words, a header line (the zoo's cases set one each)
+            "budget",  # budget: the run's budget in words, a header line (the zoo's cases set one each)
+            "case_title")  # the zoo's plot title of a case; an experiment built on a case inherits it
 REPLACED = ("metric", "paper_metric", "paper_split", "paper_filter", "paper_notes", "also", "compare", "variants")
 
 
