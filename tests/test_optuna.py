@@ -34,6 +34,9 @@ def test_a_study_of_tiny_jobs_records_each_trial_and_continues(uea_fixture, work
     assert "1 study of 4 trials" in capsys.readouterr().out and not (workdir / "res.csv.optuna.db").exists()
 
     assert sweep(*args) == 0
+    out = capsys.readouterr().out  # the search's progress after each batch (n_jobs=2: two trials), all at the end
+    assert "search progress: 2 done, 0 failed, 0 running, 2 to go; ETA " in out
+    assert "search progress: 4 done, 0 failed, 0 running, 0 to go; ETA 0 s" in out
     rows = read_records(workdir / "res.csv")
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
     assert sorted(int(r["trial"]) for r in rows) == [0, 1, 2, 3] and len({r["study"] for r in rows}) == 1

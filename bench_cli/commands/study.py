@@ -147,6 +147,39 @@ def best_text(study) -> str:
     return f"best trial {best.number}: {best.value:.6g} ({' '.join(f'{k}={v:.6g}' if isinstance(v, float) else f'{k}={v}' for k, v in best.params.items())})"
 
 
+class SearchProgress:
+    """The search's overall line after each batch of trials, as a sweep's (sweep_progress.Counts):
+    trials complete, failed (or pruned) and to go over every study, the ETA from the time per
+    trial run in this sitting (trials a resumed study holds already cost nothing)."""
+
+    def __init__(self, total: int):
+        from bench_cli.commands.sweep_progress import Counts
+
+        self.total, self.started, self.ran = total, time.monotonic(), 0
+        self.searched = Counts(0)  # the trials of the studies searched to the end
+
+    @staticmethod
+    def split(trials) -> tuple[int, int]:
+        """(complete, failed or pruned) of a study's trials; running ones are neither."""
+        states = [t.state.name for t in trials]
+        return states.count("COMPLETE"), states.count("FAIL") + states.count("PRUNED")
+
+    def after_batch(self, study, ran: int) -> None:
+        from bench_cli.commands.sweep_progress import Counts
+        from bench_cli.core.ui import console
+
+        self.ran += ran
+        done, failed = self.split(study.trials)
+        now = Counts(self.total, self.searched.done + done, self.searched.failed + failed)
+        elapsed = time.monotonic() - self.started
+        now.eta_s = elapsed / self.ran * now.to_go if self.ran else None
+        console.print(f"search progress: {now.text(elapsed)}", highlight=False, markup=False, soft_wrap=True)
+
+    def study_searched(self, study) -> None:
+        done, failed = self.split(study.trials)
+        self.searched.done, self.searched.failed = self.searched.done + done, self.searched.failed + failed
+
+
 # --- the sweep --------------------------------------------------------------------------------
 def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
     """The command's Optuna part: every study of the plan, one after the other; exits with the
@@ -175,16 +208,17 @@ def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
                           highlight=False, soft_wrap=True)
         return
     S.start_launching()
-    launched, empty = 0, 0
+    launched, empty, progress = 0, 0, SearchProgress(n_trials * len(studies))
     for s in studies:
         try:
-            launched, study = run_study(sweep, s, space, n_trials, batch, launched)
+            launched, study = run_study(sweep, s, space, n_trials, batch, launched, progress)
         except KeyboardInterrupt as e:
             console.print(f"[red]interrupted[/] ({interruption_name(e)}): rerun the same command to continue the "
                           "studies (a trial cut short resumes from its checkpoint)")
             raise SystemExit(exit_code_of(e)) from None
         console.print(f"[bold]study[/] {escape(s.name)}: {counts(study.trials)}; {escape(best_text(study))}",
                       highlight=False, soft_wrap=True)
+        progress.study_searched(study)
         empty += not any(t.state.name == "COMPLETE" for t in study.trials)
     if empty:
         raise SystemExit(min(empty, S.MAX_EXIT))
@@ -199,9 +233,11 @@ def trial_job(composer, s: Study, trial, space: dict) -> S.Job:
     return job
 
 
-def run_study(sweep: S.Sweep, s: Study, space: dict, n_trials: int, batch: int, launched: int):
+def run_study(sweep: S.Sweep, s: Study, space: dict, n_trials: int, batch: int, launched: int,
+              progress: SearchProgress):
     """Ask, run and tell until the study holds ``n_trials`` trials (those a killed sweep left
-    running first); (jobs launched in the sweep folder so far, the study)."""
+    running first), the search's progress said after each batch; (jobs launched in the sweep
+    folder so far, the study)."""
     opt = optuna()
     study = open_study(s, sweep.master)
     left = [t for t in study.trials if t.state == opt.trial.TrialState.RUNNING]
@@ -213,8 +249,9 @@ def run_study(sweep: S.Sweep, s: Study, space: dict, n_trials: int, batch: int, 
         while len(trials) < batch and to_ask:
             trials.append(study.ask(fixed_distributions=space))
             to_ask -= 1
-        launched += run_trials(sweep, study, s, [(t, trial_job(composer, s, t, space)) for t in trials],
-                               n_trials, launched)
+        ran = run_trials(sweep, study, s, [(t, trial_job(composer, s, t, space)) for t in trials], n_trials, launched)
+        launched += ran
+        progress.after_batch(study, ran)
     return launched, study
 
 

@@ -26,8 +26,9 @@ def progress_bar(enabled: bool = True):
                   TimeElapsedColumn(), TimeRemainingColumn(),
                   # the status (the last evaluation) folds onto a second line rather than squeeze the counts
                   TextColumn("{task.fields[status]}", table_column=Column(no_wrap=False)),
-                  console=console, transient=False,
-                  auto_refresh=console.is_terminal) as p:  # off a terminal rich draws only at the end: no 10 Hz thread
+                  # off a terminal: no 10 Hz thread, and no last frame either (transient): redirected
+                  # output has a line per evaluation instead, and a frame folded to 80 columns is noise
+                  console=console, transient=not console.is_terminal, auto_refresh=console.is_terminal) as p:
         yield _Progress(p)
 
 
