@@ -377,13 +377,22 @@ def test_run_summary_prints_long_paths_unbroken_at_80_columns(workdir):
     assert max(len(line) for line in lines if line not in (folder, records)) <= 80
 
 
-def test_every_command_answers_help_with_its_usage_and_exit_0(capsys, workdir):
+def test_every_command_answers_help_with_its_usage_in_80_columns_and_exit_0(capsys, workdir):
     """`attnbench VERB --help` never refuses --help as an unknown option: every verb prints a usage
-    (its own, or its entry of the main usage with the options it takes)."""
+    (its own, or its entry of the main usage with the options it takes), folded to 80 columns
+    without a word, option or path cut (every word of the text is still whole in it)."""
+    import re
+
+    from bench_cli.commands import cli
     from bench_cli.commands.cli import COMMANDS
 
-    for command in COMMANDS:
-        main([command, "--help"])
+    for command in [None, *COMMANDS]:
+        main(["--help"] if command is None else [command, "--help"])
         out = capsys.readouterr().out
-        assert f"attnbench {command}" in out, (command, out)
+        assert command is None or f"attnbench {command}" in out, (command, out)
         assert "unknown option" not in out
+        too_long = [line for line in out.splitlines() if len(line) > 80]
+        assert not too_long, (command, too_long)
+    words = set(re.findall(r"\S+", cli.USAGE))
+    main(["--help"])
+    assert words <= set(re.findall(r"\S+", capsys.readouterr().out))

@@ -130,7 +130,10 @@ def parse_args(argv=None) -> SimpleNamespace | None:
     if p.get("-h") or p.get("--help"):
         from bench_cli.commands.bench_reference import __doc__ as against_reference  # torch-free at import, as this module
 
-        print(USAGE + "\n\n" + against_reference.strip())
+        from bench_cli.core.ui import usage_text
+
+
+        print(usage_text(USAGE + "\n\n" + against_reference.strip()))
         return None
     extra = p.positional + p.overrides
     if extra:

@@ -482,7 +482,9 @@ def parse_setup(args: list[str]) -> Setup | None:
 
     p = parse("check-attention", args, {**{name: True for name in OPTIONS}, "-h": False, "--help": False})
     if p.get("-h") or p.get("--help"):
-        print(USAGE)
+        from bench_cli.core.ui import usage_text
+
+        print(usage_text(USAGE))
         return None
     if len(p.positional) != 1:
         raise UserError("usage: attnbench check-attention NAME [--d-model D] [--heads H] [--length N] "

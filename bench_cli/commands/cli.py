@@ -18,7 +18,7 @@ from bench_cli.config.args import HelpRequested, parse
 from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, first_line,
                                    interruption_name, path_error, unknown_choice)
 from bench_cli.core.phases import PHASES, process_age_s
-from bench_cli.core.ui import console, err_console, fail, print_summary, progress_bar, show_table
+from bench_cli.core.ui import HELP_WIDTH, console, err_console, fail, print_summary, progress_bar, show_table, usage_text
 
 # Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
 # (issue 21); the commands that train, validate or list datasets import them where they need them.
@@ -29,33 +29,50 @@ USAGE = """\
 usage: attnbench <command> [overrides...]
 
 commands:
-  run [overrides]        train and evaluate one model, append a record to results/runs.csv
-  validate [overrides]   compose the config, check the data, build the model, print the config
+  run [overrides]        train and evaluate one model, append a record to
+                         results/runs.csv
+  validate [overrides]   compose the config, check the data, build the model,
+                         print the config
   ls [tasks|datasets|models|experiments|runs]
-                         list what can be run, which datasets are available locally, and the
-                         runs made (ls runs: the latest 20 runs, their status and folders; --all)
-  data TASK [NAME]       put a dataset under the data root (copy from a package, download, --generate)
-  sweep [--force] [overrides]
-                         run a grid (experiment=primal_dual/table1, comma lists) through Hydra's
-                         launchers; resumes: jobs with an ok record are skipped
-  report NAME            an experiment's table: the paper, your runs and the committed reproduction
-                         (records found from any folder; --format latex for a paper)
+                         list what can be run, which datasets are available
+                         locally, and the runs made (ls runs: the latest 20
+                         runs, their status and folders; --all)
+  data TASK [NAME]       put a dataset under the data root (copy from a package,
+                         download, --generate)
+  sweep [--dry-run] [--force] [overrides]
+                         run a grid (experiment=primal_dual/table1, comma lists)
+                         through Hydra's launchers; resumes: jobs with an ok
+                         record are skipped; --dry-run lists the jobs (done, to
+                         run, data missing) and runs nothing; with
+                         hydra/sweeper=optuna, a hyperparameter search
+                         (docs/tuning.md)
+  report NAME            an experiment's table: the paper, your runs and the
+                         committed reproduction (records found from any folder;
+                         --format latex for a paper)
   evaluate CHECKPOINT [--split test]
-                         evaluate a run's checkpoint (trainer.checkpoint.keep_final=true) on a split
-  profile [overrides]    FLOPs, memory, time and parameter ratios of model vs baseline (no data)
+                         evaluate a run's checkpoint
+                         (trainer.checkpoint.keep_final=true) on a split
+  profile [overrides]    FLOPs, memory, time and parameter ratios of model vs
+                         baseline (no data)
   bench [--seq-lens ...] time every attention variant against softmax
   bench --against-reference [--seq-lens ...]
-                         time the efficient-attention baselines against their reference code
-  bench-cli [--repeat N] time --help, ls and a misspelt override next to `import torch`
+                         time the efficient-attention baselines against their
+                         reference code
+  bench-cli [--repeat N] time --help, ls and a misspelt override next to
+                         `import torch`
   bench-overhead [--repeats N] [--cases NAME,...]
-                         time `attnbench run` against a bare PyTorch loop of the same config
+                         time `attnbench run` against a bare PyTorch loop of the
+                         same config
   check-attention NAME [--length N ...] [KEY=VALUE ...]
-                         conformance suite of a registered attention (built-in or plugin)
+                         conformance suite of a registered attention (built-in
+                         or plugin)
   smoke [--device cuda|cpu] [--only TASK,...]
-                         every family briefly on every GPU (fp32, autocast, DDP, profile); results/smoke/
+                         every family briefly on every GPU (fp32, autocast, DDP,
+                         profile); results/smoke/
 
-overrides use Hydra's syntax: task=uea task.dataset=BasicMotions model=attention_bn_sh
-trainer.max_epochs=50 seed=3 +key=value; `attnbench run --cfg job` prints the composed config.
+overrides use Hydra's syntax: task=uea task.dataset=BasicMotions
+model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
+`attnbench run --cfg job` prints the composed config.
 """
 
 
@@ -166,14 +183,14 @@ def run_usage() -> str:
 
     groups = dict.fromkeys(d.name for folder in C.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())
                            if d.is_dir() and not d.name.startswith(("_", ".")) and d.name != "hydra")
-    lines = [textwrap.fill(f"{g}: {', '.join(options)}", 100, initial_indent="  ", subsequent_indent="      ",
+    lines = [textwrap.fill(f"{g}: {', '.join(options)}", HELP_WIDTH, initial_indent="  ", subsequent_indent="      ",
                            break_on_hyphens=False) for g in sorted(groups) if (options := C.group_options(g))]
     return RUN_USAGE.format(groups="\n".join(lines))
 
 
 def cmd_run(args: list[str]) -> None:
     if args and args[0] in ("-h", "--help"):
-        print(run_usage())
+        print(usage_text(run_usage()))
         return
     p = parse("run", args, {}, hydra=True, positional=False)
     if {"-m", "--multirun"} & set(p.hydra):
@@ -528,7 +545,7 @@ def note_invocation() -> None:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(usage_text(USAGE))
         return
     cmd, rest = args[0], args[1:]
     PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)
@@ -544,7 +561,7 @@ def main(argv: list[str] | None = None) -> None:
             rest = take_config_dirs(rest)
         COMMANDS[cmd](rest)
     except HelpRequested as h:
-        print(command_usage(h.command, h.options))
+        print(usage_text(command_usage(h.command, h.options)))
     except UserError as e:
         fail(str(e))
     except OSError as e:  # a path the user gave that cannot be written (a run records its own failures)

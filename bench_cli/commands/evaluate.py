@@ -27,7 +27,9 @@ def cmd_evaluate(args: list[str]) -> None:
     from bench_cli.core.errors import UserError, unknown_choice
 
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        from bench_cli.core.ui import usage_text
+
+        print(usage_text(USAGE))
         return
     p = parse("evaluate", args, {"--split": 1, "--weights": 1})
     if len(p.positional) != 1:

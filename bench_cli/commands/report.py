@@ -21,7 +21,7 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
                   (results/reproduced/NAME.records.csv), else the committed one alone; it says
                   which files it read. Without NAME: results.path of the config
   --committed PATH  a committed reproduction's records to compare the runs with, cell by cell
-                  (make reproduce-* passes results/reproduced/NAME.records.csv)
+                    (make reproduce-* passes results/reproduced/NAME.records.csv)
   --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
                   default: results/local for records found by the command, else reproduced/
                   beside the records file)
@@ -59,7 +59,9 @@ def parse_report_args(args: list[str]) -> tuple[list[str], list[str], dict]:
 
 def cmd_report(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        from bench_cli.core.ui import usage_text
+
+        print(usage_text(USAGE))
         return
     names, overrides, opts = parse_report_args(args)
     if opts["format"] and not names:

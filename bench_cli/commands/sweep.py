@@ -675,7 +675,9 @@ def plan_command(args: list[str]) -> tuple[Sweep, bool, bool] | None:
     from bench_cli.core.ui import console
 
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        from bench_cli.core.ui import usage_text
+
+        print(usage_text(USAGE))
         return None
     parsed = parse_sweep_args(args)
     if parsed is None:

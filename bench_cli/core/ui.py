@@ -237,3 +237,49 @@ def csv_value(value) -> str:
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() and abs(value) >= 1000 else f"{value:.4f}"
     return str(value)
+
+
+HELP_WIDTH = 80  # a usage text's lines, as every table's, fit 80 columns
+
+
+def usage_text(text: str, width: int = HELP_WIDTH) -> str:
+    """A command's usage folded to ``width`` columns. A block -- a ``usage:`` line or an option
+    with its description, and the lines that continue it under the same column; or a paragraph of
+    unindented prose -- that has a line too long is refilled, continuing under its own text; other
+    indented lines (example commands) are folded alone, continued 4 columns further in; words,
+    paths and options are never cut."""
+    import textwrap
+
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        if not lines[i].strip():
+            out.append(lines[i])
+            i += 1
+            continue
+        lead, hang = _indent(lines[i]), _hanging_column(lines[i], width)
+        block, i = [lines[i]], i + 1
+        same = hang if hang is not None else (0 if lead == 0 else None)  # the indent of a continuation
+        while same is not None and i < len(lines) and lines[i].strip() and _indent(lines[i]) == same \
+                and (hang is not None or _hanging_column(lines[i], width) is None):
+            block.append(lines[i])
+            i += 1
+        if max(map(len, block)) <= width:
+            out += block
+            continue
+        out += textwrap.wrap(" ".join(b.strip() for b in block), width, initial_indent=" " * lead,
+                             subsequent_indent=" " * (hang if hang is not None else lead + 4 if lead else 0),
+                             break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _hanging_column(line: str, width: int) -> int | None:
+    """Where a line's text column starts: after ``usage: attnbench VERB `` or after an option and the
+    two or more spaces that follow it (``  --out DIR       where ...``); None for prose."""
+    import re
+
+    m = re.match(r"(usage: attnbench \S+ |\s*\S+(?: \S+)*?\s{2,})\S", line)
+    return len(m.group(1)) if m and len(m.group(1)) <= width // 2 else None

@@ -39,7 +39,9 @@ def cmd_profile(args: list[str]) -> None:
 
     p = parse("profile", args, PROFILE_OPTIONS, positional=False)
     if p.get("-h") or p.get("--help"):
-        print(USAGE.format(presets=", ".join(C.group_options("profile"))))
+        from bench_cli.core.ui import usage_text
+
+        print(usage_text(USAGE.format(presets=", ".join(C.group_options("profile")))))
         return
     show_cfg, replot, overrides = bool(p.get("--cfg") or p.get("-c")), bool(p.get("--replot")), p.overrides
     cfg = load_config(overrides)
