@@ -396,3 +396,11 @@ def test_every_command_answers_help_with_its_usage_in_80_columns_and_exit_0(caps
     words = set(re.findall(r"\S+", cli.USAGE))
     main(["--help"])
     assert words <= set(re.findall(r"\S+", capsys.readouterr().out))
+
+
+def test_a_mistake_beside_hydras_print_flags_is_one_line(capsys, workdir):
+    """`run --cfg job model=nosuch` is the same one line as `run model=nosuch` (Hydra's own
+    answer was a multi-line listing and exit status 1)."""
+    assert "unknown model 'nosuch'; valid: attention_bn" in fail_line(capsys, "run", "--cfg", "job", "model=nosuch")
+    main(["run", "--cfg", "job", "model=linear"])
+    assert "name: linear" in capsys.readouterr().out

@@ -196,6 +196,8 @@ def cmd_run(args: list[str]) -> None:
     if {"-m", "--multirun"} & set(p.hydra):
         raise UserError("`attnbench run` runs one job; for a grid use `attnbench sweep` (it resumes and records failures)")
     if _HYDRA_INFO_FLAGS & set(p.hydra):  # Hydra prints what was asked; nothing runs
+        if p.overrides:  # a mistake in them is our one line (valid choices named), not Hydra's listing
+            C.compose_run(p.overrides)
         C.dispatch_to_hydra(_hydra_run, args)
         return
     if p.hydra:
