@@ -287,3 +287,27 @@ def test_a_launchers_own_handler_gets_the_signal_after_the_checkpoint(uea_fixtur
     assert [read(p)["position"]["step"] for p in Path(first["checkpoint_dir"]).glob("ckpt-*.pt")] == [6]
     run(*UEA, "results.path=cut/res.csv")
     assert_same_result(read_records("straight/res.csv")[-1], read_records("cut/res.csv")[-1])
+
+
+def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(workdir, monkeypatch):
+    """Ctrl-C landing inside torch.save (its zip writer, cut, failed with "unexpected pos" and the
+    run was recorded as a RuntimeError with exit status 1): the checkpoint is finished, then the
+    KeyboardInterrupt comes (recorded as interrupted, exit 130)."""
+    import os
+
+    from bench_cli.engine import checkpoint as CK
+
+    real_save = torch.save
+
+    def save_interrupted(state, f):  # the signal arrives while the file is half written
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(state, f)
+
+    monkeypatch.setattr(CK.torch, "save", save_interrupted)
+    ck = CK.Checkpoints(workdir / "ck", CK.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
+    parts = {k: {} for k in CK.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
+    with pytest.raises(KeyboardInterrupt):
+        ck.save({**parts, "position": {"step": 3}})
+    (path,) = ck.files()
+    assert read(path)["position"] == {"step": 3}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is back to normal after it

@@ -165,6 +165,31 @@ class signals_deferred:
                 raise Interrupted(signum)
 
 
+class ctrl_c_held:
+    """A write that Ctrl-C must not cut in the middle (a checkpoint: torch's zip writer, cut by a
+    KeyboardInterrupt, fails on its way out with "unexpected pos" and the run was recorded as a
+    RuntimeError): a SIGINT during it is raised as KeyboardInterrupt when it ends. Main thread
+    only, and not where SIGINT is ignored (a background process keeps ignoring it)."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.got, self.before = [], None
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.before = signal.signal(signal.SIGINT, lambda signum, frame: self.got.append(signum))
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        import signal
+
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
+        if self.got and exc_type is None:
+            raise KeyboardInterrupt
+
+
 def pending_signal() -> int | None:
     """The termination signal received while deferred (cleared), or None."""
     return _pending.pop() if _pending else None

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, ctrl_c_held
 
 FORMAT = 1
 RESUME_CHOICES = {True: "true", False: "false", "true": "true", "false": "false", "must": "must"}
@@ -208,10 +208,11 @@ class Checkpoints:
         self.sequence += 1
         path = self.folder / f"ckpt-{self.sequence:06d}.pt"
         wall = self.earlier_wall_s + time.perf_counter() - self.started
-        write_atomically(path, {"format": FORMAT, "job_key": self.job_key, "meta": self.meta,
-                                "sittings": self.sittings, "wall_time_s": wall, **state})
-        for old in self.files()[:-self.settings.keep]:
-            old.unlink(missing_ok=True)
+        with ctrl_c_held():  # Ctrl-C waits for the file and the pruning: the run is then recorded as interrupted
+            write_atomically(path, {"format": FORMAT, "job_key": self.job_key, "meta": self.meta,
+                                    "sittings": self.sittings, "wall_time_s": wall, **state})
+            for old in self.files()[:-self.settings.keep]:
+                old.unlink(missing_ok=True)
         return path
 
     def finish(self, status: str) -> None:
