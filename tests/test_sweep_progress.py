@@ -98,5 +98,8 @@ def test_a_redirected_sweep_prints_its_progress(launcher, uea_fixture, workdir, 
         args.append(f"hydra/launcher={launcher}")
     assert sweep(*args) == 1
     lines = progress_lines(capsys.readouterr().out)
-    assert lines[0][:2] == (0, 1) and lines[0][4] != "?"  # the failed job, with the time left after it
+    if launcher == "basic":  # one job after the other: the failed one (first) has a line, with the time left
+        assert lines[0][:2] == (0, 1) and lines[0][4] != "?"
+    # joblib's two workers may finish in either order, or within one poll of each other
+    assert all(line[4] != "?" for line in lines if sum(line[:2]) == 1)
     assert lines[-1] == (1, 1, 0, 0, "0 s") and all(sum(line[:4]) == 2 for line in lines)
