@@ -414,12 +414,6 @@ def cmd_data(args: list[str]) -> None:
     console.print(f"[green]ok[/]: {source.name}/{dataset} is in {where}", soft_wrap=True)
 
 
-def cmd_bench(args: list[str]) -> None:
-    from bench_cli.commands.bench_attention import main as bench_main
-
-    bench_main(args)  # parsed there, with bench_cli.config.args.parse (`python -m bench_cli.commands.bench_attention` too)
-
-
 def cmd_sweep(args: list[str]) -> None:
     from bench_cli.commands import sweep
 
@@ -438,52 +432,29 @@ def cmd_sweep(args: list[str]) -> None:
     run_studies(grid, dry_run)
 
 
-def cmd_report(args: list[str]) -> None:
-    from bench_cli.commands.report import cmd_report as report
+def lazy(target: str):
+    """The command ``module:function``, imported when it is run: most verbs import torch, and
+    `--help`, `ls` and a misspelt override must not wait for it."""
+    module, function = target.split(":")
 
-    report(args)
+    def command(args: list[str]) -> None:
+        import importlib
 
+        getattr(importlib.import_module(module), function)(args)
 
-def cmd_profile(args: list[str]) -> None:
-    from bench_cli.commands.profile import cmd_profile as profile
-
-    profile(args)
-
-
-def cmd_bench_cli(args: list[str]) -> None:
-    from bench_cli.commands.profile.cli_speed import main as bench_cli_speed
-
-    bench_cli_speed(args)
-
-
-def cmd_check_attention(args: list[str]) -> None:
-    from bench_cli.commands.check_attention import cmd_check_attention as check  # imports torch: lazily
-
-    check(args)
-
-
-def cmd_smoke(args: list[str]) -> None:
-    from bench_cli.commands.smoke import cmd_smoke as smoke  # GPU smoke check of every family (issue 37)
-
-    smoke(args)
-
-
-def cmd_evaluate(args: list[str]) -> None:
-    from bench_cli.commands.evaluate import cmd_evaluate as evaluate  # imports torch: lazily
-
-    evaluate(args)
-
-
-def cmd_bench_overhead(args: list[str]) -> None:
-    from bench_cli.commands.profile.overhead import main as bench_overhead  # a job against a bare loop (issue 21)
-
-    bench_overhead(args)
+    return command
 
 
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
-            "report": cmd_report, "profile": cmd_profile, "bench": cmd_bench,
-            "check-attention": cmd_check_attention, "bench-cli": cmd_bench_cli, "bench-overhead": cmd_bench_overhead,
-            "smoke": cmd_smoke, "evaluate": cmd_evaluate}
+            "report": lazy("bench_cli.commands.report:cmd_report"),
+            "profile": lazy("bench_cli.commands.profile:cmd_profile"),
+            # parsed there, with bench_cli.config.args.parse (`python -m bench_cli.commands.bench_attention` too)
+            "bench": lazy("bench_cli.commands.bench_attention:main"),
+            "check-attention": lazy("bench_cli.commands.check_attention:cmd_check_attention"),
+            "bench-cli": lazy("bench_cli.commands.profile.cli_speed:main"),
+            "bench-overhead": lazy("bench_cli.commands.profile.overhead:main"),  # a job against a bare loop (issue 21)
+            "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family (issue 37)
+            "evaluate": lazy("bench_cli.commands.evaluate:cmd_evaluate")}
 
 
 def command_usage(command: str, options: dict) -> str:
