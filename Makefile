@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TEST_ENV := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test bench clean
+.PHONY: help install run test test-durations bench clean
 
 help: ## Show this help
 	@awk -f mk/help.awk -v width=$$([ -t 1 ] && tput cols 2>/dev/null || echo 80) -v color=$$([ -t 1 ] && echo 1 || echo 0) $(filter-out %.awk,$(MAKEFILE_LIST))
@@ -38,3 +38,12 @@ bench: install ## Time every attention variant against softmax at N=1024 and 409
 
 clean: ## Remove Hydra output folders (keeps results/ and .venv)
 	rm -rf outputs multirun
+
+# Where the suite's time goes: CPU seconds per test file and the slowest tests (tests/durations.py).
+DURATIONS := .test-durations/run
+test-durations: install ## Run the suite and print CPU seconds per test file and the slowest tests (keep make test under 5 min)
+	@rm -rf $(dir $(DURATIONS)) && mkdir -p $(dir $(DURATIONS))
+	@echo "load average before: $$(cut -d' ' -f1-3 /proc/loadavg)"
+	-$(TEST_ENV) ATTNBENCH_TEST_DURATIONS=$(abspath $(DURATIONS)) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	@echo "load average after: $$(cut -d' ' -f1-3 /proc/loadavg)"
+	@$(BIN)/python tests/durations.py $(abspath $(DURATIONS))

@@ -23,6 +23,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+def pytest_configure(config):
+    """The limit on one test's time and the per-test CPU record (tests/durations.py)."""
+    from durations import install
+
+    install(config)
+
+
 ATTNBENCH = Path(sys.executable).with_name("attnbench")  # the console script, as a user runs it
 
 

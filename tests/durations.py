@@ -1,0 +1,123 @@
+"""Where the suite's time goes, and a limit on any one test.
+
+A pytest plugin (loaded by tests/conftest.py) that, for every test:
+- fails it when its setup or its call took longer than ``ATTNBENCH_TEST_LIMIT_S`` seconds of wall
+  time (20 by default): the whole suite must run in 5 minutes on a 2-core machine, and one slow test
+  on one of the two workers is most of the tail. The limit is on each phase, so a session fixture
+  that trains a shared model counts once, in the setup of the first test that uses it;
+- with ``ATTNBENCH_TEST_DURATIONS=FILE`` set, appends one JSON line per test to ``FILE.<worker>``:
+  its wall time (setup + call + teardown) and the CPU seconds spent in the test process and in the
+  child processes it started and waited for (an `attnbench` command, a pytest of a broken copy).
+
+``python tests/durations.py FILE`` (what `make test-durations` runs after the suite) reads those
+lines and prints the CPU seconds per test file and the slowest tests (each name whole, on a line
+of its own).
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+LIMIT_ENV, RECORD_ENV = "ATTNBENCH_TEST_LIMIT_S", "ATTNBENCH_TEST_DURATIONS"
+DEFAULT_LIMIT_S = 20.0
+
+
+def limit_s() -> float:
+    return float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_S))
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its waited-for children so far."""
+    own = time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own + children.ru_utime + children.ru_stime
+
+
+class DurationPlugin:
+    """The pytest hooks: the per-phase limit, and the per-test record when asked."""
+
+    def __init__(self) -> None:
+        self.limit = limit_s()
+        target = os.environ.get(RECORD_ENV)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.record = Path(f"{target}.{worker}") if target else None
+        self.started: dict[str, tuple[float, float]] = {}
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.started[nodeid] = (time.perf_counter(), cpu_seconds())
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        wall0, cpu0 = self.started.pop(nodeid, (time.perf_counter(), cpu_seconds()))
+        if self.record is None:
+            return
+        line = {"test": nodeid, "wall_s": round(time.perf_counter() - wall0, 3),
+                "cpu_s": round(cpu_seconds() - cpu0, 3)}
+        with open(self.record, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def over_limit(self, report) -> bool:
+        return report.when in ("setup", "call") and report.passed and report.duration > self.limit
+
+
+def install(config) -> None:
+    """Register the plugin and its report wrapper with pytest (called from conftest)."""
+    import pytest
+
+    plugin = DurationPlugin()
+
+    class LimitWrapper:
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            outcome = yield
+            report = outcome.get_result()
+            if plugin.over_limit(report):
+                report.outcome = "failed"
+                report.longrepr = (f"{item.nodeid}: its {report.when} took {report.duration:.1f} s, over the "
+                                   f"{plugin.limit:g} s limit for one test ({LIMIT_ENV}). The suite must run in "
+                                   "5 minutes on 2 cores: make it cheaper (in-process, a shared fixture, a smaller "
+                                   "model) or split it; `make test-durations` shows where the time goes.")
+
+    config.pluginmanager.register(plugin, "attnbench-durations")
+    config.pluginmanager.register(LimitWrapper(), "attnbench-duration-limit")
+
+
+# --- the report ------------------------------------------------------------------------------------
+def read_lines(prefix: Path) -> list[dict]:
+    rows = []
+    for path in sorted(prefix.parent.glob(prefix.name + ".*")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def report(rows: list[dict], slowest: int = 15) -> str:
+    per_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for row in rows:
+        entry = per_file[row["test"].split("::")[0]]
+        entry[0] += row["cpu_s"]
+        entry[1] += row["wall_s"]
+        entry[2] += 1
+    cpu, wall = sum(r["cpu_s"] for r in rows), sum(r["wall_s"] for r in rows)
+    lines = [f"{len(rows)} tests: {cpu:.0f} s of CPU, {wall:.0f} s of test wall time (summed over workers)",
+             "", f"{'CPU s':>7} {'wall s':>7} {'tests':>5}  file"]
+    for name, (c, w, n) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{c:7.1f} {w:7.1f} {n:5d}  {name.removeprefix('tests/')}")
+    # a test's name is often longer than a table's column: each on a line of its own, whole
+    lines += ["", f"the {slowest} slowest tests (wall; limit {limit_s():g} s each for setup and call):"]
+    for row in sorted(rows, key=lambda r: -r["wall_s"])[:slowest]:
+        file, _, test = row["test"].removeprefix("tests/").partition("::")
+        lines += [f"{row['wall_s']:7.1f} s wall {row['cpu_s']:7.1f} s CPU  {file}", f"    {test}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/durations.py FILE  (the ATTNBENCH_TEST_DURATIONS prefix of a test run)")
+    found = read_lines(Path(sys.argv[1]))
+    if not found:
+        sys.exit(f"no durations under {sys.argv[1]}.*: run the suite with {RECORD_ENV}={sys.argv[1]} first")
+    print(report(found))

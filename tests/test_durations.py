@@ -1,0 +1,53 @@
+"""The suite's own clock (tests/durations.py): a test over the per-test limit fails with the reason,
+and the record of a run says where the CPU went, per file and per test."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import durations
+
+pytest_plugins = ["pytester"]
+
+SLOW_AND_FAST = """
+import time, subprocess, sys
+
+def test_slow():
+    time.sleep(0.3)
+
+def test_fast_with_a_child():
+    subprocess.run([sys.executable, "-c", "sum(range(10**6))"], check=True)
+"""
+
+
+def run_with_the_plugin(pytester, monkeypatch, limit: float, record: Path | None = None):
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {str(Path(durations.__file__).parent)!r})\n"
+                          "from durations import install\n"
+                          "def pytest_configure(config):\n    install(config)\n")
+    pytester.makepyfile(test_timed=SLOW_AND_FAST)
+    monkeypatch.setenv(durations.LIMIT_ENV, str(limit))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    if record is not None:
+        monkeypatch.setenv(durations.RECORD_ENV, str(record))
+    else:
+        monkeypatch.delenv(durations.RECORD_ENV, raising=False)
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist")
+
+
+def test_a_test_over_the_limit_fails_naming_its_time_and_the_limit(pytester, monkeypatch):
+    result = run_with_the_plugin(pytester, monkeypatch, limit=0.2)
+    result.assert_outcomes(passed=1, failed=1)
+    text = result.stdout.str()
+    assert "test_timed.py::test_slow: its call took 0.3 s, over the 0.2 s limit for one test" in text
+    assert "make test-durations" in text
+
+
+def test_under_the_limit_nothing_fails_and_the_record_counts_child_cpu(pytester, monkeypatch, tmp_path):
+    prefix = tmp_path / "run"
+    run_with_the_plugin(pytester, monkeypatch, limit=20, record=prefix).assert_outcomes(passed=2)
+    rows = {row["test"]: row for row in durations.read_lines(prefix)}
+    assert set(rows) == {"test_timed.py::test_slow", "test_timed.py::test_fast_with_a_child"}
+    assert rows["test_timed.py::test_slow"]["wall_s"] >= 0.3 > rows["test_timed.py::test_slow"]["cpu_s"]
+    assert rows["test_timed.py::test_fast_with_a_child"]["cpu_s"] > 0.02  # the child's interpreter and its sum
+    table = durations.report(list(rows.values()))
+    assert "test_timed.py" in table and "test_fast_with_a_child" in table
+    assert all(len(line) <= 80 for line in table.splitlines())
