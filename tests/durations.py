@@ -23,6 +23,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 LIMIT_ENV, RECORD_ENV = "ATTNBENCH_TEST_LIMIT_S", "ATTNBENCH_TEST_DURATIONS"
 DEFAULT_LIMIT_S = 20.0
 
@@ -39,51 +41,45 @@ def cpu_seconds() -> float:
 
 
 class DurationPlugin:
-    """The pytest hooks: the per-phase limit, and the per-test record when asked."""
+    """The pytest hooks: the per-phase limit, and the per-test record when asked. Hook wrappers of
+    the runtest protocol, so they run where the test runs (an xdist worker), never in the controller
+    that only relays the workers' reports."""
 
-    def __init__(self) -> None:
-        self.limit = limit_s()
-        target = os.environ.get(RECORD_ENV)
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        self.record = Path(f"{target}.{worker}") if target else None
-        self.started: dict[str, tuple[float, float]] = {}
+    def __init__(self, record: Path | None) -> None:
+        self.limit, self.record = limit_s(), record
 
-    def pytest_runtest_logstart(self, nodeid, location):
-        self.started[nodeid] = (time.perf_counter(), cpu_seconds())
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        wall, cpu = time.perf_counter(), cpu_seconds()
+        yield
+        if self.record is not None:
+            line = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 3),
+                    "cpu_s": round(cpu_seconds() - cpu, 3)}
+            with open(self.record, "a") as f:
+                f.write(json.dumps(line) + "\n")
 
-    def pytest_runtest_logfinish(self, nodeid, location):
-        wall0, cpu0 = self.started.pop(nodeid, (time.perf_counter(), cpu_seconds()))
-        if self.record is None:
-            return
-        line = {"test": nodeid, "wall_s": round(time.perf_counter() - wall0, 3),
-                "cpu_s": round(cpu_seconds() - cpu0, 3)}
-        with open(self.record, "a") as f:
-            f.write(json.dumps(line) + "\n")
-
-    def over_limit(self, report) -> bool:
-        return report.when in ("setup", "call") and report.passed and report.duration > self.limit
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.when in ("setup", "call") and report.passed and report.duration > self.limit:
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid}: its {report.when} took {report.duration:.1f} s, over the "
+                               f"{self.limit:g} s limit for one test ({LIMIT_ENV}). The suite must run in "
+                               "5 minutes on 2 cores: make it cheaper (in-process, a shared fixture, a smaller "
+                               "model) or split it; `make test-durations` shows where the time goes.")
 
 
 def install(config) -> None:
-    """Register the plugin and its report wrapper with pytest (called from conftest)."""
-    import pytest
-
-    plugin = DurationPlugin()
-
-    class LimitWrapper:
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_makereport(self, item, call):
-            outcome = yield
-            report = outcome.get_result()
-            if plugin.over_limit(report):
-                report.outcome = "failed"
-                report.longrepr = (f"{item.nodeid}: its {report.when} took {report.duration:.1f} s, over the "
-                                   f"{plugin.limit:g} s limit for one test ({LIMIT_ENV}). The suite must run in "
-                                   "5 minutes on 2 cores: make it cheaper (in-process, a shared fixture, a smaller "
-                                   "model) or split it; `make test-durations` shows where the time goes.")
-
-    config.pluginmanager.register(plugin, "attnbench-durations")
-    config.pluginmanager.register(LimitWrapper(), "attnbench-duration-limit")
+    """Register the plugin (called from conftest's pytest_configure). The record's prefix is taken
+    out of the environment of every process that runs tests, so that a pytest those tests start (a
+    broken copy's, tests/test_mutations.py) does not write into this run's record; the xdist
+    controller keeps it for the workers it starts."""
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    target = os.environ.get(RECORD_ENV) if controller else os.environ.pop(RECORD_ENV, None)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    config.pluginmanager.register(DurationPlugin(Path(f"{target}.{worker}") if target else None),
+                                  "attnbench-durations")
 
 
 # --- the report ------------------------------------------------------------------------------------

@@ -9,21 +9,30 @@ import durations
 pytest_plugins = ["pytester"]
 
 SLOW_AND_FAST = """
-import time, subprocess, sys
+import time
 
 def test_slow():
+    time.sleep(1.0)
+
+def test_fast():
+    pass
+"""
+WITH_A_CHILD = """
+import time, subprocess, sys
+
+def test_sleeps():
     time.sleep(0.3)
 
-def test_fast_with_a_child():
+def test_starts_a_child():
     subprocess.run([sys.executable, "-c", "sum(range(10**6))"], check=True)
 """
 
 
-def run_with_the_plugin(pytester, monkeypatch, limit: float, record: Path | None = None):
+def run_with_the_plugin(pytester, monkeypatch, tests: str, limit: float, record: Path | None = None):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {str(Path(durations.__file__).parent)!r})\n"
                           "from durations import install\n"
                           "def pytest_configure(config):\n    install(config)\n")
-    pytester.makepyfile(test_timed=SLOW_AND_FAST)
+    pytester.makepyfile(test_timed=tests)
     monkeypatch.setenv(durations.LIMIT_ENV, str(limit))
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     if record is not None:
@@ -34,20 +43,20 @@ def run_with_the_plugin(pytester, monkeypatch, limit: float, record: Path | None
 
 
 def test_a_test_over_the_limit_fails_naming_its_time_and_the_limit(pytester, monkeypatch):
-    result = run_with_the_plugin(pytester, monkeypatch, limit=0.2)
+    result = run_with_the_plugin(pytester, monkeypatch, SLOW_AND_FAST, limit=0.5)
     result.assert_outcomes(passed=1, failed=1)
     text = result.stdout.str()
-    assert "test_timed.py::test_slow: its call took 0.3 s, over the 0.2 s limit for one test" in text
+    assert "test_timed.py::test_slow: its call took 1.0 s, over the 0.5 s limit for one test" in text
     assert "make test-durations" in text
 
 
 def test_under_the_limit_nothing_fails_and_the_record_counts_child_cpu(pytester, monkeypatch, tmp_path):
     prefix = tmp_path / "run"
-    run_with_the_plugin(pytester, monkeypatch, limit=20, record=prefix).assert_outcomes(passed=2)
+    run_with_the_plugin(pytester, monkeypatch, WITH_A_CHILD, limit=20, record=prefix).assert_outcomes(passed=2)
     rows = {row["test"]: row for row in durations.read_lines(prefix)}
-    assert set(rows) == {"test_timed.py::test_slow", "test_timed.py::test_fast_with_a_child"}
-    assert rows["test_timed.py::test_slow"]["wall_s"] >= 0.3 > rows["test_timed.py::test_slow"]["cpu_s"]
-    assert rows["test_timed.py::test_fast_with_a_child"]["cpu_s"] > 0.02  # the child's interpreter and its sum
+    assert set(rows) == {"test_timed.py::test_sleeps", "test_timed.py::test_starts_a_child"}
+    assert rows["test_timed.py::test_sleeps"]["wall_s"] >= 0.3 > rows["test_timed.py::test_sleeps"]["cpu_s"]
+    assert rows["test_timed.py::test_starts_a_child"]["cpu_s"] > 0.02  # the child's interpreter and its sum
     table = durations.report(list(rows.values()))
-    assert "test_timed.py" in table and "test_fast_with_a_child" in table
+    assert "test_timed.py" in table and "test_starts_a_child" in table
     assert all(len(line) <= 80 for line in table.splitlines())
