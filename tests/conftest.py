@@ -2,6 +2,7 @@
 that runs the CLI, and writers of small `.ts` files in the real UEA format."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -38,6 +39,24 @@ def attnbench(*args: str, env: dict | None = None, timeout: float = 300, **kw) -
     must be seen as a user sees it, and to keep services such as wandb's out of the test process."""
     return subprocess.run([str(ATTNBENCH), *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, **kw)
+
+
+def causal_models(decoder_layers: int) -> list[str]:
+    """The model presets that can serve as a causal decoder of ``decoder_layers`` layers (test_lm's
+    and test_d4rl's parametrisations, computed while collecting)."""
+    from models.roles import capability_problems
+
+    return [name for name, model in composed_models().items()
+            if not capability_problems(model, {"decoder": decoder_layers})]
+
+
+@functools.lru_cache(maxsize=None)
+def composed_models() -> dict:
+    """Every model preset composed once per test process (0.1 s each: composing them again for
+    every module that parametrises over them was seconds of each worker's collection)."""
+    from bench_cli.config.compose import compose, group_options
+
+    return {name: compose([f"model={name}"]).model for name in group_options("model")}
 
 
 @pytest.fixture

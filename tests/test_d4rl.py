@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from bench_cli.commands.cli import main
-from bench_cli.config.compose import compose, group_options
+from bench_cli.config.compose import compose
 from bench_cli.results.records import read_records
-from models.roles import capability_problems
+from conftest import causal_models
 from tasks import task_class
 from tasks.fetch import fetcher
 from tasks.d4rl.data import TrajectoryWindows, d4rl_filename, normalized_score, read_hdf5, trajectory_bounds
@@ -149,11 +149,7 @@ def test_rollouts_match_gymnasium_stepped_by_hand():
     assert model.seen[1][1] < 3.6 and model.seen[5][2] == 5
 
 
-def causal_models() -> list[str]:
-    return [m for m in group_options("model") if not capability_problems(compose([f"model={m}"]).model, {"decoder": 3})]
-
-
-@pytest.mark.parametrize("model", causal_models())
+@pytest.mark.parametrize("model", causal_models(3))
 def test_every_causal_variant_is_causal_in_the_decision_transformer(model, tmp_path):
     cfg = compose(["task=d4rl", f"model={model}", "task.backbone.d_model=16", "task.backbone.d_ff=32",
                    "task.backbone.n_heads=2", "task.context_len=6", f"+per_dataset.data_dependent.{model}.hopper-medium-v2=false"])

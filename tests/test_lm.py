@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from bench_cli.commands.cli import main
-from bench_cli.config.compose import compose, group_options
+from bench_cli.config.compose import compose
 from bench_cli.core.errors import UserError
 from bench_cli.results.records import read_records
-from models.roles import capability_problems
+from conftest import causal_models
 from tasks import task_class
 from bench_cli.core.task import EvalContext
 from tasks.lm.wikitext import EOS, IGNORE, UNK, TokenBlocks, build_dictionary, read_lines, tokenize_line
@@ -126,12 +126,7 @@ def test_evaluator_matches_scoring_each_token_on_its_own_context(tmp_path):
     assert result["perplexity"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5)
 
 
-def causal_models() -> list[str]:
-    return [m for m in group_options("model")
-            if not capability_problems(compose([f"model={m}"]).model, {"decoder": 2})]
-
-
-@pytest.mark.parametrize("model", causal_models())
+@pytest.mark.parametrize("model", causal_models(2))
 def test_every_causal_variant_is_causal_in_the_lm(model, tmp_path):
     cfg = compose(["task=lm", f"model={model}", "task.backbone.d_model=16", "task.backbone.d_ff=32",
                    "task.backbone.n_layers=2", "task.backbone.n_heads=2", "task.tokens_per_sample=12",

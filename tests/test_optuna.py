@@ -12,7 +12,25 @@ from bench_cli.commands.cli import main
 from bench_cli.results.records import read_records
 from test_sweep import sweep, tiny
 
-optuna = pytest.importorskip("optuna")
+
+
+@pytest.fixture(autouse=True)
+def optuna_installed():
+    """Skip without the tune extra. Imported by the tests that run, not at collection: optuna's
+    import is 2 s of every worker's start."""
+    pytest.importorskip("optuna")
+
+
+def load_study(**kwargs):
+    import optuna
+
+    return load_study(**kwargs)
+
+
+def study_summaries(storage: str) -> list:
+    import optuna
+
+    return study_summaries(storage)
 
 SEARCH = ["hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_jobs=2",
           "trainer.optimizer.lr=tag(log, interval(1e-4,1e-1))", "task.backbone.dropout=interval(0,0.3)"]
@@ -23,8 +41,8 @@ TOLD = {"ok": "COMPLETE", "nan": "PRUNED", "failed": "FAIL"}  # a record's statu
 def stored(workdir, records: str = "res.csv") -> list:
     """The trials of the records file's only study, by number."""
     storage = f"sqlite:///{workdir / records}.optuna.db"
-    (summary,) = optuna.get_all_study_summaries(storage)
-    return sorted(optuna.load_study(study_name=summary.study_name, storage=storage).trials, key=lambda t: t.number)
+    (summary,) = study_summaries(storage)
+    return sorted(load_study(study_name=summary.study_name, storage=storage).trials, key=lambda t: t.number)
 
 
 @pytest.mark.slow
@@ -89,7 +107,7 @@ def test_validation_selects_failures_are_recorded_and_the_study_goes_on(uea_fixt
         assert states[int(r["trial"])] == TOLD[r["status"]]
     ok = [r for r in rows if r["status"] == "ok"]
     best_val = max(ok, key=lambda r: float(r["val_score"]))
-    best = optuna.load_study(study_name=rows[0]["study"], storage=f"sqlite:///{workdir / 'res.csv'}.optuna.db").best_trial
+    best = load_study(study_name=rows[0]["study"], storage=f"sqlite:///{workdir / 'res.csv'}.optuna.db").best_trial
     assert best.number == int(best_val["trial"]) and best.value == float(best_val["val_score"])
     best_test = max(ok, key=lambda r: float(r["test_score"]))  # what the test split would have chosen
     assert best_test["trial"] != best_val["trial"] and best.value != float(best_test["val_score"])
@@ -109,7 +127,7 @@ def test_the_direction_is_the_tasks_a_regression_study_minimises(tser_fixture, w
     args = ["task=tser", *tiny(workdir)[1:], "task.dataset=RegFixture", *SEARCH, "hydra.sweeper.n_trials=4"]
     assert sweep(*args) == 0
     rows = read_records(workdir / "res.csv")
-    study = optuna.load_study(study_name=rows[0]["study"], storage=f"sqlite:///{workdir / 'res.csv'}.optuna.db")
+    study = load_study(study_name=rows[0]["study"], storage=f"sqlite:///{workdir / 'res.csv'}.optuna.db")
     assert study.direction.name == "MINIMIZE"
     assert study.best_value == min(float(r["val_score"]) for r in rows if r["status"] == "ok")
 
@@ -165,8 +183,8 @@ def test_a_trial_left_running_by_a_killed_sweep_is_run_when_the_study_continues(
     sitting runs that job (from its checkpoint, in a real run) and tells it, instead of asking anew."""
     args = [*tiny(workdir), *SEARCH, "hydra.sweeper.n_trials=2"]
     assert sweep(*args) == 0
-    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{workdir / 'res.csv'}.optuna.db")
-    study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{workdir / 'res.csv'}.optuna.db")
+    (summary,) = study_summaries(f"sqlite:///{workdir / 'res.csv'}.optuna.db")
+    study = load_study(study_name=summary.study_name, storage=f"sqlite:///{workdir / 'res.csv'}.optuna.db")
     left = study.ask(fixed_distributions=study.trials[0].distributions)  # what the killed sweep had asked
     assert sweep(*args[:-1], "hydra.sweeper.n_trials=3") == 0
     rows = read_records(workdir / "res.csv")
