@@ -46,10 +46,6 @@ NOT_RUN = {
     "source .venv/bin/activate": "a shell builtin; `make install` creates .venv",
     "export PYTHONPATH=/path/to/folder/of/mymod": "a placeholder folder: the test puts the plugin on sys.path",
 }
-# Settings that need a GPU are checked with their CPU counterparts on a machine without one (an
-# experiment's own fp16, e.g. primal_dual/table3, too: the GPU's side is `attnbench smoke`'s).
-CPU_STAND_INS = {"trainer.device=cuda": "trainer.device=cpu", "trainer.precision=fp16": "trainer.precision=bf16"}
-CPU_PRECISION = "trainer.precision=bf16"
 # Grids too large to plan here (the zoo: 150 compositions, ~30 s of CPU; Table 1: 40): a part of
 # them is planned, unless the command sets that key itself (tests/test_sweep.py plans every
 # experiment's whole grid).
@@ -170,15 +166,12 @@ def searched_only(name: str, cmd: Command) -> bool:
 def cheap_form(cmd: Command, argv: list[str], tmp: Path) -> tuple[list[str], int | str | None]:
     """The attnbench command that checks ``argv`` without training, downloading or timing, and the
     number of jobs its plan must hold (None: any; NO_RECORDS: a report that can find none). Returns ([], None) when checked here already."""
-    import torch
-
     verb, rest = (argv[0], argv[1:]) if argv else ("--help", [])
     if verb.startswith("-"):
         return argv, None
+    # Settings that need a GPU (trainer.device=cuda, fp16) are planned as they are written: a plan
+    # checks the config, each job its machine (the GPU's side is `attnbench smoke`'s).
     if verb in ("run", "sweep") and not HYDRA_PRINT_FLAGS & {a.split("=")[0] for a in rest}:
-        if not torch.cuda.is_available():
-            rest = [CPU_STAND_INS.get(a, a) for a in rest]
-            rest += [] if any(a.startswith("trainer.precision=") for a in rest) else [CPU_PRECISION]
         given = {a.split("=")[0] for a in rest}
         rest += [o for a in rest for o in NARROWED.get(a, []) if o.split("=")[0] not in given]
         return ["sweep", *([] if "--dry-run" in rest else ["--dry-run"]), *rest], (1 if verb == "run" else None)

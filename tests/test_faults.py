@@ -135,7 +135,10 @@ def test_cuda_on_a_cpu_machine_is_refused(uea_fixture, workdir, capsys, monkeypa
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, wherever the suite runs
     for command in ("validate", "run"):
-        assert "CUDA is not available" in exit_line(capsys, command, *TINY, "trainer.device=cuda")
+        assert "CUDA is not available" in exit_line(capsys, command, *TINY, "trainer.device=cuda", "results.path=res.csv")
+        # fp16 with trainer.device=auto: this machine's auto is the CPU (a GPU node's would be CUDA)
+        assert "fp16 needs CUDA" in exit_line(capsys, command, *TINY, "trainer.precision=fp16", "results.path=res.csv")
+    assert not (workdir / "res.csv").exists() and not (workdir / "outputs").exists()  # refused before the run
 
 
 def test_conv2d_grid_that_does_not_fit_is_refused_by_validate(uea_fixture, workdir, capsys):

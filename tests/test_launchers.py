@@ -1,6 +1,8 @@
 """Launchers that run: a sweep through submitit's local executor (real subprocesses), a Slurm
 launcher where no Slurm is reachable (one line), and the process layout of a 2-node x 2-task
-`slurm_ddp` job from its Slurm environment (ranks, world size, master address, devices)."""
+`slurm_ddp` job from its Slurm environment (ranks, world size, master address, devices). GPU
+sweeps planned on a machine without a GPU (a login node): the config is checked by the plan, the
+hardware by each job where it runs (a failed record; the sweep goes on)."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +11,14 @@ import torch
 from bench_cli.engine import distributed as D
 from bench_cli.results.records import read_records
 from test_sweep import sweep, tiny
+
+
+@pytest.fixture
+def login_node(monkeypatch, workdir):
+    """A machine without CUDA and without Slurm's sbatch, wherever the suite runs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setenv("PATH", str(workdir))
 
 
 def test_a_slurm_launcher_off_a_cluster_is_one_line(uea_fixture, workdir, capsys, monkeypatch):
@@ -98,3 +108,73 @@ def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixt
     assert again.returncode == 0, again.stdout + again.stderr
     resumed = read_records(workdir / "res.csv")[-1]
     assert_same_result(read_records(workdir / "straight.csv")[-1], resumed)
+
+
+# --- GPU sweeps from a machine without a GPU ---------------------------------------------------
+def test_deits_fp16_sweeps_are_planned_and_dry_run_on_a_machine_without_a_gpu(login_node, workdir, capsys):
+    """DeiT's Table 3 (trainer.precision=fp16) as a data-parallel Slurm sweep, and as it is (one
+    model's row: each model is a composition of its own, a second or so here)."""
+    for extra, n in ((["hydra/launcher=slurm_ddp", "trainer.strategy=ddp"], 20), (["model=softmax"], 5)):
+        assert sweep("--dry-run", "experiment=primal_dual/table3", *extra) == 0
+        out = capsys.readouterr().out
+        assert f"{n} jobs, 0 already done, {n} to run" in out and "data missing" in out  # ImageNet: by hand
+        assert f"{n} of {n} jobs to run ask for what this machine lacks" in out and "fp16 needs CUDA" in out
+
+
+def test_a_cuda_sweep_is_submitted_from_a_machine_without_a_gpu_up_to_the_missing_sbatch(login_node, workdir,
+                                                                                         uea_fixture, capsys):
+    gpu = [*tiny(workdir), "trainer.device=cuda", "hydra/launcher=slurm"]
+    assert sweep("--dry-run", *gpu) == 0
+    assert "1 of 1 jobs to run ask for what this machine lacks" in capsys.readouterr().out
+    assert sweep(*gpu) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no Slurm is reachable from here" in err and len(err.splitlines()) == 1
+    assert not (workdir / "res.csv").exists()
+
+
+def test_a_job_without_the_hardware_it_asks_for_is_a_recorded_failure_and_the_sweep_goes_on(login_node, workdir,
+                                                                                             uea_fixture, capsys):
+    """Run here (the basic launcher, in this process): trainer.device=cuda, and DeiT's fp16 where
+    auto is the CPU, are each a failed record with one line, and every job after the first still runs."""
+    assert sweep(*tiny(workdir), "trainer.device=cuda,auto", "trainer.precision=fp16", "seed=0,1") == 4
+    out = capsys.readouterr().out
+    rows = read_records(workdir / "res.csv")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"failed"}
+    errors = {r["overrides"].split("trainer.device=")[1].split()[0]: r["error"] for r in rows}
+    assert errors["cuda"] == "UserError: trainer.device=cuda but CUDA is not available here; use trainer.device=auto or cpu"
+    assert errors["auto"].startswith("UserError: trainer.precision=fp16 needs CUDA (autocast + GradScaler) and this "
+                                     "machine has none (trainer.device=auto)")
+    assert "4 of 4 jobs did not finish ok" in out and "Traceback" not in out and "no record" not in out
+
+
+def test_a_config_mistake_in_a_gpu_sweep_is_refused_at_planning(login_node, workdir, capsys):
+    gpu = ["experiment=primal_dual/table3", "hydra/launcher=slurm_ddp", "trainer.strategy=ddp", "--dry-run"]
+    for extra, expected in ((["model=softmax,no_such_model"], "unknown model 'no_such_model'"),
+                            (["model=softmax", "seed=0", "task.backbone.n_heads=5"], "task.backbone.n_heads=5 does not divide"),
+                            (["model=softmax", "seed=0", "trainer.device=gpu"], "valid: auto, cpu, cuda, cuda:N"),
+                            (["model=softmax", "seed=0", "trainer.device=cpu"], "fp16 needs CUDA (autocast + GradScaler); on the CPU")):
+        assert sweep(*gpu, *extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_what_a_job_asks_of_its_gpu_node_is_checked_where_it_runs(monkeypatch):
+    """engine/env.check_hardware on a node with 2 GPUs: cuda:N among them, one GPU per local
+    process of a data-parallel job."""
+    from bench_cli.config.compose import compose
+    from bench_cli.core.errors import UserError
+    from bench_cli.engine.env import check_hardware
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    check_hardware(compose(["trainer.device=cuda:1", "trainer.precision=fp16"]))
+    with pytest.raises(UserError, match=r"trainer.device=cuda:2 but this machine has 2 CUDA devices \(cuda:0 to cuda:1\)"):
+        check_hardware(compose(["trainer.device=cuda:2"]))
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    with pytest.raises(UserError, match="local process 2 takes cuda:2, but this node has 2 CUDA devices"):
+        check_hardware(compose(["trainer.device=cuda", "trainer.strategy=ddp"]))

@@ -9,7 +9,11 @@ expanded by Hydra's ``BasicSweeper.split_arguments``, and each job's config is w
 per distinct combination of config choices, its value overrides applied as Hydra applies them
 (``compose.JobComposer``: a grid of seeds costs a millisecond a job). That config is what is
 checked (a mistake in any job's config, a missing dataset or an impossible (task, model) pair is
-one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``.
+one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``. What a job asks of
+the machine it runs on (a GPU: trainer.device=cuda, trainer.precision=fp16; engine/env.py
+``check_hardware``) is not checked by the plan, which may be made on a login node without one:
+each job checks it where its launcher runs it, and a job that lacks it is recorded as failed with
+that one line (the plan says so beforehand for the jobs this machine could not run).
 
 Resume: a job whose result record (``results.path``) already holds an ``ok`` row with the same
 ``job_key`` (hash of the resolved config, seed included) is skipped by the plan; missing and
@@ -359,7 +363,7 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
             continue
         try:
             with job.reading() as cfg:
-                task = check_config(cfg)
+                task = check_config(cfg, hardware=False)  # each job checks its machine where it runs
                 missing_of[data_id] = None
                 model_id = json.dumps([OmegaConf.to_container(cfg.task, resolve=True),
                                        OmegaConf.to_container(cfg.model, resolve=True)], sort_keys=True, default=str)
@@ -374,6 +378,28 @@ def validate_jobs(jobs: list[Job], *, missing_data_ok: bool = False) -> dict[str
     if missing and not missing_data_ok:
         raise missing_data_error(missing_of)
     return missing
+
+
+def lacking_here(jobs: list[Job]) -> dict[str, str]:
+    """job_key -> what this machine lacks of what the job asks (engine/env.check_hardware), for the
+    jobs it could not run; judged once per distinct device, precision and strategy."""
+    from bench_cli.engine.env import check_hardware
+
+    asks: dict[tuple, str | None] = {}
+    lacking = {}
+    for job in jobs:
+        with job.reading() as cfg:
+            t = cfg.trainer
+            wish = (str(t.device), str(t.get("precision", "32")), str(t.get("strategy", "none")))
+            if wish not in asks:
+                try:
+                    check_hardware(cfg)
+                    asks[wish] = None
+                except UserError as e:
+                    asks[wish] = str(e)
+        if asks[wish]:
+            lacking[job.key] = asks[wish]
+    return lacking
 
 
 def missing_data_error(missing_of: dict[tuple, str | None]) -> UserError:
@@ -717,6 +743,7 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     console.print(f"[bold]{what}[/]: {len(jobs)} jobs, {n_done} already done"
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
+    _print_lacking(lacking_here(todo), len(todo))
     if dry_run:
         claimed = {}
         for path in paths:
@@ -809,6 +836,19 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
                       "until it is here):", highlight=False)
         for message in dict.fromkeys(missing.values()):
             console.print(f"  {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _print_lacking(lacking: dict[str, str], n_todo: int) -> None:
+    """A note on the jobs to run that ask for what this machine lacks (a GPU): fine where the
+    launcher puts them on a machine that has it (a Slurm GPU node); here they would be recorded as failed."""
+    from rich.markup import escape
+
+    from bench_cli.core.ui import console
+
+    if lacking:
+        console.print(f"[yellow]note[/]: {len(lacking)} of {n_todo} jobs to run ask for what this machine lacks; each "
+                      "job checks the machine it runs on, one that lacks it is recorded as failed: "
+                      f"{escape(next(iter(lacking.values())))}", highlight=False, soft_wrap=True)
 
 
 def _print_checkpoints(rows: list[dict]) -> None:

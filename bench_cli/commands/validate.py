@@ -4,6 +4,11 @@ attentions able to fill the task's roles, and the model buildable. Each problem 
 (UserError, exit status 2). The protocol is checked against the ones the task declares
 (``Task.protocols``), ``task.paper_selection`` against best | last, and the data by the task's fetcher
 (``Task.check_data``).
+
+What the config asks of the machine it runs on (CUDA, fp16, a GPU per process) is not the
+config's to check: bench_cli/engine/env.py ``check_hardware`` says what it is. `run` and
+`validate` check it here (``hardware=True``: the run is on this machine); a sweep's plan does
+not, each job checks it where its launcher runs it (a failed record, the sweep goes on).
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ def _number(cfg, key: str, *, minimum=None, maximum=None, integer=False, optiona
 def check_settings(cfg: DictConfig) -> None:
     """Ranges and choices of the trainer and task settings every run reads."""
     from bench_cli.engine.optim import OPTIMIZERS, SCHEDULERS
-    from bench_cli.engine.env import select_device
+    from bench_cli.engine.env import check_device_name
     from tasks import task_class
 
     t = cfg.trainer
@@ -70,7 +75,7 @@ def check_settings(cfg: DictConfig) -> None:
     from bench_cli.engine.trainer import train_metrics_source
 
     train_metrics_source(t.get("train_metrics", "none"))
-    device = select_device(str(t.device))
+    check_device_name(str(t.device))
     from bench_cli.engine.distributed import STRATEGIES
     from bench_cli.engine.env import PRECISIONS
 
@@ -79,7 +84,7 @@ def check_settings(cfg: DictConfig) -> None:
     precision = str(t.get("precision", "32"))
     if precision not in PRECISIONS:
         raise unknown_choice("trainer.precision", precision, PRECISIONS)
-    if precision == "fp16" and device.type != "cuda":
+    if precision == "fp16" and str(t.device).split(":")[0] == "cpu":  # on any machine (auto may be a GPU: the job's)
         raise UserError("trainer.precision=fp16 needs CUDA (autocast + GradScaler); on the CPU use 32 or bf16")
     _number(cfg, "trainer.optimizer.lr_reference_batch", minimum=1, optional=True)
     _number(cfg, "trainer.scheduler.warmup_epochs", minimum=0, integer=True, optional=True)
@@ -113,13 +118,18 @@ def check_model_sizes(cfg: DictConfig) -> None:
                         "(each head gets d_model / n_heads)")
 
 
-def check_config(cfg: DictConfig, build: bool = False, recorded: bool = False):
+def check_config(cfg: DictConfig, build: bool = False, recorded: bool = False, hardware: bool = True):
     """Check ``cfg`` before a run; returns the task (not set up). With ``build``, also build the
     model on the task's synthetic shapes (no data read) to catch options the model refuses;
-    ``recorded``: see check_model_builds."""
+    ``recorded``: see check_model_builds. ``hardware``: the run is on this machine, so this
+    machine must have what it asks (engine/env.check_hardware); a sweep's plan says False."""
     from bench_cli.config.taskfit import build_task, check_model_fits_task
 
     check_settings(cfg)
+    if hardware:
+        from bench_cli.engine.env import check_hardware
+
+        check_hardware(cfg)
     task = build_task(cfg)
     task.check_dataset_name()  # the task's shapes may depend on the dataset (textcls' setups.<dataset>)
     check_model_fits_task(task, cfg)  # an impossible (task, attention) pair needs no data to be refused

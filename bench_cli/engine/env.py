@@ -5,6 +5,13 @@ bench_cli/engine/distributed.py), the device, the intra-op threads, the seeds an
 the run reads (the device, ``autocast()`` for ``trainer.precision``, the process's rank) instead of
 the config. The helpers below it are also what the commands that build a model outside a run
 (evaluate, profile, smoke, bench-overhead) use, so every path picks and seeds the same way.
+
+``check_hardware(cfg)`` is the one place that says which checks are about the machine a run runs
+on (a CUDA device, fp16, one GPU per local process of a data-parallel job); it runs first in
+``prepare_environment``, where the job runs, and in `run` and `validate` before anything is built.
+A sweep's plan leaves it to each job: the login node that plans and submits a cluster's GPU jobs
+has no GPU itself. What a config says wrong anywhere (a device name torch does not know, fp16 on
+``trainer.device=cpu``) is the config's check (bench_cli/commands/validate.py), at planning time.
 """
 from __future__ import annotations
 
@@ -17,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.engine import distributed as D
 
 PRECISIONS = ("32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # trainer.device's forms (conf/trainer/default.yaml)
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,9 @@ class Environment:
 
 def prepare_environment(cfg) -> Environment:
     """Join the processes of ``trainer.strategy``, pick ``trainer.device`` (one per local process),
-    set ``trainer.num_threads`` and seed every generator with ``seed``."""
+    set ``trainer.num_threads`` and seed every generator with ``seed``; first, that this machine has
+    what the run asks of it (``check_hardware``)."""
+    check_hardware(cfg)
     dist = D.setup(str(cfg.trainer.get("strategy", "none")), str(cfg.trainer.device))
     device = D.device_for(dist, select_device(str(cfg.trainer.device)))
     if cfg.trainer.get("num_threads"):
@@ -74,6 +84,48 @@ def prepare_environment(cfg) -> Environment:
                       dist)
     env.seed_everything()
     return env
+
+
+def unprepared_environment(cfg) -> Environment:
+    """The Environment of a run whose preparation was refused (``check_hardware``, a data-parallel
+    run not launched as several processes), to record that refusal: its place among the launched
+    processes (rank 0 records), nothing joined, picked or seeded."""
+    return Environment(torch.device("cpu"), int(cfg.seed), bool(cfg.trainer.deterministic),
+                       str(cfg.trainer.get("precision", "32")), D.launch_env() or D.SINGLE)
+
+
+def check_hardware(cfg) -> None:
+    """This machine has what ``cfg`` asks of the one it runs on, else one line (UserError): CUDA
+    for ``trainer.device=cuda`` (device N among those visible for ``cuda:N``); CUDA for
+    ``trainer.precision=fp16`` (its GradScaler; ``auto`` picks the CPU on a machine without one);
+    with ``trainer.strategy=ddp`` on CUDA, a GPU for each local process (``cuda:<local rank>``:
+    distributed.device_for). The only checks that depend on the machine: see the module's docstring."""
+    name = str(cfg.trainer.device)
+    device = select_device(name)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"trainer.device={name} but this machine has {torch.cuda.device_count()} CUDA devices "
+                        f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    if str(cfg.trainer.get("precision", "32")) == "fp16" and device.type != "cuda":
+        raise UserError(f"trainer.precision=fp16 needs CUDA (autocast + GradScaler) and this machine has none "
+                        f"(trainer.device={name}); run it on a GPU, or here with trainer.precision=32 or bf16")
+    if str(cfg.trainer.get("strategy", "none")) != "ddp" or device.type != "cuda" or device.index is not None:
+        return
+    local = (D.launch_env() or D.SINGLE).local_rank
+    if local >= torch.cuda.device_count():
+        raise UserError(f"trainer.strategy=ddp: local process {local} takes cuda:{local}, but this node has "
+                        f"{torch.cuda.device_count()} CUDA devices (one GPU per task: hydra.launcher.gpus_per_node "
+                        "at least hydra.launcher.tasks_per_node)")
+
+
+def check_device_name(name: str) -> None:
+    """``trainer.device`` names a device (auto, cpu, cuda, cuda:N), whatever this machine has: a
+    name torch cannot parse is one line, wherever the run is planned."""
+    if name == "auto":
+        return
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError):
+        raise unknown_choice("trainer.device", name, DEVICES) from None
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -116,8 +168,8 @@ def seed_worker(worker_id: int) -> None:
 
 def autocast(device: torch.device, precision: str):
     """Mixed precision of ``trainer.precision``: bf16/fp16 autocast (fp16 with a GradScaler, see
-    bench_cli.engine.trainer.Trainer); ``32`` does nothing. fp16 needs CUDA (bench_cli.commands.validate
-    refuses it on the CPU)."""
+    bench_cli.engine.trainer.Trainer); ``32`` does nothing. fp16 needs CUDA (``check_hardware``
+    refuses it elsewhere)."""
     if str(precision) == "32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if str(precision) == "bf16" else torch.float16)

@@ -21,7 +21,7 @@ from bench_cli.core.errors import UserError
 from bench_cli.core.files import write_atomically
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.engine.checkpoint import Checkpoints
-from bench_cli.engine.env import Environment, prepare_environment
+from bench_cli.engine.env import Environment, prepare_environment, unprepared_environment
 from bench_cli.engine.measure import Conditions, measure_run
 from bench_cli.engine.objective import Objective
 from bench_cli.engine.trainer import Trainer
@@ -43,7 +43,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
     # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
-    env = prepare_environment(cfg)
+    try:
+        env = prepare_environment(cfg)
+    except UserError as e:  # this machine lacks what the job asks (env.check_hardware): a failed record
+        record_refusal(cfg, e, run_dir, run_id, overrides, columns, started)
+        raise
     run = records.start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
     row = run.row
     row["device"] = env.description
@@ -74,6 +78,18 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         raise error
     row["_error"], row["_rank"] = error, env.dist.rank
     return row
+
+
+def record_refusal(cfg: DictConfig, error: UserError, run_dir: Path | None, run_id: str | None, overrides,
+                   columns: dict | None, started: float) -> None:
+    """The record of a run refused before it started by the machine it runs on: no CUDA where
+    trainer.device=cuda or fp16 asks for it, trainer.strategy=ddp not launched as several processes
+    (`run` refuses those before it gets here). Status failed with the one line, written by the
+    launch's rank 0, so that a sweep planned on another machine (a login node without GPUs) keeps
+    its answer and goes on."""
+    env = unprepared_environment(cfg)
+    run = records.start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
+    finish(cfg, run.row, error, env, run.path, started, logger=None)
 
 
 def set_up_task(cfg: DictConfig, protocol: str):
