@@ -77,13 +77,13 @@ def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixt
     import subprocess
     import time
 
-    from conftest import ATTNBENCH, attnbench
+    from bench_cli.commands.cli import main
+    from conftest import ATTNBENCH
     from test_checkpoint import assert_same_result
 
     args = [*[a for a in tiny(workdir) if not a.startswith(("trainer.max_epochs", "results.path"))],
             "trainer.max_epochs=12", "trainer.num_threads=1", "trainer.progress=false"]
-    straight = attnbench("run", *args, f"results.path={workdir / 'straight.csv'}")
-    assert straight.returncode == 0, straight.stderr
+    main(["run", *args, f"results.path={workdir / 'straight.csv'}"])  # the uninterrupted run, in this process
     sweep_args = [*args, f"results.path={workdir / 'res.csv'}", "hydra/launcher=local", "hydra.launcher.timeout_min=5"]
     proc = subprocess.Popen([str(ATTNBENCH), "sweep", *sweep_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -104,8 +104,7 @@ def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixt
     assert "checkpoints of 1 unfinished jobs: " in out and f"in {workdir / 'checkpoints'} (the same command resumes them)" in out
     (first,) = read_records(workdir / "res.csv")
     assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGUSR1)"
-    again = attnbench("sweep", *sweep_args)
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert sweep(*sweep_args) == 0  # the same sweep, from this process: its job runs in a process of its own
     resumed = read_records(workdir / "res.csv")[-1]
     assert_same_result(read_records(workdir / "straight.csv")[-1], resumed)
 

@@ -192,12 +192,19 @@ def test_wandb_offline_runs_hold_config_tags_step_losses_resume_and_say_how_to_s
             "    step(self)\n"
             "    if self.step == 6: signal.raise_signal(signal.SIGTERM)\n"
             "_Loop.optimiser_step = stop_at_6\n")
-    code = ("main(['run', *sys.argv[1:]])\n"
+    # Both sittings in one process (wandb's service and torch started once): the first with the
+    # step patched to stop, the second with the step as it is. Each sitting's summary is printed
+    # between markers, so that the second's can be read alone.
+    code = ("import sys; from bench_cli.commands.cli import main\n" + stop +
+            "try:\n    main(['run', *sys.argv[1:]])\nexcept SystemExit as e:\n    print('first sitting exit', e.code)\n"
+            "_Loop.optimiser_step = step\nprint('--- second sitting ---')\n"
+            "main(['run', *sys.argv[1:]])\n"
             "print('tensorboard imported:', sorted({'tensorboard', 'torch.utils.tensorboard'} & set(sys.modules)))\n")
-    for patch in (stop, ""):
-        r = subprocess.run([sys.executable, "-c", "import sys; from bench_cli.commands.cli import main\n" + patch + code,
-                            *TINY, *WANDB], capture_output=True, text=True, timeout=300, env=wandb_env(workdir), cwd=workdir)
-    assert r.returncode == 0, r.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", code, *TINY, *WANDB], capture_output=True, text=True, timeout=300,
+                          env=wandb_env(workdir), cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "first sitting exit 143" in done.stdout, done.stdout[-2000:]  # interrupted by SIGTERM
+    r = subprocess.CompletedProcess(done.args, 0, done.stdout.split("--- second sitting ---")[1], done.stderr)
     first, resumed = read_records(workdir / "res.csv")
     assert first["status"] == "interrupted" and resumed["sittings"] == "2"
     folders = [next(Path(row["output_dir"]).glob("wandb/offline-run-*")) for row in (first, resumed)]
