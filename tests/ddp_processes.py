@@ -19,6 +19,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def as_one_process(monkeypatch) -> None:
+    """The variables torchrun sets, for a process group of one in the test's own process."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+
+
 def rank_main(rank: int, world: int, port: int, args: list[str], signal_at: tuple | None, log: str) -> None:
     """One process of the run. ``signal_at`` = (rank, step, signal name): that signal to this process
     after that optimiser step, when it is this rank (a real signal, through the run's handlers)."""

@@ -18,7 +18,7 @@ import pytest
 from bench_cli.commands.cli import main
 from bench_cli.engine.checkpoint import read
 from bench_cli.results.records import read_records
-from ddp_processes import free_port, run_ranks
+from ddp_processes import as_one_process, run_ranks
 from test_checkpoint import UEA, assert_same_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
@@ -81,9 +81,7 @@ def test_a_signal_to_rank_0_stops_both_and_one_process_refuses_their_checkpoint(
     assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGUSR1)", output
     (path,) = Path(first["checkpoint_dir"]).glob("ckpt-*.pt")
     assert (read(path)["position"]["epoch"], read(path)["position"]["step"]) == (2, 6)
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(free_port())}.items():
-        monkeypatch.setenv(k, v)
+    as_one_process(monkeypatch)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["run", *DDP, "results.path=res.csv"])

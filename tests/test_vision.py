@@ -529,16 +529,14 @@ def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(work
     one in the test's own process, set up from the variables torchrun would set; the 2 processes
     are forked from it after (tests/ddp_processes.py: they start with its modules imported)."""
     from bench_cli.commands.cli import main
-    from ddp_processes import free_port, run_ranks
+    from ddp_processes import as_one_process, run_ranks
 
     args = ["task=vit", "model=standard", "task.protocol=paper", "task.subset.train=128", "task.subset.test=64",
             "trainer.max_epochs=2", "trainer.batch_size=64", "trainer.strategy=ddp", "task.backbone.dropout=0",
             "task.backbone.attention_dropout=0", "task.backbone.head_dropout=0", "task.augment.flip=false",
             "task.augment.rotation=0", "task.augment.zoom=0", *QUICK]
     with monkeypatch.context() as m:
-        for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(free_port())}.items():
-            m.setenv(k, v)
+        as_one_process(m)
         main(["run", *args])
     codes, output = run_ranks(workdir, args)
     assert codes == [0, 0], output
