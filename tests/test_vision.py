@@ -523,31 +523,24 @@ def test_precision_bf16_runs_on_the_cpu_and_fp16_is_refused_there(workdir, singl
 
 
 def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(workdir, monkeypatch):
-    """torchrun, gloo, 2 processes x 32 samples vs 1 process x 64: the same global batches (the
+    """gloo, 2 processes x 32 samples vs 1 process x 64: the same global batches (the
     DistributedSampler's permutation), the averaged gradients, the summed evaluation statistics:
     the same numbers; rank 0 alone writes the record. The one-process run is a process group of
-    one in the test's own process, set up from the variables torchrun would set."""
-    import socket
-
+    one in the test's own process, set up from the variables torchrun would set; the 2 processes
+    are forked from it after (tests/ddp_processes.py: they start with its modules imported)."""
     from bench_cli.commands.cli import main
+    from ddp_processes import as_one_process, run_ranks
 
     args = ["task=vit", "model=standard", "task.protocol=paper", "task.subset.train=128", "task.subset.test=64",
             "trainer.max_epochs=2", "trainer.batch_size=64", "trainer.strategy=ddp", "task.backbone.dropout=0",
             "task.backbone.attention_dropout=0", "task.backbone.head_dropout=0", "task.augment.flip=false",
             "task.augment.rotation=0", "task.augment.zoom=0", *QUICK]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "bench_cli.cli", "run", *args], capture_output=True, text=True, cwd=workdir,
-                         env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(k, v)
-    main(["run", *args])
-    two, one = read_rows(workdir / "results" / "runs.csv")
+    with monkeypatch.context() as m:
+        as_one_process(m)
+        main(["run", *args])
+    codes, output = run_ranks(workdir, args)
+    assert codes == [0, 0], output
+    one, two = read_rows(workdir / "results" / "runs.csv")
     assert two["device"] == "cpu x 2 processes" and one["device"] == "cpu"
     assert two["status"] == one["status"] == "ok" and two["job_key"] == one["job_key"]
     for column in ("test_accuracy", "test_top5_accuracy", "train_accuracy"):

@@ -195,9 +195,9 @@ def pending_signal() -> int | None:
     return _pending.pop() if _pending else None
 
 
-def signal_pending() -> bool:
-    """Whether a termination signal waits (not cleared): a cheap check at every step."""
-    return bool(_pending)
+def signal_pending() -> int:
+    """The termination signal waiting (not cleared; 0: none): a cheap check at every step."""
+    return _pending[-1] if _pending else 0
 
 
 def is_oom(err: BaseException) -> bool:

@@ -14,6 +14,17 @@ and renamed (a crash mid-write leaves the previous one), and read with
 
 Settings (``trainer.checkpoint``, ``trainer.resume``) change where and how often a fit is saved,
 never its result: they are not part of the job key (records.NON_SEMANTIC_KEYS).
+
+A distributed run (``trainer.strategy=ddp``) writes the same one file, from rank 0: the weights,
+optimiser and selection are the same on every process (DDP averages the gradients, evaluations sum
+their statistics), but each process has its own random states (its dropout stream, its loader's
+generator) and its own training losses not yet read; rank 0 gathers those (``rank_part``, a few
+kilobytes a process) into ``ranks`` before writing. One file rather than one per process: it is
+written and renamed at once, so a job killed while saving never finds the files of different
+steps side by side, and no process can resume from a checkpoint another does not have. Every
+process reads the file rank 0 chose (the folder must be on a filesystem they all see, as the
+records file is) and takes its own part; a checkpoint of another number of processes is refused
+(the random streams are per process).
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import UserError, ctrl_c_held
+from bench_cli.engine import distributed as D
 
 FORMAT = 1
 RESUME_CHOICES = {True: "true", False: "false", "true": "true", "false": "false", "must": "must"}
@@ -119,6 +131,34 @@ PARTS = ("job_key", "meta", "sittings", "wall_time_s", "position", "model", "opt
          "selection", "objective", "result", "pending")
 
 
+# What differs between the processes of a distributed run (a checkpoint's ``ranks``: one of these
+# per process): their random states (``position``'s ``rng`` and ``epoch_start_generator``: each
+# process its own dropout stream and loader generator) and the training losses each has not read
+# yet (``pending``). The rest of the state is the same on every process.
+def rank_part(state: dict) -> dict:
+    """This process's part of a fit's ``state``, on the CPU (it travels to rank 0)."""
+    position = state["position"]
+    return on_cpu({"rng": position["rng"], "epoch_start_generator": position["epoch_start_generator"],
+                   "pending": state["pending"]})
+
+
+def with_rank_part(state: dict, part: dict) -> dict:
+    """``state`` (rank 0's) with another process's ``rank_part`` in place of rank 0's."""
+    position = {**state["position"], "rng": part["rng"], "epoch_start_generator": part["epoch_start_generator"]}
+    return {**state, "position": position, "pending": part["pending"]}
+
+
+def on_cpu(value):
+    """``value`` with its tensors on the CPU (nested dicts, lists and tuples)."""
+    if torch.is_tensor(value):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(v) for v in value)
+    return value
+
+
 class CheckpointError(UserError):
     """A checkpoint that cannot be used (one line naming the file)."""
 
@@ -144,23 +184,21 @@ class Checkpoints:
     """The checkpoints of one job: where they are, which to resume from, writing and pruning them,
     and what the record says about them (``columns``)."""
 
-    def __init__(self, folder: Path, settings: Settings, job_key: str, meta: dict, started: float):
+    def __init__(self, folder: Path, settings: Settings, job_key: str, meta: dict, started: float,
+                 dist: D.DistEnv = D.SINGLE):
         self.folder, self.settings, self.job_key, self.meta = folder, settings, job_key, meta
         self.started = started  # perf_counter at the start of this sitting
+        self.dist = dist  # this process's place in a distributed run: rank 0 writes, every process reads
         self.resumed_from, self.sittings, self.earlier_wall_s = "", 1, 0.0
         self.sequence = 0  # number of the last checkpoint written
 
     @classmethod
-    def of(cls, cfg, job_key: str, meta: dict, started: float, distributed: bool) -> "Checkpoints | None":
-        """The job's checkpoints, or None when off (or in a distributed run: not supported yet)."""
+    def of(cls, cfg, job_key: str, meta: dict, started: float, dist: D.DistEnv = D.SINGLE) -> "Checkpoints | None":
+        """The job's checkpoints, or None when off."""
         s = settings(cfg.trainer)
         if s is None:
             return None
-        if distributed:
-            if s.resume == "must":
-                raise UserError("trainer.resume=must: checkpoints are not written in distributed runs (trainer.strategy=ddp) yet")
-            return None
-        checkpoints = cls(folder_of(cfg, job_key), s, job_key, meta, started)
+        checkpoints = cls(folder_of(cfg, job_key), s, job_key, meta, started, dist)
         if s.resume == "must" and not checkpoints.files():  # refused before the run starts: no record
             raise UserError(f"trainer.resume=must: no checkpoint of job {job_key} in {checkpoints.folder}")
         return checkpoints
@@ -172,11 +210,47 @@ class Checkpoints:
         return sorted(self.folder.glob("ckpt-*.pt"), key=lambda p: _number(p))
 
     def load(self) -> dict | None:
-        """The newest usable checkpoint (None: start from the beginning). An unreadable one is one
-        line naming it and what happens next: the previous one, starting over, or with
-        ``trainer.resume=must`` a refusal."""
+        """The newest usable checkpoint (None: start from the beginning), as this process resumes
+        from it. In a distributed run rank 0 chooses it, every process reads it and takes its own
+        part (``rank_part``); a problem on any process stops every one of them with its line (one that
+        stopped alone would leave the others waiting in their next collective)."""
         if self.settings.resume == "false":
             return None
+        state, error = None, None
+        if self.dist.is_main:
+            try:
+                state = self.choose()
+            except UserError as e:
+                error = e
+        path = D.broadcast(self.resumed_from if state is not None else "")
+        if path and state is None and error is None:
+            try:
+                state = read(Path(path))
+            except CheckpointError as e:
+                error = CheckpointError(f"{e} on rank {self.dist.rank} (the checkpoint folder must be on a "
+                                        "filesystem every process sees)")
+        problems = [p for p in D.every_process(str(error) if error is not None else "") if p]
+        if problems:
+            raise error if error is not None else CheckpointError(problems[0])
+        if not path:
+            return None
+        self.adopt(Path(path), state)
+        return self.own_part(state, path)
+
+    def own_part(self, state: dict, path) -> dict:
+        """``state`` with this process's random states and pending losses (``ranks``); refused
+        when it was written by another number of processes."""
+        parts = state.get("ranks") or [None]
+        if len(parts) != self.dist.world_size:
+            written = f"{len(parts)} process{'es' if len(parts) > 1 else ''}"
+            raise CheckpointError(f"checkpoint {path} was written by {written}, this run has {self.dist.world_size} "
+                                  f"(every process keeps its own random states): run it with {len(parts)}, or "
+                                  "with trainer.resume=false to start over")
+        return state if self.dist.rank == 0 else with_rank_part(state, parts[self.dist.rank])
+
+    def choose(self) -> dict | None:
+        """The newest usable checkpoint, read. An unreadable one is one line naming it and what
+        happens next: the previous one, starting over, or with ``trainer.resume=must`` a refusal."""
         files = self.files()
         for path in reversed(files):
             try:
@@ -189,10 +263,7 @@ class Checkpoints:
                     raise UserError(f"{e}; trainer.resume=must: refusing to start over (remove it, or use trainer.resume=true)") from None
                 say(f"{e}: {'trying the previous one' if older else 'starting over from the beginning'}")
                 continue
-            self.resumed_from = str(path)
-            self.sittings = int(state.get("sittings", 1)) + 1
-            self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
-            self.sequence = _number(path)
+            self.adopt(path, state)
             written = state.get("meta", {}).get("git_commit")
             differs = f" (written by commit {written}, this is {self.meta.get('git_commit')})" if written != self.meta.get("git_commit") else ""
             say(f"resuming from {path}: epoch {state['position']['epoch']}, step {state['position']['step']}, "
@@ -202,9 +273,22 @@ class Checkpoints:
             raise UserError(f"trainer.resume=must: no checkpoint of job {self.job_key} in {self.folder}")
         return None
 
-    def save(self, state: dict) -> Path:
+    def adopt(self, path: Path, state: dict) -> None:
+        """Continue the job from ``path`` (``state``, read): its number, sittings and wall time."""
+        self.resumed_from = str(path)
+        self.sittings = int(state.get("sittings", 1)) + 1
+        self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
+        self.sequence = _number(path)
+
+    def save(self, state: dict) -> Path | None:
         """Write ``state`` as the next checkpoint (with the job's identity and the sittings' wall
-        time), then remove the oldest beyond ``keep``."""
+        time), then remove the oldest beyond ``keep``. In a distributed run every process calls it
+        with its own ``state``; rank 0 writes it with every process's ``rank_part`` (None elsewhere)."""
+        if self.dist.world_size > 1:
+            parts = D.gather_to_main(rank_part(state))
+            if not self.dist.is_main:
+                return None
+            state = {**state, "ranks": parts}
         self.sequence += 1
         path = self.folder / f"ckpt-{self.sequence:06d}.pt"
         wall = self.earlier_wall_s + time.perf_counter() - self.started

@@ -13,8 +13,13 @@ What the strategy changes, nothing else (bench_cli/engine/trainer.py):
   task's own distributed sampler, e.g. DeiT's repeated augmentation); evaluation splits by
   :class:`ShardSampler` (no padding, so every sample counts once);
 - evaluations sum the metrics' statistics over the processes (``all_reduce_sums``) before the
-  metric values are computed, so every process selects the same epoch;
-- only rank 0 measures, logs and appends the record.
+  metric values are computed, so every process selects the same epoch; every process evaluates
+  rank 0's buffers (``broadcast_buffers``: BatchNorm's statistics);
+- only rank 0 measures, logs and appends the record;
+- checkpoints (bench_cli.engine.checkpoint): rank 0 gathers what differs between the processes
+  (their random states, the loader's, the training losses not yet read) and writes one file; every
+  process reads it to resume; a termination signal to any one process stops all of them at the
+  same step (``StopVote``).
 
 The backend is NCCL on CUDA and gloo on the CPU (the tests run 2 CPU processes with gloo).
 """
@@ -28,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, pending_signal, signal_pending
 
 STRATEGIES = ("none", "ddp")
 
@@ -124,6 +129,7 @@ def device_for(env: DistEnv, device: torch.device) -> torch.device:
 
 
 def shutdown() -> None:
+    _vote_group.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -142,6 +148,19 @@ def all_reduce_sums(stats: dict[str, float], same_keys: bool = False) -> dict[st
     t = torch.tensor([float(stats.get(k, 0.0)) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return dict(zip(keys, t.tolist()))
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every process, as DistributedDataParallel
+    itself does before each training forward (its ``broadcast_buffers``); timm's train.py does the
+    same before it validates (``distribute_bn``). Between a step and the next forward each process
+    holds the statistics of its own shard of the batch: without this an evaluation would score
+    each shard with another model, and a checkpoint (rank 0's weights) would not be the model
+    every process evaluated."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    for buffer in model.buffers():
+        dist.broadcast(buffer.data, src=0)
 
 
 def broadcast(value):
@@ -165,3 +184,90 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(range(self.rank, self.n, self.world_size))
+
+
+def gather_to_main(value) -> list | None:
+    """Every process's ``value`` (picklable, on the CPU) on rank 0, in rank order; None elsewhere."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    every = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, every, dst=0)
+    return every
+
+
+def every_process(value) -> list:
+    """Every process's ``value`` (picklable) on every process, in rank order."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, value)
+    return every
+
+
+_vote_group: list = []  # the CPU (gloo) group StopVote's votes travel in, made once per process group
+
+
+class StopVote:
+    """When a distributed run stops at a termination signal: a signal reaches one process (Slurm's
+    SIGUSR1 to a task, a SIGTERM to one rank), and every process must stop after the same
+    optimiser step, take part in one checkpoint and exit as interrupted; a process that stopped
+    alone would leave the others waiting in their next collective until its 30-minute timeout.
+
+    Why a vote after every step, answered one step later: the processes must agree on the step,
+    so each says at each step whether it holds a signal, and the largest answer is what all of
+    them see. Voting only at evaluations and checkpoints costs nothing per step, but an epoch of
+    ImageNet (DeiT) is longer than the warning Slurm gives before a time limit (``--signal``'s
+    seconds): the run would be killed before it got there. Voting synchronously at every step
+    with a tensor of the training device would read a CUDA tensor on the host: a host-device
+    sync per step, what the loop avoids (``_Loop`` in bench_cli.engine.trainer). So the vote is a
+    one-number CPU tensor all-reduced (MAX: the signal's number, 0 for none) in a gloo group of
+    its own (never the device, whatever the backend; its own group so that it never interleaves
+    with DDP's gradient all-reduces), started without waiting (``async_op``) after step s and
+    read after step s + 1, by which time it has long arrived: every process stops after step
+    s + 1. On one process it is the plain check of ``signal_pending``."""
+
+    def __init__(self, env: DistEnv):
+        self.active = env.world_size > 1
+        if self.active and not _vote_group:
+            _vote_group.append(dist.new_group(backend="gloo"))  # a collective: every process makes it here
+        self.ballot: torch.Tensor | None = None
+        self.work = None  # the vote under way
+        self.agreed = 0  # the signal every process saw in the last vote (0: none)
+
+    def _count(self) -> int:
+        """The result of the vote under way (0: none under way)."""
+        if self.work is None:
+            return 0
+        self.work.wait()
+        self.work = None
+        return int(self.ballot[0])
+
+    def _vote(self, signum: int, wait: bool) -> None:
+        self.ballot = torch.tensor([signum], dtype=torch.int32)
+        self.work = dist.all_reduce(self.ballot, op=dist.ReduceOp.MAX, group=_vote_group[0], async_op=True)
+        if wait:
+            self.work.wait()
+
+    def after_step(self) -> bool:
+        """Whether every process stops at this step boundary; called once after each optimiser
+        step by every process. The previous step's vote is counted, this step's is started."""
+        if not self.active:
+            return bool(signal_pending())
+        self.agreed = self._count()
+        if not self.agreed:
+            self._vote(signal_pending(), wait=False)
+        return bool(self.agreed)
+
+    def at_boundary(self) -> int | None:
+        """The signal every process stops at here (None: none; cleared). Called by every process
+        at each place the fit can be saved (after ``after_step`` said stop, or at the end of an
+        epoch or of the fit): a vote counted now unless ``after_step`` agreed already."""
+        signum = pending_signal() or 0
+        if not self.active:
+            return signum or None
+        agreed, self.agreed = self.agreed, 0
+        if not agreed:
+            earlier = self._count()
+            self._vote(signum, wait=True)
+            agreed = max(earlier, self._count())
+        return agreed or None

@@ -52,7 +52,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     row = run.row
     row["device"] = env.description
     checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
-                                 | {"config": run.resolved}, started, distributed=env.dist.world_size > 1)
+                                 | {"config": run.resolved}, started, env.dist)
     conditions = Conditions.now()  # the load before and after: a record says what its times were taken under
     logger = error = None
     try:

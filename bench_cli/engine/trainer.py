@@ -28,7 +28,7 @@ from bench_cli.results import schema
 from bench_cli.results.loggers import StepLosses
 from bench_cli.engine.checkpoint import Checkpoints, set_rng_state, rng_state
 from bench_cli.core.phases import PHASES
-from bench_cli.core.errors import DivergedError, UserError, hand_on, pending_signal, signal_pending, signals_deferred, unknown_choice
+from bench_cli.core.errors import DivergedError, UserError, hand_on, signals_deferred, unknown_choice
 from bench_cli.engine.objective import Objective
 from bench_cli.engine.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
@@ -257,6 +257,7 @@ class Trainer:
         ctx = EvalContext(loader=lambda s: self.loader(s, train=False), device=self.device,
                           advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None),
                           reduce=D.all_reduce_sums, metrics=metrics)
+        D.broadcast_buffers(self.model)  # one model evaluated on every shard (a no-op on one process)
         try:
             with self.autocast():
                 return self.task.evaluate(self.model, split, ctx)
@@ -353,6 +354,7 @@ class _Loop:
         self.result, self.selection, self.train_loader = result, selection, train_loader
         self.checkpoints = trainer.checkpoints
         self.checkpoint_every = self.checkpoints.settings.every if self.checkpoints is not None else 0
+        self.stop = D.StopVote(trainer.dist)  # when a termination signal stops the fit (on every process together)
         self.clock = RegionTimer(trainer.device)  # training time not yet added to the result (CUDA events on a GPU)
         self.epoch_start_generator: torch.Tensor | None = None  # the loader generator's state at the epoch's start
         self.train_metrics = result.train_metrics_source == "batches"
@@ -402,8 +404,9 @@ class _Loop:
     def boundary(self, due: bool, epoch: int, batches: int, finished: bool = False) -> None:
         """A point where the fit can be saved and resumed: ``epoch`` is the epoch to continue with,
         after ``batches`` of its loader batches (``finished``: training is over). A checkpoint when
-        ``due`` or when a termination signal came; then the signal stops the run."""
-        signum = pending_signal()
+        ``due`` or when a termination signal came (to any process of a distributed run: they all
+        stop here); then the signal stops the run."""
+        signum = self.stop.at_boundary()
         if self.checkpoints is not None and (due or signum):
             with PHASES("checkpoint"):
                 self.checkpoints.save(self.state(epoch, batches, finished))
@@ -517,7 +520,8 @@ class _Loop:
                 if stop or self.step >= plan.total_steps:
                     break
                 due = plan.by_steps and (evaluates if not self.checkpoint_every else self.step % self.checkpoint_every == 0)
-                if due or signal_pending():  # the clock paused only then: on CUDA a stop waits for the device
+                signalled = self.stop.after_step()  # every step, on every process (a vote in a distributed run)
+                if due or signalled:  # the clock paused only then: on CUDA a stop waits for the device
                     result.train_time_s += self.clock.stop()  # a checkpoint is not training time
                     self.boundary(due, epoch, i + 1)
                     self.clock.start()

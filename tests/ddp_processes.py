@@ -1,0 +1,75 @@
+"""The processes of a distributed run for the tests, forked from the test's own process: each sets
+the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and calls the
+CLI's ``main``, as `attnbench run` under torchrun does. A fork inherits every module the test's
+process has imported (torch, Hydra, the task's readers: about 5 s of a fresh torchrun process on 2
+cores), so run something in-process first and the processes start at once."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def as_one_process(monkeypatch) -> None:
+    """The variables torchrun sets, for a process group of one in the test's own process."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+
+
+def rank_main(rank: int, world: int, port: int, args: list[str], signal_at: tuple | None, log: str) -> None:
+    """One process of the run. ``signal_at`` = (rank, step, signal name): that signal to this process
+    after that optimiser step, when it is this rank (a real signal, through the run's handlers)."""
+    from bench_cli.commands.cli import main
+    from bench_cli.engine.trainer import _Loop
+
+    with open(log, "w") as f:  # this rank's output, for the test's message
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if signal_at is not None and signal_at[0] == rank:
+        original, (_, step, how) = _Loop.optimiser_step, signal_at
+
+        def step_then_signal(self):
+            original(self)
+            if self.step == step:
+                signal.raise_signal(getattr(signal, how))
+
+        _Loop.optimiser_step = step_then_signal
+    main(["run", *args])
+
+
+def run_ranks(workdir: Path, args: list[str], signal_at: tuple | None = None, world: int = 2,
+              timeout: float = 60) -> tuple[list[int], str]:
+    """The exit statuses of the ``world`` processes of one distributed run, and their output. A
+    process still running after ``timeout`` seconds fails the test (the processes did not stop
+    together: one waits in a collective for another that has gone)."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # a forked process would inherit the group
+    fork = multiprocessing.get_context("fork")
+    port = free_port()
+    logs = [str(Path(workdir) / f"rank{r}.log") for r in range(world)]
+    procs = [fork.Process(target=rank_main, args=(r, world, port, args, signal_at, logs[r])) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    hung = [p for p in procs if p.exitcode is None]
+    for p in hung:
+        p.kill()
+        p.join()
+    output = "\n".join(f"--- rank {r}\n" + Path(log).read_text()[-3000:] for r, log in enumerate(logs))
+    assert not hung, f"a process never ended (the processes did not stop together):\n{output}"
+    return [p.exitcode for p in procs], output
