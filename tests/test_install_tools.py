@@ -1,6 +1,7 @@
 """Installing beside an existing torch (docs/gpu.md): the constraint docs/gpu.md writes keeps the
 installed torch, and tools/wheelhouse.py's pieces (the node's stand-ins, what a plan fetches, which
-wheels the node's glibc runs)."""
+wheels the node's glibc runs). The install itself, online and offline, is `make check-install`
+(minutes: tools/check_install.sh)."""
 from __future__ import annotations
 
 import os
@@ -79,6 +80,13 @@ def test_stand_ins_read_back_as_the_inventoried_distributions(tmp_path):
         assert again.version == dist["Version"] == metadata.version(dist["Name"])
         assert (again.requires or []) == dist["Requires-Dist"] == (metadata.requires(dist["Name"]) or [])
         assert (again.metadata.get_all("Provides-Extra") or []) == dist["Provides-Extra"]
+
+
+def test_a_stand_in_of_a_bare_distribution_says_only_its_name_and_version(tmp_path):
+    wheelhouse.write_stand_ins(tmp_path, [{"Name": "bare", "Version": "1.0+local"}])
+    (bare,) = metadata.distributions(path=[str(tmp_path)])
+    assert bare.version == "1.0+local" and bare.requires is None
+    assert set(bare.metadata.keys()) == {"Metadata-Version", "Name", "Version"}
 
 
 NODE = {"python": "3.11", "machine": "x86_64", "glibc": "2.28",

@@ -83,8 +83,8 @@ def write_stand_ins(site_packages: Path, distributions: list[dict]) -> None:
         folder.mkdir(parents=True)
         lines = ["Metadata-Version: 2.1"]
         for key in FIELDS:
-            values = dist.get(key) or []
-            lines += [f"{key}: {v}" for v in (values if key in MULTI else [values])]
+            values = dist.get(key) if key in MULTI else [dist[key]] if dist.get(key) else []
+            lines += [f"{key}: {v}" for v in values or []]
         (folder / "METADATA").write_text("\n".join(lines) + "\n")
         (folder / "INSTALLER").write_text("wheelhouse-stand-in\n")
 
