@@ -45,10 +45,9 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def loss_precision(output: torch.Tensor) -> torch.Tensor:
-    """A model output as a loss takes it: half precision (autocast's bf16 / fp16 logits) in float32,
-    float32 and float64 as they are (a float64 run's loss stays float64, as the tests compare it)."""
-    return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
+# A model output as a loss takes it (bench_cli.core.metrics.full_precision: autocast's bf16 / fp16
+# logits in float32; a float64 run's loss stays float64, as the tests compare it).
+loss_precision = M.full_precision
 
 
 class TensorDictDataset(Dataset):
