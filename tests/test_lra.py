@@ -29,8 +29,9 @@ SMALL_GEN = dict(min_length=10, max_length=60, max_depth=10, max_args=10)
 
 
 # --- fixtures in the release formats ----------------------------------------------------------------
-def write_listops(directory: Path, seed: int = 0, n=(40, 10, 10)) -> None:
-    G.write_dataset(directory, num_train=n[0], num_val=n[1], num_test=n[2], seed=seed, **SMALL_GEN)
+def write_listops(directory: Path, seed: int = 0, n=(40, 10, 10), workers: int | None = None) -> None:
+    """``workers``: the generator's processes (the files are the same for any; 1 starts none)."""
+    G.write_dataset(directory, num_train=n[0], num_val=n[1], num_test=n[2], seed=seed, workers=workers, **SMALL_GEN)
 
 
 def write_aan(directory: Path) -> None:

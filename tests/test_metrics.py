@@ -45,6 +45,17 @@ def test_regression_metrics_are_on_the_raw_scale():
     assert totals(M.MSE(), batches) == pytest.approx(13 / 3)
 
 
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_regression_metrics_keep_the_targets_precision_under_half_precision_outputs(half):
+    """Under bf16 / fp16 autocast a regression head's output is half precision; the float32 targets
+    are not rounded to it (bf16 holds 300.7 as 300.0, fp16 holds 3000.7 as 3000.0)."""
+    y = torch.tensor([300.7, 3000.7])
+    out = torch.tensor([[300.0], [3000.0]], dtype=half)
+    errors = (out.float().squeeze(-1) - y).double()
+    assert totals(M.RMSE(), [(out, {"y": y})]) == pytest.approx(math.sqrt((errors ** 2).mean().item()))
+    assert totals(M.MAE(), [(out, {"y": y})]) == pytest.approx(errors.abs().mean().item())
+
+
 def test_mean_of_evaluator_values():
     batches = [(None, {"normalized_return": [10.0, 20.0]}), (None, {"normalized_return": torch.tensor([60.0])})]
     assert totals(M.Mean("normalized_return"), batches) == pytest.approx(30.0)

@@ -100,6 +100,11 @@ def check_settings(cfg: DictConfig) -> None:
     check_model_sizes(cfg)
     if protocol == "holdout" and OmegaConf.select(cfg, "task.val_fraction", default=None) is not None:
         _number(cfg, "task.val_fraction", minimum=0, maximum=1, exclusive=True)
+    _number(cfg, "task.test_fraction", minimum=0, maximum=1, exclusive=True, optional=True)
+    # rollouts (d4rl): an evaluation of no episode has no return to select or report
+    _number(cfg, "task.eval.test_episodes", minimum=1, integer=True, optional=True)
+    if protocol == "holdout":
+        _number(cfg, "task.eval.val_episodes", minimum=1, integer=True, optional=True)
 
 
 BACKBONE_SIZES = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff")

@@ -71,6 +71,13 @@ class Metric:
         return f"{self.name}.{key}"
 
 
+def full_precision(values: torch.Tensor) -> torch.Tensor:
+    """Half precision (autocast's bf16 / fp16 model outputs) in float32; float32 and float64 as they
+    are. A metric compares an output with its targets in this precision, never the targets rounded
+    to the output's half precision (bf16 keeps 8 bits: a regression target of 300.7 becomes 300)."""
+    return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+
+
 # --- classification -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Accuracy(Metric):
@@ -150,6 +157,7 @@ class RMSE(Metric):
     target: str = "y"
 
     def update(self, output, batch):
+        output = full_precision(output)
         y = batch[self.target].to(output.dtype)
         err = (output.reshape(y.shape) - y).double()
         return {self.stat("sse"): (err * err).sum(), self.stat("n"): float(y.numel())}
@@ -175,6 +183,7 @@ class MAE(Metric):
     target: str = "y"
 
     def update(self, output, batch):
+        output = full_precision(output)
         y = batch[self.target].to(output.dtype)
         return {self.stat("sae"): (output.reshape(y.shape) - y).abs().double().sum(),
                 self.stat("n"): float(y.numel())}

@@ -7,7 +7,8 @@ how it is evaluated. The trainer sees only what is declared here:
   whether a dataset is present (``check_data`` asks it; ``DATASETS`` restricts the names the task
   reads); ``protocols`` are the protocols the task supports, checked once, in ``setup(protocol)``,
   which then calls the task's ``make_splits(protocol)`` to fill ``splits`` ('train', 'test', and
-  'val' for holdout, e.g. with tasks.data.validation_split) with datasets of dict samples;
+  'val' for holdout, e.g. with tasks.data.validation_split) with datasets of dict samples, and
+  refuses in one line a training or evaluated split (``evaluated_splits``) without a sample;
   ``transform(split)`` (per-sample augmentation, applied in the DataLoader workers),
   ``collate(split)`` (batching, e.g. padding variable-length sequences) and
   ``sampler(split, dataset, generator)`` shape the loaders;
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from bench_cli.core import metrics as M
-from bench_cli.core.errors import unknown_choice
+from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.fetch import registered
 # the protocols are torch-free data (records and `ls runs` read them): re-exported as the task contract's
 from bench_cli.core.protocols import PAPER_SELECTIONS, PROTOCOL_SPLITS, PROTOCOLS, Protocol  # noqa: F401
@@ -45,10 +46,9 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def loss_precision(output: torch.Tensor) -> torch.Tensor:
-    """A model output as a loss takes it: half precision (autocast's bf16 / fp16 logits) in float32,
-    float32 and float64 as they are (a float64 run's loss stays float64, as the tests compare it)."""
-    return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
+# A model output as a loss takes it (bench_cli.core.metrics.full_precision: autocast's bf16 / fp16
+# logits in float32; a float64 run's loss stays float64, as the tests compare it).
+loss_precision = M.full_precision
 
 
 class TensorDictDataset(Dataset):
@@ -115,6 +115,9 @@ class Task:
     DATASETS: ClassVar[tuple[str, ...] | None] = None
     # The protocols the task supports ('holdout': a validation split selects; 'paper': TEST does).
     protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
+    # The settings that size a split carved from the data (tasks.data.validation_split, nmt's split),
+    # named when one comes out empty.
+    SPLIT_FRACTIONS: ClassVar[dict[str, str]] = {"val": "val_fraction", "test": "test_fraction"}
 
     def __init__(self, cfg, data_root: str | Path):
         self.cfg = cfg
@@ -181,6 +184,34 @@ class Task:
         self.make_splits(protocol)
         if protocol == "paper":
             self.splits.pop("val", None)
+        self.check_splits_hold_samples(protocol)
+
+    def evaluated_splits(self, protocol: str) -> tuple[str, ...]:
+        """The splits ``evaluate`` reads through the loaders under ``protocol`` (a task whose
+        evaluator reads no split, such as rollouts in an environment, returns none)."""
+        return ("val", "test") if PROTOCOL_SPLITS[protocol].holds_out else ("test",)
+
+    def check_splits_hold_samples(self, protocol: str) -> None:
+        """One line, before any training, for a split without a sample: an empty training split
+        trains nothing, and an empty evaluated one gives an evaluation without its metrics (the
+        selection metric missing at the first evaluation, whatever the schedule). A small dataset
+        under a fraction meant for a large one does that (nmt's 0.1 % validation pairs of a corpus
+        under 1,000 pairs)."""
+        for split in ("train", *self.evaluated_splits(protocol)):
+            if split not in self.splits or len(self.splits[split]) == 0:
+                raise UserError(f"{self.name}: the {split} split of {self.dataset_name} is empty "
+                                f"({self.split_size_settings(split)}); a run needs at least one {split} sample")
+
+    def split_size_settings(self, split: str) -> str:
+        """What decided the size of ``split``, for the message of an empty one."""
+        settings = []
+        fraction = self.SPLIT_FRACTIONS.get(split)
+        if fraction and self.cfg.get(fraction) is not None:
+            settings.append(f"task.{fraction}={self.cfg.get(fraction)}: raise it, or use a larger dataset")
+        subset = (self.cfg.get("subset") or {}).get(split)
+        if subset:
+            settings.append(f"task.subset.{split}={subset}")
+        return "; ".join(settings) or "the dataset has none"
 
     def make_splits(self, protocol: str) -> None:
         """Load and preprocess; fill ``self.splits`` with 'train', 'test' and (holdout) 'val'."""

@@ -121,6 +121,9 @@ class D4RLTask(Task):
         return torch.mean((output[mask] - batch["actions"][mask]) ** 2)
 
     # --- evaluation ---------------------------------------------------------------------------------
+    def evaluated_splits(self, protocol: str) -> tuple[str, ...]:
+        return ()  # rollouts in the environment: 'val' and 'test' are seeds of episodes, not data
+
     def targets(self) -> list[float]:
         return [float(t) for t in self.cfg.target_returns[self.env]]
 

@@ -67,6 +67,10 @@ def rollouts(model, env: str, seeds: list[int], target_return: float, *, state_m
         sel = torch.as_tensor(idx, device=device)
         pred = model(states=(states[sel, lo:t + 1] - mean) / std, actions=actions[sel, lo:t + 1],
                      returns_to_go=rtg[sel, lo:t + 1], timesteps=timesteps[lo:t + 1].expand(len(idx), -1))[:, -1]
+        # Under the evaluation's bf16 / fp16 autocast (trainer.precision) the action head's output
+        # is half precision: the history buffer (float32, what the next step's model reads) sets
+        # the dtype, and numpy, which the environment steps with, has no bfloat16.
+        pred = pred.to(actions.dtype)
         actions[sel, t] = pred
         for j, a in zip(idx, pred.cpu().numpy()):
             obs, reward, terminated, truncated, _ = envs[j].step(a)
