@@ -18,8 +18,8 @@ install: $(STAMP) ## Create .venv and install attnbench with every extra (torch 
 # Every extra (every family) and the test tools; constraints.txt holds this machine's CPU builds.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -qq torch==2.13.0
-	$(BIN)/pip install -qq -c constraints.txt -e '.[all,bench,test]'
+	$(BIN)/pip install -qq --no-compile torch==2.13.0
+	$(BIN)/pip install -qq --no-compile -c constraints.txt -e '.[all,bench,test]'
 	@touch $(STAMP)
 
 run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides

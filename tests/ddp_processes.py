@@ -1,8 +1,10 @@
-"""The processes of a distributed run for the tests, forked from the test's own process: each sets
-the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and calls the
-CLI's ``main``, as `attnbench run` under torchrun does. A fork inherits every module the test's
-process has imported (torch, Hydra, the task's readers: about 5 s of a fresh torchrun process on 2
-cores), so run something in-process first and the processes start at once."""
+"""The processes of a distributed run for the tests: each sets the variables torchrun sets (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and calls the CLI's ``main``, as `attnbench run`
+under torchrun does. They are forked from a forkserver that has imported the run's modules once
+(torch, Hydra, the engine: about 5 s of a fresh torchrun process on 2 cores), so they start at once.
+Not forked from the test's own process: after a test there has trained with two intra-op threads,
+GNU OpenMP's thread pool does not survive a fork and the child hangs in its first parallel region.
+"""
 from __future__ import annotations
 
 import multiprocessing
@@ -11,6 +13,10 @@ import signal
 import socket
 import sys
 from pathlib import Path
+
+
+# What the forkserver imports once, before it forks the processes of every run of the test process.
+PRELOADED = ["torch", "bench_cli.commands.cli", "bench_cli.engine.runner", "bench_cli.engine.trainer", "ddp_processes"]
 
 
 def free_port() -> int:
@@ -26,9 +32,15 @@ def as_one_process(monkeypatch) -> None:
         monkeypatch.setenv(k, v)
 
 
-def rank_main(rank: int, world: int, port: int, args: list[str], signal_at: tuple | None, log: str) -> None:
-    """One process of the run. ``signal_at`` = (rank, step, signal name): that signal to this process
-    after that optimiser step, when it is this rank (a real signal, through the run's handlers)."""
+def rank_main(rank: int, world: int, port: int, args: list[str], signal_at: tuple | None, log: str,
+              environment: dict, folder: str) -> None:
+    """One process of the run, in the test's environment and working folder (the forkserver has
+    those of the test that started it). ``signal_at`` = (rank, step, signal name): that signal to
+    this process after that optimiser step, when it is this rank (a real signal, through the run's
+    handlers)."""
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(folder)
     from bench_cli.commands.cli import main
     from bench_cli.engine.trainer import _Loop
 
@@ -58,10 +70,12 @@ def run_ranks(workdir: Path, args: list[str], signal_at: tuple | None = None, wo
     import torch.distributed as dist
 
     assert not dist.is_initialized()  # a forked process would inherit the group
-    fork = multiprocessing.get_context("fork")
+    fork = multiprocessing.get_context("forkserver")
+    fork.set_forkserver_preload(PRELOADED)
     port = free_port()
     logs = [str(Path(workdir) / f"rank{r}.log") for r in range(world)]
-    procs = [fork.Process(target=rank_main, args=(r, world, port, args, signal_at, logs[r])) for r in range(world)]
+    procs = [fork.Process(target=rank_main, args=(r, world, port, args, signal_at, logs[r], dict(os.environ), os.getcwd()))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:

@@ -4,8 +4,9 @@ writes one checkpoint with both processes' random states and pending losses, bot
 interrupted; the same command again resumes each process from its own part, to the record of an
 uninterrupted run (every column but times, dates and paths).
 
-The two processes are forked from the test's own process after one run in it (tests/ddp_processes.py:
-a torchrun process would import torch, Hydra and the readers again, about 5 s each on 2 cores).
+The two processes are forked from a forkserver that has imported a run's modules once
+(tests/ddp_processes.py: a torchrun process would import torch, Hydra and the readers again, about
+5 s each on 2 cores).
 """
 from __future__ import annotations
 
@@ -27,25 +28,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 # stream, which the checkpoint must give back to each
 DDP = [*UEA, "trainer.strategy=ddp", "trainer.max_epochs=2", "task.backbone.dropout=0.1"]
 
-WARM: list = []  # this process has run the path once: its forks inherit the modules it imported
-
-
-def warm_up() -> None:
-    """One tiny run in this process first (once), so that the forked processes do not each import
-    what a run imports on its way (the data readers, DDP: about 5 s of a cold process on 2 cores)."""
-    if not WARM:
-        import torch.nn.parallel  # noqa: F401  (DistributedDataParallel, with torch's compiler stack)
-
-        main(["run", *UEA, "trainer.max_epochs=1", "trainer.checkpoint.enabled=false", "results.path=warm/res.csv"])
-        WARM.append(True)
-
-
 def test_a_signal_to_one_process_stops_both_at_one_step_and_they_resume_to_the_uninterrupted_record(
         uea_fixture, workdir):
     """Rank 1 SIGTERMed after step 2 (rank 0 has no signal): both stop after step 3, inside epoch
     1, so the resumed processes draw their DistributedSampler shards of that epoch again and skip
     3 batches; rank 0's checkpoint holds both processes' random states."""
-    warm_up()
     codes, output = run_ranks(workdir, [*DDP, "results.path=straight/res.csv"])
     assert codes == [0, 0], output
     reference = read_records("straight/res.csv")[-1]
@@ -74,7 +61,6 @@ def test_a_signal_to_rank_0_stops_both_and_one_process_refuses_their_checkpoint(
     """Rank 0 SIGUSR1ed (Slurm's warning) after step 5: rank 1 stops after step 6 with it. Each
     process resumes its own random streams, so the checkpoint of 2 processes resumed by 1 (the same
     job: ``trainer.strategy=ddp`` on one process) is one line, before anything trains."""
-    warm_up()
     codes, output = run_ranks(workdir, [*DDP, "results.path=res.csv"], (0, 5, "SIGUSR1"))
     assert codes == [128 + signal.SIGUSR1] * 2, output
     first = read_records("res.csv")[-1]

@@ -24,13 +24,14 @@ def optuna_installed():
 def load_study(**kwargs):
     import optuna
 
-    return load_study(**kwargs)
+    return optuna.load_study(**kwargs)
 
 
 def study_summaries(storage: str) -> list:
     import optuna
 
-    return study_summaries(storage)
+    return optuna.get_all_study_summaries(storage)
+
 
 SEARCH = ["hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_jobs=2",
           "trainer.optimizer.lr=tag(log, interval(1e-4,1e-1))", "task.backbone.dropout=interval(0,0.3)"]

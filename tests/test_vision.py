@@ -527,7 +527,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(work
     DistributedSampler's permutation), the averaged gradients, the summed evaluation statistics:
     the same numbers; rank 0 alone writes the record. The one-process run is a process group of
     one in the test's own process, set up from the variables torchrun would set; the 2 processes
-    are forked from it after (tests/ddp_processes.py: they start with its modules imported)."""
+    are forked from a forkserver that has imported a run's modules (tests/ddp_processes.py)."""
     from bench_cli.commands.cli import main
     from ddp_processes import as_one_process, run_ranks
 
