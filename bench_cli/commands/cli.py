@@ -306,20 +306,42 @@ def _ls_tasks() -> None:
 
 
 def _ls_datasets(data_root: Path) -> None:
+    """Every task's datasets under a heading with the command that fetches them: whether each is
+    here and the path it is read from (or would be: a user without internet puts the files there
+    by hand), relative to the data root, which is named once."""
+    from rich.markup import escape
+
+    from bench_cli.core.ui import show_groups
     from tasks import available_tasks, task_class  # the fetchers answer: this listing imports the families
     from tasks.fetch import fetcher
 
-    rows = []
+    shown = {"local": "[green]local[/]", "package": "[cyan]in package[/]", "missing": "[dim]missing[/]",
+             "damaged": "[red]damaged[/]"}
+    groups = []
     for name in available_tasks():
         cls = task_class(name)
-        for ds in cls.datasets(data_root):
-            status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
-            style = {"local": "green", "package": "cyan", "missing": "dim", "damaged": "red"}[status]
-            shown = {"local": "local", "package": "in package",
-                     "missing": f"missing: attnbench data {cls.fetcher} {ds}",
-                     "damaged": f"damaged: attnbench data {cls.fetcher} {ds} --force"}[status]
-            rows.append([name, ds, f"[{style}]{shown}[/]"])
-    show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
+        source, names = fetcher(cls.fetcher), cls.datasets(data_root)
+        rows = [[ds, shown[source.status(ds, data_root)], escape(_relative(source.location(ds, data_root), data_root))]
+                for ds in names]
+        by_name = " DATASET" if set(names) <= set(source.datasets(data_root)) else ""  # the LRA release: as a whole
+        groups.append((f"[bold]{name}[/]  (attnbench data {source.name}{by_name})", rows))
+    console.print(f"[bold]datasets[/] (data root: {data_root})", soft_wrap=True, highlight=False)
+    show_groups(groups)
+    console.print("Paths are relative to the data root (paths.data_root=DIR or ATTNBENCH_DATA moves it); in "
+                  "package: to the installed packages (site-packages). missing: the command beside its task "
+                  "fetches it, or put the files at its path by hand; damaged: fetch it again with --force.",
+                  highlight=False)
+
+
+def _relative(location: str, data_root: Path) -> str:
+    """A fetcher's location as `ls datasets` shows it: under the data root relative to it, an
+    installed package's copy relative to site-packages, the home folder as ~; '-' when it says none."""
+    import sysconfig
+
+    text = location.replace(f"{data_root}/", "")
+    for lib in dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")):
+        text = text.replace(f"{lib}/", "")
+    return text.replace(f"{Path.home()}/", "~/") or "-"
 
 
 def _model_row(model: str, names: list[str], known: dict[str, dict]) -> list[str]:
