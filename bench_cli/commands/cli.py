@@ -35,8 +35,9 @@ commands:
                          print the config
   ls [tasks|datasets|models|experiments|runs]
                          list what can be run, which datasets are available
-                         locally, and the runs made (ls runs: the latest 20
-                         runs, their status and folders; --all)
+                         locally and where each is read from, and the runs made
+                         (ls runs: the latest 20 runs, their status and
+                         folders; --all)
   data TASK [NAME]       put a dataset under the data root (copy from a package,
                          download, --generate)
   sweep [--dry-run] [--force] [overrides]
@@ -66,9 +67,10 @@ commands:
   check-attention NAME [--length N ...] [KEY=VALUE ...]
                          conformance suite of a registered attention (built-in
                          or plugin)
-  smoke [--device cuda|cpu] [--only TASK,...]
+  smoke [--device cuda|cpu] [--only TASK,...] [--data-root DIR] [--require-data]
                          every family briefly on every GPU (fp32, autocast, DDP,
-                         profile); results/smoke/
+                         profile); results/smoke/; a family without its data
+                         trains on synthetic inputs (--require-data: fails)
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions
 model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
@@ -475,7 +477,7 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_
             "check-attention": lazy("bench_cli.commands.check_attention:cmd_check_attention"),
             "bench-cli": lazy("bench_cli.commands.profile.cli_speed:main"),
             "bench-overhead": lazy("bench_cli.commands.profile.overhead:main"),  # a job against a bare loop (issue 21)
-            "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family (issue 37)
+            "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family
             "evaluate": lazy("bench_cli.commands.evaluate:cmd_evaluate")}
 
 
