@@ -1,4 +1,4 @@
-# GPU smoke check (issue 37): docs/gpu.md "GPU machine".
+# GPU smoke check: docs/gpu.md "GPU machine".
 .PHONY: smoke-gpu
 
 smoke-gpu: install ## Every family briefly on every visible GPU, fp32 and autocast, DDP, CUDA timing: results/smoke/; no GPU: one line, exit 2

@@ -225,6 +225,11 @@ def hf_cache_folders(repo: str) -> list[Path]:
     return [datasets_cache / repo.replace("/", "___"), hub_cache / f"datasets--{repo.replace('/', '--')}"]
 
 
+def hf_cache_copy(repo: str) -> Path | None:
+    """The folder of a cached copy of the hub dataset ``repo`` (:func:`hf_cache_folders`), or None."""
+    return next((p for p in hf_cache_folders(repo) if p.is_dir()), None)
+
+
 def load_hf_dataset(path: str, config: str | None = None, *, missing: str, **kwargs):
     """``datasets.load_dataset(path, config)`` from the HF cache or the hub. When offline mode is
     set, or the hub does not answer within seconds, only the local cache is tried, so a missing

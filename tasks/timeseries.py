@@ -152,6 +152,11 @@ class TsArchiveFetcher(Fetcher):
             return "local"
         return "package" if packaged_dir(dataset) else "missing"
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        """The folder of ``<Name>_TRAIN.ts`` and ``<Name>_TEST.ts``: under the data root, else
+        sktime's copy."""
+        return f"{self.locate(dataset, data_root) or self.local_dir(data_root, dataset)}/"
+
     def locate(self, name: str, data_root: Path) -> Path | None:
         d = self.local_dir(data_root, name)
         return d if has_files(d, name) else packaged_dir(name)

@@ -35,8 +35,9 @@ commands:
                          print the config
   ls [tasks|datasets|models|experiments|runs]
                          list what can be run, which datasets are available
-                         locally, and the runs made (ls runs: the latest 20
-                         runs, their status and folders; --all)
+                         locally and where each is read from, and the runs made
+                         (ls runs: the latest 20 runs, their status and
+                         folders; --all)
   data TASK [NAME]       put a dataset under the data root (copy from a package,
                          download, --generate)
   sweep [--dry-run] [--force] [overrides]
@@ -66,9 +67,10 @@ commands:
   check-attention NAME [--length N ...] [KEY=VALUE ...]
                          conformance suite of a registered attention (built-in
                          or plugin)
-  smoke [--device cuda|cpu] [--only TASK,...]
+  smoke [--device cuda|cpu] [--only TASK,...] [--data-root DIR] [--require-data]
                          every family briefly on every GPU (fp32, autocast, DDP,
-                         profile); results/smoke/
+                         profile); results/smoke/; a family without its data
+                         trains on synthetic inputs (--require-data: fails)
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions
 model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
@@ -306,20 +308,42 @@ def _ls_tasks() -> None:
 
 
 def _ls_datasets(data_root: Path) -> None:
+    """Every task's datasets under a heading with the command that fetches them: whether each is
+    here and the path it is read from (or would be: a user without internet puts the files there
+    by hand), relative to the data root, which is named once."""
+    from rich.markup import escape
+
+    from bench_cli.core.ui import show_groups
     from tasks import available_tasks, task_class  # the fetchers answer: this listing imports the families
     from tasks.fetch import fetcher
 
-    rows = []
+    shown = {"local": "[green]local[/]", "package": "[cyan]in package[/]", "missing": "[dim]missing[/]",
+             "damaged": "[red]damaged[/]"}
+    groups = []
     for name in available_tasks():
         cls = task_class(name)
-        for ds in cls.datasets(data_root):
-            status = fetcher(cls.fetcher).status(ds, data_root)  # presence: the fetcher's answer alone
-            style = {"local": "green", "package": "cyan", "missing": "dim", "damaged": "red"}[status]
-            shown = {"local": "local", "package": "in package",
-                     "missing": f"missing: attnbench data {cls.fetcher} {ds}",
-                     "damaged": f"damaged: attnbench data {cls.fetcher} {ds} --force"}[status]
-            rows.append([name, ds, f"[{style}]{shown}[/]"])
-    show_table(f"datasets (data root: {data_root})", ["task", "dataset", "status"], rows)
+        source, names = fetcher(cls.fetcher), cls.datasets(data_root)
+        rows = [[ds, shown[source.status(ds, data_root)], escape(_relative(source.location(ds, data_root), data_root))]
+                for ds in names]
+        by_name = " DATASET" if set(names) <= set(source.datasets(data_root)) else ""  # the LRA release: as a whole
+        groups.append((f"[bold]{name}[/]  (attnbench data {source.name}{by_name})", rows))
+    console.print(f"[bold]datasets[/] (data root: {data_root})", soft_wrap=True, highlight=False)
+    show_groups(groups)
+    console.print("Paths are relative to the data root (paths.data_root=DIR or ATTNBENCH_DATA moves it); in "
+                  "package: to the installed packages (site-packages). missing: the command beside its task "
+                  "fetches it, or put the files at its path by hand; damaged: fetch it again with --force.",
+                  highlight=False)
+
+
+def _relative(location: str, data_root: Path) -> str:
+    """A fetcher's location as `ls datasets` shows it: under the data root relative to it, an
+    installed package's copy relative to site-packages, the home folder as ~; '-' when it says none."""
+    import sysconfig
+
+    text = location.replace(f"{data_root}/", "")
+    for lib in dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")):
+        text = text.replace(f"{lib}/", "")
+    return text.replace(f"{Path.home()}/", "~/") or "-"
 
 
 def _model_row(model: str, names: list[str], known: dict[str, dict]) -> list[str]:
@@ -453,7 +477,7 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_
             "check-attention": lazy("bench_cli.commands.check_attention:cmd_check_attention"),
             "bench-cli": lazy("bench_cli.commands.profile.cli_speed:main"),
             "bench-overhead": lazy("bench_cli.commands.profile.overhead:main"),  # a job against a bare loop (issue 21)
-            "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family (issue 37)
+            "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family
             "evaluate": lazy("bench_cli.commands.evaluate:cmd_evaluate")}
 
 

@@ -37,6 +37,14 @@ class Fetcher:
         'damaged' (there, but a file that says what it holds cannot be read: fetch it again)."""
         raise NotImplementedError
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        """Where ``dataset`` is read from, or would be read from once its files are there: what
+        `attnbench ls datasets` shows, so that on a node without internet the files can be put
+        there by hand. A path, under the data root unless the dataset is read from elsewhere (an
+        installed package's copy, the HF cache); a folder ends in '/', files are a pattern
+        ('basic_{train,val,test}.tsv'). '' when the fetcher does not say."""
+        return ""
+
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         """One line: which files are missing, where they go, and the command that fetches them."""
         return f"{self.name} dataset {dataset} not found under {data_root}: run `attnbench data {self.name} {dataset}`"

@@ -104,6 +104,27 @@ def show_table(title: str, headers: list[str], rows: list[list[str]], *, caption
         out.print(caption, soft_wrap=True)
 
 
+def show_groups(groups: list[tuple[str, list[list[str]]]], *, out: Console | None = None) -> None:
+    """Rows under headings: each group's columns as wide as its widest cell, two spaces apart,
+    indented by two. A row wider than the console moves its last cell (a path, say) to a line of
+    its own below it, indented by four, so that no cell is ever cut or folded. Cells may hold rich
+    markup; widths are measured on the plain text."""
+    out = out or console
+    for heading, rows in groups:
+        out.print(heading, soft_wrap=True, highlight=False)
+        plain = [[Text.from_markup(c).plain for c in r] for r in rows]
+        widths = [max(len(r[i]) for r in plain) for i in range(len(plain[0]) - 1)] if plain else []
+        for r, p in zip(rows, plain):
+            cells = [Text.from_markup(c) + " " * (w - len(t)) for c, t, w in zip(r, p, widths)]
+            line = Text("  ") + Text("  ").join(cells)
+            if len(line.plain) + 2 + len(p[-1]) <= out.width:
+                out.print(line + Text("  ") + Text.from_markup(r[-1]), soft_wrap=True, highlight=False)
+            else:
+                line.rstrip()
+                out.print(line, soft_wrap=True, highlight=False)
+                out.print(Text("    ") + Text.from_markup(r[-1]), soft_wrap=True, highlight=False)
+
+
 def human(n, unit="") -> str:
     if n in (None, ""):
         return "-"

@@ -53,6 +53,11 @@ def dataset_file(dataset: str, data_root: Path) -> Path | None:
     return None
 
 
+def expected_file(dataset: str, data_root: Path) -> Path:
+    """Where a dataset's HDF5 goes: D4RL's file name for its nine, ``<name>.hdf5`` for others."""
+    return d4rl_root(data_root) / (d4rl_filename(dataset) if dataset in D4RL_DATASETS else f"{dataset}.hdf5")
+
+
 @register_task
 class D4RLTask(Task):
     name = "d4rl"
@@ -188,8 +193,11 @@ class D4RLFetcher(Fetcher):
     def status(self, dataset: str, data_root: Path) -> str:
         return "local" if dataset_file(dataset, data_root) else "missing"
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        return str(dataset_file(dataset, data_root) or expected_file(dataset, data_root))
+
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
-        where = d4rl_root(data_root) / (d4rl_filename(dataset) if dataset in D4RL_DATASETS else f"{dataset}.hdf5")
+        where = expected_file(dataset, data_root)
         return (f"D4RL dataset '{dataset}' not found: put it at {where}"
                 + (f" (`attnbench data d4rl {dataset}` downloads it)" if dataset in D4RL_DATASETS else ""))
 

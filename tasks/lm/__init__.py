@@ -225,6 +225,14 @@ class WikiTextFetcher(Fetcher):
         cache = Path(data_root).expanduser() / "lm_cache"
         return "local" if dataset in FOLDERS and any(cache.glob(f"wikitext-{dataset}-hf-*.pt")) else "missing"
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        """Its folder's three files, else the copy tokenised from the HF cache's (lm_cache/)."""
+        folder = dataset_folder(dataset, data_root)
+        tokenised = sorted((Path(data_root).expanduser() / "lm_cache").glob(f"wikitext-{dataset}-hf-*.pt"))
+        if not has_files(folder) and dataset in FOLDERS and tokenised:
+            return str(tokenised[0])
+        return f"{folder}/wiki.{{train,valid,test}}.tokens"
+
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         return missing_message(dataset, data_root)
 

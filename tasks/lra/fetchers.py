@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
-from tasks.data import download, load_hf_dataset, unpack
+from tasks.data import download, hf_cache_copy, load_hf_dataset, unpack
 from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.lra.data import (IMDB_HF, LISTOPS_DATASETS, PATHFINDER_DEFAULT, PATHFINDER_DIFFICULTIES, aan_files, acl_dir,
                             cache_dir, generated_listops_dir, listops_files, pathfinder_dir, release_candidates)
@@ -91,6 +91,16 @@ class LRAReleaseFetcher(Fetcher):
         else:
             present = any((b / "listops-1000").is_dir() for b in release_candidates(data_root))
         return "local" if present else "missing"
+
+    def location(self, dataset: str, data_root: Path) -> str:
+        """Retrieval's split files, Pathfinder's folder (LRA's difficulty), the release's folder."""
+        release = next((b for b in release_candidates(data_root) if b.is_dir()), release_candidates(data_root)[0])
+        if dataset == "aan":
+            files = aan_files(data_root)
+            return f"{files['train'].parent if files else release / 'tsv_data'}/new_aan_pairs.{{train,eval,test}}.tsv"
+        if dataset == "pathfinder32":
+            return f"{pathfinder_dir(data_root) or release / 'pathfinder32' / PATHFINDER_DEFAULT}/"
+        return f"{release}/"
 
     def missing_message(self, dataset: str, data_root: Path, difficulty: str = PATHFINDER_DEFAULT, **options) -> str:
         root = Path(data_root).expanduser()
@@ -217,6 +227,12 @@ class ListOpsFetcher(Fetcher):
             generated_listops_dir(data_root) / "generator.json")
         return "damaged" if damaged else "local"
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        files = listops_files(dataset, data_root)
+        folder = (files["train"].parent if files else generated_listops_dir(data_root) if dataset == "listops_generated"
+                  else release_candidates(data_root)[0] / "listops-1000")
+        return f"{folder}/basic_{{train,val,test}}.tsv"
+
     def missing_message(self, dataset: str, data_root: Path, generator=None, **options) -> str:
         root = Path(data_root).expanduser()
         if dataset == "listops_generated":
@@ -315,6 +331,14 @@ class IMDBFetcher(Fetcher):
             return "local"
         return "missing"
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        """aclImdb/ unpacked, else the copy tokenised from the HF cache's (lra_cache/), else the HF
+        cache's copy."""
+        tokenised, hf = sorted(cache_dir(data_root).glob("text-imdb-*.pt")), hf_cache_copy(IMDB_HF)
+        if acl_dir(data_root) is None and (tokenised or hf):
+            return str(tokenised[0]) if tokenised else f"{hf}/"
+        return f"{Path(data_root).expanduser() / 'aclImdb'}/{{train,test}}/{{pos,neg}}/*.txt"
+
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         return imdb_missing_message(data_root)
 
@@ -347,6 +371,11 @@ class CIFAR10Fetcher(Fetcher):
         from tasks.vision.datasets import cifar_dir
 
         return "local" if cifar_dir("cifar10", data_root) else "missing"
+
+    def location(self, dataset: str, data_root: Path) -> str:
+        from tasks.vision.datasets import cifar_dir
+
+        return f"{cifar_dir('cifar10', data_root) or Path(data_root).expanduser() / 'cifar-10-batches-py'}/"
 
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         return (f"CIFAR-10 not found: put the python version (data_batch_1..5, test_batch, batches.meta) in "

