@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("bench_cli", "tasks", "models", "conf", "tests", "pyproject.toml")
 

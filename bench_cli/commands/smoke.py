@@ -20,8 +20,8 @@ A failed check's reason is the run's own error: the ``error`` column of the reco
 merely the last line of its output (on CUDA that was the source line of a warning).
 
 On the CPU (``--device cpu``; the test suite runs this plan in-process, tests/test_smoke_plan.py)
-every check is smaller: batches of 2, subsets of 16/8/8 samples, LRA Text and Retrieval at 256
-bytes, DeiT at 32 pixels; float32 and bf16 (the trainer refuses fp16 on the CPU).
+every check is smaller: batches of 2, subsets of 32/16/16 samples (CPU_SUBSETS), LRA Text and
+Retrieval at 256 bytes, DeiT at 32 pixels, nmt decoding 10 tokens, d4rl's rollouts 20 steps; float32 and bf16 (the trainer refuses fp16 on the CPU).
 
 Each check prints one line (ok, or failed and its reason); the records go to ``<out>/records.csv``
 and ``<out>/profile.csv`` (not results/runs.csv), the check lines to ``<out>/checks.csv``. Exit
