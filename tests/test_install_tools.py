@@ -131,3 +131,23 @@ def test_build_refuses_another_python_in_one_line(tmp_path, capsys):
 
 def test_build_requirements_are_the_projects_build_system():
     assert wheelhouse.build_requirements([f"{ROOT}[vision,rl,text]", "numpy>=2"]) == ["setuptools>=64"]
+
+
+def test_uv_is_pointed_at_the_sources_pip_is_configured_with():
+    """`make install` runs uv with pip's package sources (tools/pip_sources.py): the find-links folder
+    holding this machine's CPU torch, the local indexes, the constraints file, every index alike."""
+    import pip_sources
+
+    listed = ("global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'\n"
+              "global.find-links='/opt/wheels'\n"
+              "global.constraint='/etc/xdg/pip/constraints.txt'\n"
+              "global.index-url='https://mirror.example/simple'\n"
+              ":env:.index-url='https://env.example/simple'\n"
+              ":env:.default-timeout='180'\n")
+    env = pip_sources.uv_environment(pip_sources.pip_settings(listed))
+    assert env == {"UV_INDEX_STRATEGY": "unsafe-best-match",
+                   "UV_DEFAULT_INDEX": "https://env.example/simple",  # PIP_INDEX_URL wins over the file
+                   "UV_EXTRA_INDEX_URL": "file:///opt/a/simple file:///opt/b/simple",
+                   "UV_FIND_LINKS": "/opt/wheels", "UV_CONSTRAINT": "/etc/xdg/pip/constraints.txt"}
+    assert pip_sources.uv_environment(pip_sources.pip_settings("")) == {"UV_INDEX_STRATEGY": "unsafe-best-match"}
+    assert pip_sources.uv_environment({"no-index": "true"})["UV_NO_INDEX"] == "1"
