@@ -158,17 +158,26 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
 
 def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure():
     """The setup's objects are out of the collector's sight while training only: a sweep worker's
-    next job must be able to collect them, also after a job that failed."""
+    next job must be able to collect them, also after a job that failed. A process that froze
+    objects of its own before the run (this test worker: tests/conftest.py) keeps them frozen."""
     import gc
 
     from bench_cli.engine.runner import setup_frozen
 
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(RuntimeError):
-        with setup_frozen():
-            assert gc.get_freeze_count() > 0
-            raise RuntimeError("a job that fails while training")
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # a process that has frozen nothing, as `attnbench run` and a sweep worker start
+    try:
+        with pytest.raises(RuntimeError):
+            with setup_frozen():
+                assert gc.get_freeze_count() > 0
+                raise RuntimeError("a job that fails while training")
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.collect()
+        gc.freeze()  # the worker's own freeze, as conftest made it
+    frozen = gc.get_freeze_count()
+    with setup_frozen():
+        pass
+    assert gc.get_freeze_count() == frozen, "a run undid the freeze of the process that called it"
 
 
 def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages(uea_fixture, workdir, capsys):

@@ -139,7 +139,16 @@ def write_phases(run_dir: Path, **extra) -> None:
 def setup_frozen():
     """While training, the setup's objects (configs, modules, datasets: far more than a bare loop
     holds) are out of the cyclic collector's sight, so its collections during training do not walk
-    them again (gc.freeze); unfrozen after, so a sweep worker's next job can collect them."""
+    them again (gc.freeze); unfrozen after, so a sweep worker's next job can collect them.
+
+    A process that has frozen objects of its own before the run (a test worker freezes torch, Hydra
+    and its test modules once collected; a program that embeds the run) keeps them frozen: the run
+    then neither collects nor freezes, because gc.unfreeze() cannot tell its objects from the
+    caller's and would hand all of them back to every later full collection (in the test suite, a
+    second of CPU for each of the hundreds of runs made in one worker)."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.collect()
     gc.freeze()
     try:
