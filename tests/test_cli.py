@@ -142,10 +142,10 @@ def test_missing_dataset_says_where_and_how(capsys, workdir):
 
 def test_a_grid_with_missing_data_is_refused_before_every_job_is_composed(capsys, workdir, monkeypatch):
     """Table 1's 200 jobs: one job per dataset is composed to find the missing data (not all 200)."""
-    from bench_cli.commands import sweep
+    from bench_cli.commands.sweep import plan
 
-    real, composed = sweep.plan_job, []
-    monkeypatch.setattr(sweep, "plan_job", lambda *a: composed.append(a) or real(*a))
+    real, composed = plan.plan_job, []
+    monkeypatch.setattr(plan, "plan_job", lambda *a: composed.append(a) or real(*a))
     err = fail_line(capsys, "sweep", "experiment=primal_dual/table1")
     assert "(and 8 more datasets); or restrict the dataset axis to what is here: task.dataset=JapaneseVowels" in err
     assert len(composed) == 10

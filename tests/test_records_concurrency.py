@@ -91,7 +91,7 @@ def test_claims_skip_live_processes_and_take_over_dead_ones(tmp_path, sleeper):
 def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,
                                                                      capsys):
     args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
-    jobs = S.plan(args)
+    jobs = S.plan_sweep(args).jobs
     res = workdir / "res.csv"
     hold_claim(res, jobs[1].key, sleeper.pid, process_start=start_time(sleeper.pid))
     capsys.readouterr()
@@ -144,7 +144,7 @@ def test_a_claim_from_another_host_is_respected_while_fresh_and_taken_over_when_
     is fresh and stale after the time-to-live; the sweep then takes it over in one line naming the
     host, the pid and the last heartbeat."""
     args = [*tiny(workdir), "trainer.num_threads=1"]
-    (job,) = S.plan(args)
+    (job,) = S.plan_sweep(args).jobs
     res = workdir / "res.csv"
     hold_claim(res, job.key, 4242, host="node42", heartbeat=ago(30))
     capsys.readouterr()

@@ -10,6 +10,7 @@ import pytest
 
 from bench_cli.config import compose as C
 from bench_cli.commands import sweep as S
+from bench_cli.commands.sweep.plan import multirun_config
 from bench_cli.commands.cli import main
 from bench_cli.results.records import read_records
 
@@ -44,7 +45,7 @@ def rewrite(path: Path, rows: list[dict]) -> None:
 @pytest.mark.slow
 def test_joblib_sweep_resumes_and_records_failures(uea_fixture, workdir, capsys):
     args = [*tiny(workdir), "model=softmax,attention_bn", "seed=0,1", "hydra/launcher=joblib_cpu"]
-    planned = {j.key for j in S.plan([a for a in args if not a.startswith("hydra/")])}
+    planned = {j.key for j in S.plan_sweep([a for a in args if not a.startswith("hydra/")]).jobs}
     assert len(planned) == 4
 
     assert sweep(*args) == 0
@@ -139,7 +140,7 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
     sweep = S.plan_sweep(args)
     assert len(sweep.jobs) == 4 * 2
     returns = S.launch(sweep, sweep.jobs)
-    assert [S._error_of(r) for r in returns] == [None] * len(sweep.jobs)
+    assert [S.error_of(r) for r in returns] == [None] * len(sweep.jobs)
     assert [as_dict(c) for c in fake_runs] == [as_dict(j.cfg) for j in sweep.jobs]
     assert [r["job_key"] for r in read_records(workdir / "res.csv")] == [j.key for j in sweep.jobs]
     assert "[sweep 8/8] ok" in capsys.readouterr().out
@@ -174,7 +175,7 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
     shared = S.plan_sweep(args)
     shared_parses, parsed[:] = len(parsed), []
     assert ConfigRepository.load_config is counting
-    monkeypatch.setattr(S.C, "shared_config_files", nullcontext)
+    monkeypatch.setattr(C, "shared_config_files", nullcontext)
     C._group_defaults.cache_clear()
     alone = S.plan_sweep(args)
     assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
@@ -186,7 +187,7 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
 def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, workdir, fake_runs, capsys):
     sweep = S.plan_sweep([*tiny(workdir), "seed=0,1"])
     sweep.jobs[1].key = "0" * 16  # as if the launcher's process composed another config
-    errors = [S._error_of(r) for r in S.launch(sweep, sweep.jobs)]
+    errors = [S.error_of(r) for r in S.launch(sweep, sweep.jobs)]
     assert errors[0] is None and isinstance(errors[1], S.PlanMismatchError)
     assert "the plan has 0000000000000000" in str(errors[1]) and len(fake_runs) == 1  # nothing run for it
 
@@ -213,7 +214,7 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
     from bench_cli.results import records
 
     differences = []
-    with S._multirun(overrides, None) as (app, master), C.shared_config_files():
+    with multirun_config(overrides, None) as (app, master), C.shared_config_files():
         composer, by_choices = C.JobComposer(app, master), {}
         for job in S.job_overrides(app, master):
             by_choices.setdefault(composer.split(job)[0], []).append(tuple(job))
@@ -260,12 +261,12 @@ def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_rese
     assert differences == [f"model=attention_bn seed={seed} trainer.max_epochs=3: {what}" for seed in (0, 1)
                            for what in ("job_key", "config in place", "config resolved in place", "config of its own")]
     # values set in place and not reset: a job without trainer.max_epochs after one with it
-    with S._multirun([], None) as (app, master):
+    with multirun_config([], None) as (app, master):
         composer = C.JobComposer(app, master)
         fresh = as_dict(S.plan_job(C.JobComposer(app, master), ["seed=1"]).cfg)
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
         assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) == fresh
-        monkeypatch.setattr(S.C, "_replaced_values", lambda cfg, values: [])  # nothing to reset
+        monkeypatch.setattr(C, "_replaced_values", lambda cfg, values: [])  # nothing to reset
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
         assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) != fresh
 
@@ -276,7 +277,7 @@ def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeyp
     import os
     import time
 
-    with S._multirun(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
+    with multirun_config(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
         grid = S.job_overrides(app, master)
         here, shared = C.JobComposer(app, master), C.JobComposer(app, master)
         monkeypatch.setattr(C.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -323,7 +324,7 @@ def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs,
     """A finished job (an ok record with its job_key) is skipped by the plan and never launched;
     --force launches it again. The jobs that run get the plan's numbers ([sweep 2/3])."""
     args = [*tiny(workdir), "seed=0,1,2"]
-    jobs = S.plan(args)
+    jobs = S.plan_sweep(args).jobs
     from bench_cli.results import records
 
     records.append_record(workdir / "res.csv", {"run_id": "earlier", "status": "ok", "job_key": jobs[0].key})
@@ -367,7 +368,7 @@ def grid(*overrides: str) -> list:
     """The planned jobs (each composed by Hydra). Tests narrow the grids they compose: a job's
     composition takes a fraction of a second, and the axes they do not check are counted with
     ``S.expand_grid`` (which composes nothing but the multirun config)."""
-    return S.plan(list(overrides))
+    return S.plan_sweep(list(overrides)).jobs
 
 
 def test_every_experiment_composes_and_lists_its_grid():

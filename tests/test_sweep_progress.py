@@ -1,4 +1,4 @@
-"""A sweep's overall progress (bench_cli/commands/sweep_progress.py, docs/progress.md): jobs done /
+"""A sweep's overall progress (bench_cli/commands/sweep/progress.py, docs/progress.md): jobs done /
 failed / running / to go and a time left, read from the records and claims the jobs write, shown
 as plain lines when redirected and as a live line on a terminal, for every launcher."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from bench_cli.commands import sweep as S
-from bench_cli.commands import sweep_progress as P
+from bench_cli.commands.sweep import progress as P
+from bench_cli.commands.sweep.job import job_line_head, job_printer
 from bench_cli.core import ui
 from bench_cli.results import records
 from test_sweep import sweep, tiny
@@ -80,10 +81,10 @@ def test_a_job_in_a_worker_process_clears_the_sweeps_live_line_in_the_same_write
     out = io.StringIO()
     monkeypatch.setattr(ui, "console", ui.Console(file=out, force_terminal=True, width=100))
     plan = S.JobPlan({}, 1, sweep_pid=os.getpid() + 1, live_line=True)
-    S._job_printer(plan)(f"{S._head(0, 1)} [cyan]start[/]   uea/Fixture softmax seed=0")
+    job_printer(plan)(f"{job_line_head(0, 1)} [cyan]start[/]   uea/Fixture softmax seed=0")
     assert out.getvalue().startswith("\r\x1b[2K[sweep 1/1] ")
     out.truncate(0), out.seek(0)
-    S._job_printer(S.JobPlan({}, 1, sweep_pid=os.getpid(), live_line=True))("in the sweep's own process")
+    job_printer(S.JobPlan({}, 1, sweep_pid=os.getpid(), live_line=True))("in the sweep's own process")
     assert out.getvalue() == "in the sweep's own process\n"  # rich's live display prints it above the line
 
 

@@ -560,11 +560,11 @@ def test_every_vision_experiment_job_composes_and_its_model_fits_and_builds():
     """Every job of every vision table's grid: composes, its attentions fill the task's roles and
     its model builds (on synthetic shapes: no dataset needed); Super's l is the config's tokens."""
     from bench_cli.config.taskfit import build_task, check_model_fits_task
-    from bench_cli.commands.sweep import plan
+    from bench_cli.commands.sweep import plan_sweep
 
     seen = set()
     for name in VISION_EXPERIMENTS:
-        jobs = plan([f"experiment={name}", "seed=0"])  # every axis but the seeds
+        jobs = plan_sweep([f"experiment={name}", "seed=0"]).jobs  # every axis but the seeds
         assert jobs, name
         for job in jobs:
             cfg = job.cfg

@@ -79,7 +79,7 @@ model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
 
 
 # --- run ------------------------------------------------------------------------------------
-def _run_job(cfg: DictConfig) -> None:
+def _train_and_print_summary(cfg: DictConfig) -> None:
     """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job)."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -225,7 +225,7 @@ def cmd_run(args: list[str]) -> None:
         run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
     os.environ[RUN_ID_ENV] = run_id
     try:
-        C.run_job(cfg, _run_job)
+        C.run_job(cfg, _train_and_print_summary)
     except KeyboardInterrupt as e:
         resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
                    != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")

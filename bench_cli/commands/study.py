@@ -34,7 +34,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.commands import sweep as S
+from bench_cli.commands.sweep import (MAX_EXIT, Job, Sweep, done_keys, error_of, launch, plan_job, split_search,
+                                      start_launching, sweep_lines, validate_jobs)
 from bench_cli.core.errors import UserError, exit_code_of, interruption_name
 from bench_cli.core.extras import require
 from bench_cli.results import records
@@ -47,7 +48,7 @@ SQLITE = "sqlite:///"  # the default storage's scheme: a file beside the records
 class Study:
     """One study of the sweep: its job without the sampled values (``base``), where it is kept and
     what it maximises or minimises."""
-    base: S.Job
+    base: Job
     name: str
     storage: str
     metric: str
@@ -67,7 +68,7 @@ def search_space(master: DictConfig) -> dict:
     optuna()  # the plugin's reading imports it
     from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
 
-    _, searched = S.split_search(S.sweep_lines(master))
+    _, searched = split_search(sweep_lines(master))
     space = {}
     for key, o in searched.items():
         try:
@@ -80,7 +81,7 @@ def search_space(master: DictConfig) -> dict:
     return space
 
 
-def study_of(job: S.Job, master: DictConfig) -> Study:
+def study_of(job: Job, master: DictConfig) -> Study:
     """The study a job of the grid names: its name, storage, metric and direction."""
     from bench_cli.config.taskfit import build_task
 
@@ -148,12 +149,12 @@ def best_text(study) -> str:
 
 
 class SearchProgress:
-    """The search's overall line after each batch of trials, as a sweep's (sweep_progress.Counts):
+    """The search's overall line after each batch of trials, as a sweep's (sweep.progress.Counts):
     trials complete, failed (or pruned) and to go over every study, the ETA from the time per
     trial run in this sitting (trials a resumed study holds already cost nothing)."""
 
     def __init__(self, total: int):
-        from bench_cli.commands.sweep_progress import Counts
+        from bench_cli.commands.sweep.progress import Counts
 
         self.total, self.started, self.ran = total, time.monotonic(), 0
         self.searched = Counts(0)  # the trials of the studies searched to the end
@@ -165,7 +166,7 @@ class SearchProgress:
         return states.count("COMPLETE"), states.count("FAIL") + states.count("PRUNED")
 
     def after_batch(self, study, ran: int) -> None:
-        from bench_cli.commands.sweep_progress import Counts
+        from bench_cli.commands.sweep.progress import Counts
         from bench_cli.core.ui import console
 
         self.ran += ran
@@ -181,7 +182,7 @@ class SearchProgress:
 
 
 # --- the sweep --------------------------------------------------------------------------------
-def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
+def run_studies(sweep: Sweep, dry_run: bool) -> None:
     """The command's Optuna part: every study of the plan, one after the other; exits with the
     number of studies left without a complete trial (a search whose every trial failed)."""
     from rich.markup import escape
@@ -191,7 +192,7 @@ def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
     master = sweep.master
     space = search_space(master)
     n_trials, batch = int(master.hydra.sweeper.n_trials), max(1, int(master.hydra.sweeper.get("n_jobs") or 1))
-    S.validate_jobs(sweep.jobs, missing_data_ok=dry_run)
+    validate_jobs(sweep.jobs, missing_data_ok=dry_run)
     studies = [study_of(job, master) for job in sweep.jobs]
     given = [o.split("=", 1)[1] for o in master.hydra.overrides.hydra if o.startswith("hydra.sweeper.direction=")]
     for s in studies if given else []:  # the task says it; a contrary wish is a mistake, not a setting
@@ -207,7 +208,7 @@ def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
             console.print(f"  {escape(s.name)}: {counts(trials)}; {max(0, n_trials - len(trials))} to ask",
                           highlight=False, soft_wrap=True)
         return
-    S.start_launching()
+    start_launching()
     launched, empty, progress = 0, 0, SearchProgress(n_trials * len(studies))
     for s in studies:
         try:
@@ -221,19 +222,19 @@ def run_studies(sweep: S.Sweep, dry_run: bool) -> None:
         progress.study_searched(study)
         empty += not any(t.state.name == "COMPLETE" for t in study.trials)
     if empty:
-        raise SystemExit(min(empty, S.MAX_EXIT))
+        raise SystemExit(min(empty, MAX_EXIT))
 
 
-def trial_job(composer, s: Study, trial, space: dict) -> S.Job:
+def trial_job(composer, s: Study, trial, space: dict) -> Job:
     """The trial's job: the study's overrides and the values Optuna gave it."""
     values = [f"{k}={trial.params[k]}" for k in space if k in trial.params]
-    job = S.plan_job(composer, [*s.base.overrides, *values])
+    job = plan_job(composer, [*s.base.overrides, *values])
     job.swept = s.base.swept | frozenset(k.lstrip("+~") for k in space)
     job.position, job.columns = trial.number, {"study": s.name, "trial": trial.number}
     return job
 
 
-def run_study(sweep: S.Sweep, s: Study, space: dict, n_trials: int, batch: int, launched: int,
+def run_study(sweep: Sweep, s: Study, space: dict, n_trials: int, batch: int, launched: int,
               progress: SearchProgress):
     """Ask, run and tell until the study holds ``n_trials`` trials (those a killed sweep left
     running first), the search's progress said after each batch; (jobs launched in the sweep
@@ -255,7 +256,7 @@ def run_study(sweep: S.Sweep, s: Study, space: dict, n_trials: int, batch: int, 
     return launched, study
 
 
-def run_trials(sweep: S.Sweep, study, s: Study, planned: list, n_trials: int, launched: int) -> int:
+def run_trials(sweep: Sweep, study, s: Study, planned: list, n_trials: int, launched: int) -> int:
     """Run a batch of trials (their jobs with the sweep's launcher) and tell Optuna each one's
     outcome from its record; the number of jobs launched."""
     from rich.markup import escape
@@ -263,7 +264,7 @@ def run_trials(sweep: S.Sweep, study, s: Study, planned: list, n_trials: int, la
     from bench_cli.core.ui import console
 
     path = s.base.records_path
-    done = S.done_keys(path)
+    done = done_keys(path)
     todo = []
     for trial, job in planned:
         if job.key in done:  # values sampled again: the job's ok record answers
@@ -271,7 +272,7 @@ def run_trials(sweep: S.Sweep, study, s: Study, planned: list, n_trials: int, la
                           f"{done[job.key].get('run_id', '')})", highlight=False, soft_wrap=True)
             continue
         try:
-            S.validate_jobs([job])
+            validate_jobs([job])
         except UserError as e:  # a sampled value the config refuses: this trial fails, the study goes on
             tell(study, trial, None, str(e))
             console.print(f"[trial {trial.number}] [red]failed[/] {escape(str(e))}", highlight=False, soft_wrap=True)
@@ -279,8 +280,8 @@ def run_trials(sweep: S.Sweep, study, s: Study, planned: list, n_trials: int, la
         todo.append(job)
     before = len(records.read_records(path))
     started = time.perf_counter()
-    returns = S.launch(S.Sweep(sweep.master, todo, sweep.flags, total=n_trials), todo, first_job_idx=launched) if todo else []
-    for e in filter(None, map(S._error_of, returns)):  # a job that failed outside its run
+    returns = launch(Sweep(sweep.master, todo, sweep.flags, total=n_trials), todo, first_job_idx=launched) if todo else []
+    for e in filter(None, map(error_of, returns)):  # a job that failed outside its run
         console.print(f"[bold red]error:[/] {escape(type(e).__name__)}: {escape(str(e))}", highlight=False, soft_wrap=True)
     new = {r.get("job_key"): r for r in records.read_records(path)[before:]}
     ran = {j.key for j in todo}

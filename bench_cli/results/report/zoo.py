@@ -5,7 +5,7 @@ The zoo's grid is (case x model x seed): a case is one option of the experiment'
 (``report.case_axis``, e.g. ``experiment/zoo/_case``: one (task, dataset) pair and its budget), the
 models are the experiment's model axis (``glob(*)``: every preset of the model group, so a new
 preset joins the zoo). A (task, model) pair the registry's capabilities refuse is not run: the
-sweep leaves it out (``sweep.skip_incapable``, bench_cli/commands/sweep.py) and the report names it with the
+sweep leaves it out (``sweep.skip_incapable``, bench_cli/commands/sweep/checks.py) and the report names it with the
 same refusal (config.taskfit.check_model_fits_task). Built-in attentions that no preset names are listed too.
 
 Per case, one table: the test metric's mean ± std over the seeds, and the training time, peak
