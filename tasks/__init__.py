@@ -4,14 +4,18 @@ A task class registers itself once, with ``@register_task``, under the name its 
 ``conf/task/<name>.yaml`` gives in ``name:``. Families are discovered: every subpackage of tasks/
 is imported on the first lookup. A family package imports only light modules at import time
 (numpy, torch): its heavy dependencies (torchvision, HF datasets, gymnasium...) are imported
-inside the functions that use them, so they load only when that family runs.
+inside the functions that use them, so they load only when that family runs. The names are kept
+by the project's one ``Registry`` (bench_cli/core/registry.py).
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
 
-_TASKS: dict[str, type] = {}
+from bench_cli.core.registry import Registry, is_builtin
+
+# name -> Task subclass; its owner is the class's module.
+TASKS: Registry[type] = Registry("task")
 _DISCOVERED = False
 
 
@@ -21,15 +25,9 @@ def register_task(cls: type) -> type:
     Public API (stable, for plugins: bench_cli/config/plugins.py). A plugin's task is registered after
     the built-in families are discovered, so a name one of them holds is refused at once, with a
     ``NameTakenError`` naming both modules, whichever is looked up first."""
-    from models.attention.registry import NameTakenError, is_builtin
-
-    name = cls.name
     if not is_builtin(cls.__module__):
         discover()
-    if name in _TASKS and _TASKS[name] is not cls:
-        raise NameTakenError("task", name, _TASKS[name].__module__, cls.__module__)
-    _TASKS[name] = cls
-    return cls
+    return TASKS.register(cls.name, cls, owner=cls.__module__)
 
 
 def discover() -> None:
@@ -45,13 +43,10 @@ def discover() -> None:
 
 def available_tasks() -> list[str]:
     discover()
-    return sorted(_TASKS)
+    return TASKS.names()
 
 
 def task_class(name: str):
-    from bench_cli.core.errors import unknown_choice
-
+    """The task class registered as ``name``; an unknown name is one line listing the valid ones."""
     discover()
-    if name not in _TASKS:
-        raise unknown_choice("task", name, available_tasks())
-    return _TASKS[name]
+    return TASKS.get(name)

@@ -3,16 +3,16 @@ discovered first, so every fetcher is registered. The Fetcher base, its registry
 ``register_fetcher`` are in the core layer (bench_cli/core/fetch.py)."""
 from __future__ import annotations
 
-from bench_cli.core.fetch import Fetcher, registered, registered_names
+from bench_cli.core.fetch import FETCHERS, Fetcher
 
 
 def available_fetchers() -> list[str]:
     from tasks import discover
 
     discover()
-    return registered_names()
+    return FETCHERS.names()
 
 
 def fetcher(name: str) -> Fetcher:
     available_fetchers()
-    return registered(name)
+    return FETCHERS.get(name)

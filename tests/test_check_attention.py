@@ -11,9 +11,8 @@ import torch
 
 from bench_cli.commands.check_attention import PROPERTIES
 from bench_cli.commands.cli import main
-from models.attention import Capabilities, ProjectedAttention, available_attentions, register_attention
+from models.attention import ATTENTIONS, Capabilities, ProjectedAttention, available_attentions, register_attention
 from models.attention.base import softmax_kernel
-from models.attention.registry import _REGISTRY
 from tests.conftest import attnbench
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -125,16 +124,12 @@ class Correct(NoCross):
 @pytest.fixture
 def registered():
     """register(name, cls, capabilities): a test attention in the registry until the test ends."""
-    names = []
-
     def register(name, cls, capabilities=CLAIMS):
         register_attention(name, paper="test", equation="-", capabilities=capabilities)(cls)
-        names.append(name)
         return name
 
-    yield register
-    for name in names:
-        _REGISTRY.pop(name, None)
+    with ATTENTIONS.restoring():
+        yield register
 
 
 @pytest.mark.parametrize("cls, capabilities, failed", [

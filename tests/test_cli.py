@@ -386,7 +386,7 @@ def test_every_command_answers_help_with_its_usage_in_80_columns_and_exit_0(caps
     from bench_cli.commands import cli
     from bench_cli.commands.cli import COMMANDS
 
-    for command in [None, *COMMANDS]:
+    for command in [None, *COMMANDS.names()]:
         main(["--help"] if command is None else [command, "--help"])
         out = capsys.readouterr().out
         assert command is None or f"attnbench {command}" in out, (command, out)

@@ -342,7 +342,7 @@ def test_a_mistake_in_a_readme_command_fails(right, wrong, manual_env, capsys, m
 
 def test_every_make_target_and_command_named_in_the_prose_exists():
     """`make TARGET` and `attnbench VERB` written inline in the text, outside code blocks."""
-    from bench_cli.commands.cli import available_commands
+    from bench_cli.commands.cli import COMMANDS
 
     targets, verbs = {}, {}
     for path in MANUAL:
@@ -351,7 +351,7 @@ def test_every_make_target_and_command_named_in_the_prose_exists():
             targets.setdefault(target, path.name)
         for verb in re.findall(r"`(?:\S*/)?attnbench ([a-z][\w-]*)", prose):
             verbs.setdefault(verb, path.name)
-    unknown = [f"{where}: attnbench {verb}" for verb, where in verbs.items() if verb not in available_commands()]
+    unknown = [f"{where}: attnbench {verb}" for verb, where in verbs.items() if verb not in COMMANDS]
     for target, where in targets.items():
         r = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
         if r.returncode:

@@ -79,15 +79,16 @@ def test_ctrl_c_is_one_line_and_an_interrupted_record(uea_fixture, workdir, caps
     assert row["status"] == "interrupted"
 
 
-def test_ctrl_c_in_any_other_command_is_one_line(workdir, capsys, monkeypatch):
+def test_ctrl_c_in_any_other_command_is_one_line(workdir, capsys):
     from bench_cli.commands import cli
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli.COMMANDS, "data", interrupted)
-    err = exit_line(capsys, "data", "uea", "JapaneseVowels", code=130)
-    assert "interrupted" in err and "data" in err
+    with cli.COMMANDS.restoring():
+        cli.COMMANDS.register("interrupted-verb", interrupted, owner=__name__)
+        err = exit_line(capsys, "interrupted-verb", "uea", "JapaneseVowels", code=130)
+    assert "interrupted" in err and "interrupted-verb" in err
 
 
 def test_a_killed_run_shows_as_started_and_not_finished(uea_fixture, workdir, capsys):
@@ -276,23 +277,25 @@ def test_dry_run_lists_every_job_and_marks_missing_data(workdir, capsys):
 
 # --- attentions that misbehave (issue 38) ---------------------------------------------------------------
 @pytest.fixture
-def broken_attentions(monkeypatch):
+def broken_attentions():
     """Two registered attentions that misbehave: 'boomatt' raises in its kernel, 'narrowatt'
     returns (B, H, 1, d) (one query's output), which would broadcast in the residual sum."""
-    from models.attention import Capabilities, ProjectedAttention, register_attention, registry
+    from models.attention import ATTENTIONS, Capabilities, ProjectedAttention, register_attention
 
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    caps = Capabilities(causal=False, padding_mask=True)
+    with ATTENTIONS.restoring():
+        caps = Capabilities(causal=False, padding_mask=True)
 
-    @register_attention("boomatt", paper="-", equation="-", capabilities=caps)
-    class Boom(ProjectedAttention):
-        def kernel(self, q, k, v, mask, causal):
-            raise RuntimeError("boom in kernel")
+        @register_attention("boomatt", paper="-", equation="-", capabilities=caps)
+        class Boom(ProjectedAttention):
+            def kernel(self, q, k, v, mask, causal):
+                raise RuntimeError("boom in kernel")
 
-    @register_attention("narrowatt", paper="-", equation="-", capabilities=caps)
-    class Narrow(ProjectedAttention):
-        def kernel(self, q, k, v, mask, causal):
-            return v[:, :, :1, :]
+        @register_attention("narrowatt", paper="-", equation="-", capabilities=caps)
+        class Narrow(ProjectedAttention):
+            def kernel(self, q, k, v, mask, causal):
+                return v[:, :, :1, :]
+
+        yield
 
 
 @pytest.mark.usefixtures("broken_attentions")

@@ -59,9 +59,7 @@ def isolated(monkeypatch, plugin_dir):
     import tasks
     from models.attention import registry
 
-    tasks.discover()  # the families register into the copy below only if discovered first
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(tasks, "_TASKS", dict(tasks._TASKS))
+    tasks.discover()  # the families stay registered after the test only if discovered first
     monkeypatch.setattr(plugins, "_LOADED", {})
     monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
     monkeypatch.setattr(C, "_CONFIG_DIRS", [])
@@ -69,7 +67,8 @@ def isolated(monkeypatch, plugin_dir):
     monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
     monkeypatch.syspath_prepend(str(plugin_dir))
     plugins._packages.cache_clear()
-    yield plugin_dir
+    with registry.ATTENTIONS.restoring(), tasks.TASKS.restoring():
+        yield plugin_dir
     for name in TEST_MODULES:
         sys.modules.pop(name, None)
     plugins._packages.cache_clear()

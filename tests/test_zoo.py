@@ -26,11 +26,12 @@ def probe_attention(tmp_path, monkeypatch):
     spec = registry.AttentionSpec(name="zoo_probe", factory=softmax.factory, paper="a test", equation="-",
                                   capabilities=registry.Capabilities(padding_mask=False),
                                   owner="models.attention.zoo_probe")
-    monkeypatch.setitem(registry._REGISTRY, "zoo_probe", spec)
     (tmp_path / "conf" / "model").mkdir(parents=True)
     preset = tmp_path / "conf" / "model" / "zoo_probe.yaml"
     monkeypatch.setattr(C, "_CONFIG_DIRS", [tmp_path / "conf"])
-    return preset
+    with registry.ATTENTIONS.restoring():
+        registry.ATTENTIONS.register("zoo_probe", spec, owner=spec.owner)
+        yield preset
 
 
 def test_the_zoo_is_every_model_preset_on_every_offline_task():

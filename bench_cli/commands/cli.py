@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -18,6 +19,7 @@ from bench_cli.config.args import HelpRequested, parse
 from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, first_line,
                                    interruption_name, path_error, unknown_choice)
 from bench_cli.core.phases import PHASES, process_age_s
+from bench_cli.core.registry import Registry
 from bench_cli.core.ui import HELP_WIDTH, console, err_console, fail, print_summary, progress_bar, show_table, usage_text
 
 # Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
@@ -278,7 +280,7 @@ def cmd_ls(args: list[str]) -> None:
 
 def _plugin_attentions() -> dict[str, dict]:
     from bench_cli.config import catalog
-    from models import is_builtin
+    from bench_cli.core.registry import is_builtin
 
     return {n: a for n, a in catalog.attentions().items() if not is_builtin(a["owner"])}
 
@@ -349,7 +351,7 @@ def _relative(location: str, data_root: Path) -> str:
 def _model_row(model: str, names: list[str], known: dict[str, dict]) -> list[str]:
     """A model's row of `ls models`: its attentions (the last layer's decides what it can do);
     ``known``: the attentions' catalog entries (bench_cli.config.catalog)."""
-    from models import is_builtin
+    from bench_cli.core.registry import is_builtin
 
     unknown = [n for n in names if n not in known]
     if unknown:  # a user folder's yaml whose plugin is not imported
@@ -456,29 +458,24 @@ def cmd_sweep(args: list[str]) -> None:
     run_studies(grid, dry_run)
 
 
-def lazy(target: str):
-    """The command ``module:function``, imported when it is run: most verbs import torch, and
-    `--help`, `ls` and a misspelt override must not wait for it."""
-    module, function = target.split(":")
-
-    def command(args: list[str]) -> None:
-        import importlib
-
-        getattr(importlib.import_module(module), function)(args)
-
-    return command
-
-
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_data, "sweep": cmd_sweep,
-            "report": lazy("bench_cli.commands.report:cmd_report"),
-            "profile": lazy("bench_cli.commands.profile:cmd_profile"),
-            # parsed there, with bench_cli.config.args.parse (`python -m bench_cli.commands.bench_attention` too)
-            "bench": lazy("bench_cli.commands.bench_attention:main"),
-            "check-attention": lazy("bench_cli.commands.check_attention:cmd_check_attention"),
-            "bench-cli": lazy("bench_cli.commands.profile.cli_speed:main"),
-            "bench-overhead": lazy("bench_cli.commands.profile.overhead:main"),  # a job against a bare loop (issue 21)
-            "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family
-            "evaluate": lazy("bench_cli.commands.evaluate:cmd_evaluate")}
+# The verbs. A "module:function" entry is imported when it is run: most verbs import torch, and
+# `--help`, `ls` and a misspelt override must not wait for it.
+COMMANDS: Registry[Callable[[list[str]], None]] = Registry("command")
+COMMANDS.register("run", cmd_run, owner=__name__)
+COMMANDS.register("validate", cmd_validate, owner=__name__)
+COMMANDS.register("ls", cmd_ls, owner=__name__)
+COMMANDS.register("data", cmd_data, owner=__name__)
+COMMANDS.register("sweep", cmd_sweep, owner=__name__)
+COMMANDS.register("report", "bench_cli.commands.report:cmd_report", owner=__name__)
+COMMANDS.register("profile", "bench_cli.commands.profile:cmd_profile", owner=__name__)
+# parsed there, with bench_cli.config.args.parse (`python -m bench_cli.commands.bench_attention` too)
+COMMANDS.register("bench", "bench_cli.commands.bench_attention:main", owner=__name__)
+COMMANDS.register("check-attention", "bench_cli.commands.check_attention:cmd_check_attention", owner=__name__)
+COMMANDS.register("bench-cli", "bench_cli.commands.profile.cli_speed:main", owner=__name__)
+# a job against a bare loop; then the GPU smoke check of every family
+COMMANDS.register("bench-overhead", "bench_cli.commands.profile.overhead:main", owner=__name__)
+COMMANDS.register("smoke", "bench_cli.commands.smoke:cmd_smoke", owner=__name__)
+COMMANDS.register("evaluate", "bench_cli.commands.evaluate:cmd_evaluate", owner=__name__)
 
 
 def command_usage(command: str, options: dict) -> str:
@@ -494,10 +491,6 @@ def command_usage(command: str, options: dict) -> str:
             lines.append(line)
     valid = ", ".join(sorted(options)) or "none"
     return "\n".join([f"usage: attnbench {command} ...", *lines, f"options: {valid}"])
-
-
-def available_commands() -> list[str]:
-    return sorted(COMMANDS)
 
 
 COMPOSING = ("run", "validate", "ls", "data", "sweep", "report", "profile")  # take --config-dir / --config-path
@@ -547,8 +540,10 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = args[0], args[1:]
     PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)
     _TYPED[:] = ["attnbench", *args]
-    if cmd not in available_commands():
-        fail(str(unknown_choice("command", cmd, available_commands())))
+    try:
+        COMMANDS.check(cmd)
+    except UserError as e:
+        fail(str(e))
     catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits
     try:
         from bench_cli.config import plugins
@@ -556,7 +551,7 @@ def main(argv: list[str] | None = None) -> None:
         plugins.import_plugins()  # ATTNBENCH_PLUGINS and entry points, before anything composes
         if cmd in COMPOSING:
             rest = take_config_dirs(rest)
-        COMMANDS[cmd](rest)
+        COMMANDS.get(cmd)(rest)
     except HelpRequested as h:
         print(usage_text(command_usage(h.command, h.options)))
     except UserError as e:

@@ -59,7 +59,7 @@ def live_attentions(builtin_only: bool = False) -> dict[str, dict]:
 
 
 def live_tasks(builtin_only: bool = False) -> dict[str, dict]:
-    from models import is_builtin
+    from bench_cli.core.registry import is_builtin
     from tasks import available_tasks, task_class
 
     rows = {}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from bench_cli.core.errors import UserError, first_line
+from bench_cli.core.registry import NameTakenError
 
 PLUGINS_ENV = "ATTNBENCH_PLUGINS"
 ENTRY_POINT_GROUP = "attnbench.plugins"
@@ -68,8 +69,6 @@ def names_in(value) -> list[str]:
 def import_plugin(module: str, found_by: str, distribution: str | None = None, version: str | None = None,
                   attr: str | None = None) -> Plugin:
     """Import ``module`` (once per process); ``attr``: a function of it to call (entry points)."""
-    from models.attention.registry import NameTakenError
-
     if module in _LOADED:
         return _LOADED[module]
     try:

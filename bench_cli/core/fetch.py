@@ -7,15 +7,17 @@ archive, or runs a generator) and says whether they are there: ``status`` (cheap
 through: one line saying where the files go and how to fetch them). It is separate from the tasks
 that read the data: one fetcher may serve several tasks (the LRA release holds ListOps, Retrieval
 and Pathfinder) and a task never exists only to be fetched. A task names its fetcher and asks it;
-a fetcher never asks a task. Fetchers register themselves with :func:`register_fetcher`; their
-modules are imported with the task families (``tasks.discover``).
+a fetcher never asks a task. Fetchers register themselves with :func:`register_fetcher` in
+``FETCHERS`` (the project's one ``Registry``, bench_cli/core/registry.py); their modules are
+imported with the task families (``tasks.discover``).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, ClassVar, Iterable
 
-from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
+from bench_cli.core.errors import DataNotFoundError, UserError
+from bench_cli.core.registry import Registry
 
 STATUSES = ("local", "package", "missing")
 
@@ -83,23 +85,12 @@ class Fetcher:
                             f"valid: {flags}")
 
 
-_FETCHERS: dict[str, Fetcher] = {}
+# name -> the fetcher (one instance each); its owner is the class's module. The core looks names up
+# without discovering the families (it imports none): tasks.fetch.fetcher discovers them first.
+FETCHERS: Registry[Fetcher] = Registry("dataset source")
 
 
 def register_fetcher(cls: type[Fetcher]) -> type[Fetcher]:
-    if cls.name in _FETCHERS:
-        raise ValueError(f"fetcher '{cls.name}' registered twice")
-    _FETCHERS[cls.name] = cls()
+    """Class decorator: register one instance of ``cls`` as ``cls.name``."""
+    FETCHERS.register(cls.name, cls(), owner=cls.__module__)
     return cls
-
-
-def registered(name: str) -> Fetcher:
-    """The fetcher registered as ``name`` (its family module imported it); no discovery here: the
-    core imports no task family (tasks.fetch.fetcher discovers them first)."""
-    if name not in _FETCHERS:
-        raise unknown_choice("dataset source", name, sorted(_FETCHERS))
-    return _FETCHERS[name]
-
-
-def registered_names() -> list[str]:
-    return sorted(_FETCHERS)

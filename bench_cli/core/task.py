@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 
 from bench_cli.core import metrics as M
 from bench_cli.core.errors import UserError, unknown_choice
-from bench_cli.core.fetch import registered
+from bench_cli.core.fetch import FETCHERS
 # the protocols are torch-free data (records and `ls runs` read them): re-exported as the task contract's
 from bench_cli.core.protocols import PAPER_SELECTIONS, PROTOCOL_SPLITS, PROTOCOLS, Protocol  # noqa: F401
 
@@ -131,7 +131,7 @@ class Task:
         """Dataset names the task reads: ``DATASETS``, or by default those of its fetcher."""
         if cls.DATASETS is not None:
             return list(cls.DATASETS)
-        return registered(cls.fetcher).datasets(data_root) if cls.fetcher else []
+        return FETCHERS.get(cls.fetcher).datasets(data_root) if cls.fetcher else []
 
     @property
     def dataset_name(self) -> str:
@@ -151,7 +151,7 @@ class Task:
         """Raise UserError for a dataset the task does not read, or the fetcher's one-line
         DataNotFoundError (where to put it, how to fetch it) if it is absent. Reads no data."""
         self.check_dataset_name()
-        self.located = registered(self.fetcher).require(self.dataset_name, self.data_root, **self.data_options())
+        self.located = FETCHERS.get(self.fetcher).require(self.dataset_name, self.data_root, **self.data_options())
 
     @classmethod
     def check_protocol(cls, protocol: str) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.core.errors import UserError
+from bench_cli.core.errors import UserError, warn_once
 from bench_cli.core.files import unwritable_folder, write_atomically
 from bench_cli.results.schema import COLUMNS, IDENTITY as _IDENTITY, identity  # the schema names the columns
 
@@ -387,17 +387,6 @@ class Table:
         return [line for line, r in zip(self.lines, self.rows) if len(r) > len(self.header)]
 
 
-_WARNED: set[tuple[str, int, str]] = set()
-
-
-def _warn_once(path: Path, line: int, message: str) -> None:
-    """One line on stderr per (file, line) and process: readers of one file (plan, resume, report)
-    share the warning instead of repeating it."""
-    if (str(path), line, message) not in _WARNED:
-        _WARNED.add((str(path), line, message))
-        print(f"warning: {path} line {line}: {message}", file=sys.stderr, flush=True)
-
-
 def read_table(path: str | Path) -> Table | None:
     """The CSV at ``path`` read strictly (None: no file or an empty one), for every reader of
     records (report, sweep resume, the writer itself).
@@ -437,8 +426,9 @@ def read_table(path: str | Path) -> Table | None:
         if reader.line_num > start and n != width:
             raise _corrupt(path, start, reader.line_num, f"{n} fields where the header has {width}")
         if n < width:
-            _warn_once(path, start, f"incomplete row ({n} of {width} fields; a half-written line?): "
-                                    "kept as it is, its missing fields read as blank")
+            # once per file, line and process: readers of one file (plan, resume, report) share it
+            warn_once(f"warning: {path} line {start}: incomplete row ({n} of {width} fields; a half-written "
+                      "line?): kept as it is, its missing fields read as blank")
         table.rows.append(fields)
         table.lines.append(start)
     return table
@@ -458,8 +448,8 @@ def read_records(path: str | Path) -> list[dict]:
     if table is None:
         return []
     for line in table.wide_rows():
-        _warn_once(Path(path), line, "the row has more fields than the header (written by another version?): "
-                                     "the fields beyond the header have no column name and are not read")
+        warn_once(f"warning: {Path(path)} line {line}: the row has more fields than the header (written by another "
+                  "version?): the fields beyond the header have no column name and are not read")
     return [{k: (unescape_cell(r[i]) if i < len(r) else None) for i, k in enumerate(table.header)} for r in table.rows]
 
 

@@ -14,9 +14,9 @@ Modules whose capabilities have ``extra_loss=True`` (Primal-Attention) implement
 layers; ``accumulate_auxiliary_losses(model)`` groups the passes of a model that runs shared layers twice.
 """
 from models.attention.registry import (  # noqa: F401
+    ATTENTIONS,
     AttentionSpec,
     Capabilities,
-    UnknownAttentionError,
     attention_spec,
     available_attentions,
     build_attention,

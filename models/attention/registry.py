@@ -2,18 +2,19 @@
 
 A variant is registered by name together with what it supports, so tasks can refuse
 impossible pairs (e.g. a causal language model with a variant that cannot be causal)
-with a clear message instead of failing deep inside a forward pass.
+with a clear message instead of failing deep inside a forward pass. The names are kept by the
+project's one ``Registry`` (bench_cli/core/registry.py): a taken name is refused naming both
+modules, an unknown one lists the valid names.
 """
 from __future__ import annotations
 
-import difflib
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch.nn as nn
 
-from models import is_builtin  # noqa: F401  (public here too: tasks and plugins import it from the registry)
+from bench_cli.core.registry import NameTakenError, Registry, is_builtin  # noqa: F401  (public here too, for plugins)
 
 
 @dataclass(frozen=True)
@@ -50,30 +51,8 @@ class AttentionSpec:
         return is_builtin(self.owner)
 
 
-class NameTakenError(ValueError):
-    """A second module registers a name another has: refused, naming both (plugins must not
-    silently replace a built-in or each other)."""
-
-    def __init__(self, kind: str, name: str, owner: str, newcomer: str):
-        super().__init__(f"{kind} '{name}' is already registered by {owner}"
-                         f"{' (built-in)' if is_builtin(owner) else ''}; {newcomer} cannot register it again: "
-                         f"choose another name")
-        self.kind, self.name, self.owner, self.newcomer = kind, name, owner, newcomer
-
-
-_REGISTRY: dict[str, AttentionSpec] = {}
-
-
-class UnknownAttentionError(KeyError):
-    def __init__(self, name: str):
-        choices = available_attentions()
-        close = difflib.get_close_matches(name, choices, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        super().__init__(f"unknown attention '{name}'{hint}; valid: {', '.join(choices)}")
-        self.name = name
-
-    def __str__(self) -> str:  # KeyError quotes its message otherwise
-        return self.args[0]
+# name -> AttentionSpec; its owner is the module that called register_attention.
+ATTENTIONS: Registry[AttentionSpec] = Registry("attention")
 
 
 def register_attention(
@@ -97,13 +76,10 @@ def register_attention(
     owner = sys._getframe(1).f_globals.get("__name__", "?")  # the caller: who registers (no public API)
 
     def deco(factory: Callable[..., nn.Module]):
-        if name in _REGISTRY:
-            raise NameTakenError("attention", name, _REGISTRY[name].owner, owner)
-
         def build(**options):
             return factory(**{**preset, **options})
 
-        _REGISTRY[name] = AttentionSpec(
+        spec = AttentionSpec(
             name=name,
             factory=build,
             paper=paper,
@@ -112,20 +88,19 @@ def register_attention(
             summary=summary or ((factory.__doc__ or "").strip().splitlines() or [""])[0],
             owner=owner,
         )
+        ATTENTIONS.register(name, spec, owner=owner)
         return factory
 
     return deco
 
 
 def available_attentions() -> list[str]:
-    return sorted(_REGISTRY)
+    return ATTENTIONS.names()
 
 
 def attention_spec(name: str) -> AttentionSpec:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownAttentionError(name) from None
+    """The spec registered as ``name``; an unknown name is one line listing the valid ones."""
+    return ATTENTIONS.get(name)
 
 
 def build_attention(name: str, *, d_model: int, n_heads: int, **options) -> nn.Module:

@@ -103,7 +103,7 @@ def presetless_attentions(models: list[str]) -> list[str]:
     for model in models:
         preset = C.option_data("model", model)
         named |= {(preset.get(role) or {}).get("name") for role in ("attention", "final_attention", "cross_attention")}
-    from models import is_builtin
+    from bench_cli.core.registry import is_builtin
 
     return sorted(name for name, a in catalog.attentions().items() if name not in named and is_builtin(a["owner"]))
 
