@@ -81,7 +81,7 @@ def cmd_profile(args: list[str]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     if not bool(p.append) and output.exists():
         output.unlink()
-    from bench_cli.engine.measure import Conditions
+    from bench_cli.engine.timing import Conditions
 
     conditions = Conditions.now()
     rows, images = [], []

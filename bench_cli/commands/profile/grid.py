@@ -24,7 +24,7 @@ METRICS = (
     "time_per_1k_steps_s",  # 1000 train steps + profile.timing.eval_batches_per_1k_steps inference batches
 )
 # Timed metrics: each side's median comes with its quartiles (<metric>_q1, _q3), and the ratio is the
-# median of the rounds' ratios with their quartiles (ratio_<metric>_q1, _q3; bench_cli.engine.measure).
+# median of the rounds' ratios with their quartiles (ratio_<metric>_q1, _q3; bench_cli.engine.timing).
 TIMED = ("time_train_s", "time_infer_s", "time_per_1k_steps_s")
 QUARTILES = ("q1", "q3")
 # Throughput of each side, from the median step times: samples (batch_size) and tokens (x seq_len) per second.
@@ -137,10 +137,11 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     (and hand each to ``on_row`` as soon as it is complete); ``run_id``: the rows' (default: a new one)."""
     import torch
 
-    from bench_cli.engine import measure as M
     from bench_cli.results import records
     from bench_cli.config.taskfit import build_task, check_model_fits_task
+    from bench_cli.engine.counting import process_peak_rss_bytes
     from bench_cli.engine.env import select_device
+    from bench_cli.engine.timing import TimingSession
 
     p = cfg.profile
     device = select_device(str(cfg.trainer.device))
@@ -174,21 +175,21 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
                 H.guarded(side, "measure", lambda side=side: H.measure_static(
                     side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
         timed = _timed_point(cfg, backend, d_model, seq_len, d_default)
-        conditions = M.Conditions.now()
+        session = TimingSession()
         if timed:
             with H.sdpa_backend(backend):
                 H.time_sides([s for s in sides if s.ok], int(p.timing.warmup), int(p.timing.repeats), device,
                              p.get("timeout_s"), int(p.timing.get("eval_batches_per_1k_steps") or 0),
                              float(p.timing.get("budget_s") or 0))
-        conditions.done()
+        session.done()
         baseline = sides[-1] if sides[-1].role == "baseline" else None
         for side in (s for s in sides if s.role == "model"):
             row = _row(cfg, pcfg, side, baseline, backend, seq_len, device, prov, run_id, command, timed)
             if timed:
-                row.update(_timing_columns(side, baseline, int(p.batch_size) * seq_len, int(p.batch_size), conditions))
+                row.update(_timing_columns(side, baseline, int(p.batch_size) * seq_len, int(p.batch_size), session))
             row.update(paper_columns(reference, row["d_model"], seq_len, backend))
             row.update(paper.columns(row))
-            row["process_peak_rss_bytes"] = M.process_peak_rss_bytes()
+            row["process_peak_rss_bytes"] = process_peak_rss_bytes()
             row["point_wall_time_s"] = round(time.perf_counter() - started, 3)
             rows.append(row)
             if on_row:
@@ -202,10 +203,10 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     return rows
 
 
-def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples: int, conditions) -> dict:
+def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples: int, session) -> dict:
     """Quartiles of the timed metrics and of their round-by-round ratios, throughput, the load and
     threads, and ``timing_noisy`` (why the times are not to be trusted; empty when they are)."""
-    from bench_cli.engine.measure import ratio_spread
+    from bench_cli.engine.timing import ratio_spread
 
     out, spreads = {}, []
     sides = [s for s in (model, baseline) if s is not None and s.ok]
@@ -221,7 +222,7 @@ def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples
             ratio = ratio_spread(model.rounds[m], baseline.rounds[m])
             spreads.append(ratio)
             out.update(ratio.columns(f"ratio_{m}", digits=9))
-    return {**out, **conditions.columns(), "timing_noisy": conditions.noise(spreads)}
+    return {**out, **session.columns(spreads)}
 
 
 def _ratio(a, b):
@@ -234,7 +235,7 @@ def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, de
          timed: bool) -> dict:
     import torch
 
-    from bench_cli.engine import measure as M
+    from bench_cli.engine.timing import timer_name
 
     p = cfg.profile
     b = pcfg.task.backbone
@@ -249,7 +250,7 @@ def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, de
         "seq_len": seq_len, "batch_size": int(p.batch_size), "device": str(device),
         "timing_method": (f"warmup={t.warmup}, median of >= {t.repeats} alternating rounds (until IQR <= 5% or "
                           f"{t.get('budget_s') or 0} s), ratios: median of the rounds' ratios, "
-                          f"{torch.get_num_threads()} thread(s), {M.timer_name(device)}"
+                          f"{torch.get_num_threads()} thread(s), {timer_name(device)}"
                           + (f", train step with {cfg.trainer.optimizer.name} step" if t.get("optimizer") else "")
                           + (f", per 1K steps: 1000 train steps + {t.eval_batches_per_1k_steps} inference batches"
                              if t.get("eval_batches_per_1k_steps") else "") if timed else "not timed"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench_cli.engine.measure import PredictedOOM, is_oom  # noqa: F401  (PredictedOOM: raised by the one measurement path)
+from bench_cli.engine.counting import PredictedOOM, is_oom  # noqa: F401  (PredictedOOM: raised by the one measurement path)
 
 
 class PointTimeout(Exception):
@@ -142,11 +142,11 @@ def guarded(side: Side, stage: str, fn: Callable[[], Any], timeout_s: float | No
 
 def measure_static(side: Side, batch_size: int, flops: str, memory: str, device, budget_bytes: int | None) -> None:
     """Parameters, FLOPs (per sample) and peak memory (per batch) of a built side: the run's own
-    measurement path (bench_cli.engine.measure.measure_model) on the side's objective."""
-    from bench_cli.engine import measure as M
+    measurement path (bench_cli.engine.counting.measure_model) on the side's objective."""
+    from bench_cli.engine.counting import measure_model
 
     try:
-        M.measure_model(side.module, side.inputs, side.loss_fn, batch_size, flops=flops, memory=memory,
+        measure_model(side.module, side.inputs, side.loss_fn, batch_size, flops=flops, memory=memory,
                         budget_bytes=budget_bytes, into=side.metrics)
     finally:
         side.metrics.pop("attn_params", None)  # a profile row has the per-layer count
@@ -160,13 +160,13 @@ def train_step(side: Side) -> None:
     step when it has one (``profile.timing.optimizer``), as a training loop's step."""
     import torch
 
-    from bench_cli.engine.measure import _call
+    from bench_cli.engine.counting import call_model
 
     side.module.train()
     for p in side.module.parameters():
         p.grad = None
     with torch.enable_grad():
-        side.loss_fn(_call(side.module, side.inputs)).backward()
+        side.loss_fn(call_model(side.module, side.inputs)).backward()
     if side.optimizer is not None:
         side.optimizer.step()
 
@@ -175,11 +175,11 @@ def infer_step(side: Side) -> None:
     """One forward pass in eval mode without autograd."""
     import torch
 
-    from bench_cli.engine.measure import _call
+    from bench_cli.engine.counting import call_model
 
     side.module.eval()
     with torch.no_grad():
-        _call(side.module, side.inputs)
+        call_model(side.module, side.inputs)
 
 
 def _reset_peak_rss() -> bool:
@@ -197,13 +197,13 @@ def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, 
     """Warm-up steps of each side (the first one also gives ``rss_train_bytes`` on Linux), then
     rounds in which every side runs one timed train step and one timed inference step, the order
     reversed from round to round: at least ``repeats`` rounds, more until the times and their
-    ratios are precise or ``budget_s`` is spent (bench_cli.engine.measure.time_rounds). Each side keeps
+    ratios are precise or ``budget_s`` is spent (bench_cli.engine.timing.time_rounds). Each side keeps
     the seconds of every round in ``side.rounds`` (ratios are taken round by round) and reports
     medians with their quartiles; ``time_per_1k_steps_s`` = 1000 train steps plus
     ``eval_batches_per_1k`` inference batches (the evaluations a training script makes meanwhile)."""
     import gc
 
-    from bench_cli.engine.measure import Spread, seconds, time_rounds
+    from bench_cli.engine.timing import Spread, seconds, time_rounds
 
     for side in sides:
         def warm(side=side):
@@ -239,7 +239,7 @@ def profile_layer(attention: str, batch: int, seq_len: int, d_model: int, heads:
     input that requires grad; the training step's loss is the sum of the output."""
     import torch
 
-    from bench_cli.engine import measure as M
+    from bench_cli.engine import counting
     from models.attention import build_attention
 
     if attention == "super" and "max_len" not in options:
@@ -249,7 +249,7 @@ def profile_layer(attention: str, batch: int, seq_len: int, d_model: int, heads:
     inputs = {"x": x}
     with sdpa_backend(backend):
         return {
-            "params": M.count_parameters(layer),
-            "flops_forward": M.flops_forward(layer, inputs, meta=meta),
-            "flops_train_step": M.flops_train_step(layer, inputs, lambda out: out.sum(), meta=meta),
+            "params": counting.count_parameters(layer),
+            "flops_forward": counting.flops_forward(layer, inputs, meta=meta),
+            "flops_train_step": counting.flops_train_step(layer, inputs, lambda out: out.sum(), meta=meta),
         }
