@@ -85,6 +85,7 @@ __all__ = [
     "peak_memory_train_step",
     "per_sample",
     "process_peak_rss_bytes",
+    "storage_bytes",
 ]
 
 Inputs = Any  # dict of keyword args | tuple/list of positional args | a single tensor
@@ -234,15 +235,29 @@ def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
                                requires_grad=t.requires_grad)
 
 
+def _in_precision(forward: Callable[[], Any], device: torch.device, precision: str) -> Callable[..., Any]:
+    """``call(loss_fn=None)``: the forward (and ``loss_fn`` on its output) under the autocast of
+    ``trainer.precision`` (bench_cli.engine.env.autocast), as the trainer's forward_loss runs them;
+    the backward runs outside it, as the trainer's."""
+    from bench_cli.engine.env import autocast
+
+    def call(loss_fn: LossFn | None = None):
+        with autocast(device, precision):
+            out = forward()
+            return out if loss_fn is None else loss_fn(out)
+    return call
+
+
 @contextlib.contextmanager
-def _runner(model: nn.Module, inputs: Inputs, *, train: bool, meta: bool):
+def _runner(model: nn.Module, inputs: Inputs, *, train: bool, meta: bool, precision: str = "32"):
     """Yield ``(call, state, device)``: ``call()`` runs the model once on ``inputs`` (fake
-    copies when ``meta``); ``state`` are the parameters, buffers and tensor inputs it uses."""
+    copies when ``meta``) in ``precision`` (``call(loss_fn)``: and the loss on its output);
+    ``state`` are the parameters, buffers and tensor inputs it uses."""
     device = _device(model, inputs, skip_meta=meta)
     with _undisturbed(model, train, device):
         if not meta:
             state = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
-            yield (lambda: call_model(model, inputs)), state, device
+            yield _in_precision(lambda: call_model(model, inputs), device, precision), state, device
             return
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -264,7 +279,7 @@ def _runner(model: nn.Module, inputs: Inputs, *, train: bool, meta: bool):
                 return torch.func.functional_call(model, fake_state, args, kwargs)
 
             try:
-                yield call, [*fake_state.values(), *_tensors(fake_inputs)], device
+                yield _in_precision(call, device, precision), [*fake_state.values(), *_tensors(fake_inputs)], device
             except (RuntimeError, NotImplementedError) as e:
                 raise MetaCountingError(
                     f"{type(model).__name__} cannot run on fake/meta tensors "
@@ -272,9 +287,9 @@ def _runner(model: nn.Module, inputs: Inputs, *, train: bool, meta: bool):
                 ) from e
 
 
-def _train_step(call: Callable[[], Any], loss_fn: LossFn) -> None:
+def _train_step(call: Callable[..., Any], loss_fn: LossFn) -> None:
     with torch.enable_grad():
-        loss = loss_fn(call())
+        loss = call(loss_fn)
         if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
             raise ValueError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
                              f"of shape {tuple(getattr(loss, 'shape', ()))}")
@@ -290,15 +305,16 @@ def _count_flops(fn: Callable[[], Any]) -> int:
     return counter.get_total_flops()
 
 
-def flops_forward(model: nn.Module, inputs: Inputs, *, meta: bool = False) -> int:
+def flops_forward(model: nn.Module, inputs: Inputs, *, meta: bool = False, precision: str = "32") -> int:
     """FLOPs of one forward pass over the whole batch (eval mode, no_grad)."""
-    with _runner(model, inputs, train=False, meta=meta) as (call, _, _dev), torch.no_grad():
+    with _runner(model, inputs, train=False, meta=meta, precision=precision) as (call, _, _dev), torch.no_grad():
         return _count_flops(call)
 
 
-def flops_train_step(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool = False) -> int:
+def flops_train_step(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool = False,
+                     precision: str = "32") -> int:
     """FLOPs of forward + ``loss_fn(output)`` + backward over the whole batch (train mode, no optimizer step)."""
-    with _runner(model, inputs, train=True, meta=meta) as (call, _, _dev):
+    with _runner(model, inputs, train=True, meta=meta, precision=precision) as (call, _, _dev):
         return _count_flops(lambda: _train_step(call, loss_fn))
 
 
@@ -314,7 +330,9 @@ def per_sample(x: int | float, batch_size: int) -> float:
 _CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 
 
-def _storage_bytes(tensors: list[torch.Tensor], device: torch.device) -> int:
+def storage_bytes(tensors: list[torch.Tensor], device: torch.device) -> int:
+    """Bytes of the distinct storages of ``tensors`` on ``device``, each rounded up to the CUDA
+    allocator's 512-byte blocks: what they hold of the allocator's memory."""
     seen, total = set(), 0
     for t in tensors:
         if t.device != device:
@@ -333,7 +351,7 @@ def _peak_cuda(call: Callable[[], Any], state: list[torch.Tensor], device: torch
     torch.cuda.reset_peak_memory_stats(device)
     call()
     torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - baseline + _storage_bytes(state, device)
+    return torch.cuda.max_memory_allocated(device) - baseline + storage_bytes(state, device)
 
 
 def _peak_tracked(call: Callable[[], Any], state: list[torch.Tensor], device: torch.device) -> int:
@@ -360,15 +378,16 @@ def _peak(run: Callable[[], Any], state: list[torch.Tensor], device: torch.devic
     return _peak_tracked(run, state, device)
 
 
-def peak_memory_train_step(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool = False) -> int:
+def peak_memory_train_step(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool = False,
+                           precision: str = "32") -> int:
     """Peak bytes of forward + loss + backward (train mode) over the whole batch; see the module doc."""
-    with _runner(model, inputs, train=True, meta=meta) as (call, state, device):
+    with _runner(model, inputs, train=True, meta=meta, precision=precision) as (call, state, device):
         return _peak(lambda: _train_step(call, loss_fn), state, device, meta)
 
 
-def peak_memory_inference(model: nn.Module, inputs: Inputs, *, meta: bool = False) -> int:
+def peak_memory_inference(model: nn.Module, inputs: Inputs, *, meta: bool = False, precision: str = "32") -> int:
     """Peak bytes of one forward pass (eval mode, no_grad) over the whole batch; see the module doc."""
-    with _runner(model, inputs, train=False, meta=meta) as (call, state, device), torch.no_grad():
+    with _runner(model, inputs, train=False, meta=meta, precision=precision) as (call, state, device), torch.no_grad():
         return _peak(call, state, device, meta)
 
 
@@ -385,23 +404,24 @@ class PredictedOOM(MemoryError):
     """The tracked peak of a training step exceeds the memory budget (``profile.memory_budget_gb``)."""
 
 
-def _counted_flops(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, how: str) -> dict:
+def _counted_flops(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, how: str,
+                   precision: str = "32") -> dict:
     """FLOPs per sample of a forward and of a training step; ``how``: real, or meta (fake
     tensors), falling back to real tensors when the model needs tensor values."""
     meta = how == "meta"
     try:
-        fwd = flops_forward(model, inputs, meta=meta)
-        train = flops_train_step(model, inputs, loss_fn, meta=meta)
+        fwd = flops_forward(model, inputs, meta=meta, precision=precision)
+        train = flops_train_step(model, inputs, loss_fn, meta=meta, precision=precision)
     except MetaCountingError:
         meta = False
-        fwd = flops_forward(model, inputs)
-        train = flops_train_step(model, inputs, loss_fn)
+        fwd = flops_forward(model, inputs, precision=precision)
+        train = flops_train_step(model, inputs, loss_fn, precision=precision)
     return {"flops_forward": per_sample(fwd, batch_size), "flops_train_step": per_sample(train, batch_size),
             "flops_method": "FlopCounterMode on " + ("fake tensors" if meta else "real tensors")}
 
 
 def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, device: torch.device,
-                 budget_bytes: int | None) -> dict:
+                 budget_bytes: int | None, precision: str = "32") -> dict:
     """Peak memory of a training step and of inference. ``how``: real, fake (tracked on fake
     tensors), auto (fake unless on CUDA) or off; with ``budget_bytes``, a training step whose
     tracked peak exceeds it raises PredictedOOM before anything real runs."""
@@ -409,8 +429,8 @@ def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, de
     fake = how in ("fake", "off") or (how == "auto" and device.type != "cuda")
     if fake or budget_bytes is not None:
         try:
-            train_peak = peak_memory_train_step(model, inputs, loss_fn, meta=True)
-            infer_peak = peak_memory_inference(model, inputs, meta=True)
+            train_peak = peak_memory_train_step(model, inputs, loss_fn, meta=True, precision=precision)
+            infer_peak = peak_memory_inference(model, inputs, meta=True, precision=precision)
         except MetaCountingError:
             if budget_bytes is not None and device.type != "cuda":
                 raise PredictedOOM("cannot estimate the peak on fake tensors, so it is not run under "
@@ -424,22 +444,22 @@ def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, de
             out.update(peak_mem_train_bytes=train_peak, peak_mem_infer_bytes=infer_peak,
                        memory_method=f"MemTracker on fake tensors ({device.type})")
     if how != "off" and not fake:
-        out.update(peak_mem_train_bytes=peak_memory_train_step(model, inputs, loss_fn),
-                   peak_mem_infer_bytes=peak_memory_inference(model, inputs),
+        out.update(peak_mem_train_bytes=peak_memory_train_step(model, inputs, loss_fn, precision=precision),
+                   peak_mem_infer_bytes=peak_memory_inference(model, inputs, precision=precision),
                    memory_method=("CUDA allocator peak" if device.type == "cuda"
                                   else f"MemTracker on real tensors ({device.type})"))
         if device.type == "cuda":  # the allocator's peak, and beside it the estimate a CPU run would record
-            out.update(cuda_memory_columns(model, inputs, loss_fn))
+            out.update(cuda_memory_columns(model, inputs, loss_fn, precision))
     return out
 
 
-def cuda_memory_columns(model: nn.Module, inputs: Inputs, loss_fn: LossFn) -> dict:
+def cuda_memory_columns(model: nn.Module, inputs: Inputs, loss_fn: LossFn, precision: str = "32") -> dict:
     """What a CUDA measurement records beside ``peak_mem_*_bytes`` (there the allocator's peak,
     ``torch.cuda.max_memory_allocated``): which method gave them, and the MemTracker estimate on
     fake tensors (what the CPU records; None when the model reads tensor values)."""
     try:
-        train, infer = (peak_memory_train_step(model, inputs, loss_fn, meta=True),
-                        peak_memory_inference(model, inputs, meta=True))
+        train, infer = (peak_memory_train_step(model, inputs, loss_fn, meta=True, precision=precision),
+                        peak_memory_inference(model, inputs, meta=True, precision=precision))
     except MetaCountingError:
         train = infer = None
     return {"peak_mem_source": "torch.cuda.max_memory_allocated", "peak_mem_train_estimate_bytes": train,
@@ -469,7 +489,7 @@ class ValueReads(TorchDispatchMode):
 
 
 def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, *, flops: str = "real",
-                  memory: str = "real", budget_bytes: int | None = None,
+                  memory: str = "real", budget_bytes: int | None = None, precision: str = "32",
                   into: dict | None = None) -> dict[str, int | float | str]:
     """The one measurement path (a run's record and `attnbench profile` alike): parameters,
     FLOPs per sample of a forward and of a training step (``loss_fn``: the run's objective,
@@ -478,13 +498,14 @@ def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size:
 
     ``flops``: real | meta (fake tensors, falling back to real) | off. ``memory``: real | fake |
     auto (fake unless on CUDA) | off. ``budget_bytes``: refuse (PredictedOOM) a training step whose
-    tracked peak exceeds it. Nothing else is caught: a measurement that cannot be made raises.
+    tracked peak exceeds it. ``precision``: ``trainer.precision``'s autocast around the forward and
+    the loss, as training runs them. Nothing else is caught: a measurement that cannot be made raises.
     ``into``: the dict to fill (and return), measurement by measurement, so what was measured
     before a failure is kept."""
     out: dict = {} if into is None else into
     out.update(params=count_parameters(model), **attention_parameters(model))
     if flops != "off":
-        out.update(_counted_flops(model, inputs, loss_fn, batch_size, flops))
+        out.update(_counted_flops(model, inputs, loss_fn, batch_size, flops, precision))
     if memory != "off" or budget_bytes is not None:
-        out.update(_peak_memory(model, inputs, loss_fn, memory, _device(model, inputs), budget_bytes))
+        out.update(_peak_memory(model, inputs, loss_fn, memory, _device(model, inputs), budget_bytes, precision))
     return out
