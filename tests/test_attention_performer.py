@@ -224,7 +224,7 @@ def test_forward_backward_finite():
 def test_counted_on_fake_tensors_as_on_real_ones():
     """The stabiliser is found and used on the device (no value read on the host), so the profiler's
     meta counting runs it: the same FLOPs as on real tensors."""
-    from bench_cli.engine.measure import flops_forward, flops_train_step
+    from bench_cli.engine.counting import flops_forward, flops_train_step
 
     m = make().float()
     inputs = {"x": torch.randn(2, 70, D_MODEL, dtype=torch.float32), "mask": padded_batch(70)[1]}

@@ -1,11 +1,11 @@
-"""CUDA timing and memory (issue 37, item 3), checked without a GPU: the CUDA calls are replaced by
+"""CUDA timing and memory, checked without a GPU: the CUDA calls are replaced by
 recording fakes, so the test sees which clock `seconds` reads and where it synchronises."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from bench_cli.engine import measure as M
+from bench_cli.engine import counting, timing
 
 
 class FakeEvent:
@@ -29,16 +29,16 @@ def test_seconds_on_cuda_reads_cuda_events_with_one_sync_before(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream0")
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: FakeEvent(calls, next(names), enable_timing))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
-    took = M.seconds(lambda: calls.append("work"), torch.device("cuda:0"))
+    took = timing.seconds(lambda: calls.append("work"), torch.device("cuda:0"))
     assert took == 0.25  # elapsed_time's milliseconds, not the host's clock
     assert calls == ["synchronize", "start.record(stream0)", "work", "end.record(stream0)", "end.synchronize"]
-    assert M.timer_name(torch.device("cuda:0")) == "CUDA events"
+    assert timing.timer_name(torch.device("cuda:0")) == "CUDA events"
 
 
 def test_seconds_on_the_cpu_is_wall_clock_without_cuda_calls(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: (_ for _ in ()).throw(AssertionError))
-    assert 0 <= M.seconds(lambda: None, torch.device("cpu")) < 1
-    assert M.timer_name(torch.device("cpu")) == "time.perf_counter"
+    assert 0 <= timing.seconds(lambda: None, torch.device("cpu")) < 1
+    assert timing.timer_name(torch.device("cpu")) == "time.perf_counter"
 
 
 def test_cuda_memory_is_the_allocator_peak_beside_the_fake_tensor_estimate():
@@ -46,11 +46,11 @@ def test_cuda_memory_is_the_allocator_peak_beside_the_fake_tensor_estimate():
     run records, and says which is which. (The model sits on the CPU here: the allocator's part
     then falls back to the tracker, which does not change the columns checked.)"""
     model, x = nn.Linear(8, 4), torch.randn(16, 8)
-    out = M._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cuda"), None)
+    out = counting._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cuda"), None)
     assert out["peak_mem_source"] == "torch.cuda.max_memory_allocated"
-    assert out["peak_mem_train_estimate_bytes"] == M.peak_memory_train_step(model, x, lambda y: y.sum(), meta=True)
-    assert out["peak_mem_infer_estimate_bytes"] == M.peak_memory_inference(model, x, meta=True) > 0
-    cpu = M._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cpu"), None)
+    assert out["peak_mem_train_estimate_bytes"] == counting.peak_memory_train_step(model, x, lambda y: y.sum(), meta=True)
+    assert out["peak_mem_infer_estimate_bytes"] == counting.peak_memory_inference(model, x, meta=True) > 0
+    cpu = counting._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cpu"), None)
     assert "peak_mem_source" not in cpu  # CPU records keep their columns
 
 
@@ -62,7 +62,7 @@ def test_a_training_segment_on_cuda_waits_once_at_its_end(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream0")
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: FakeEvent(calls, next(names), enable_timing))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("synchronize"))
-    clock = M.RegionTimer(torch.device("cuda:0"))
+    clock = timing.RegionTimer(torch.device("cuda:0"))
     clock.start()
     for _ in range(3):
         calls.append("step")

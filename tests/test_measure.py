@@ -1,4 +1,5 @@
-"""Tests of bench_cli.engine.measure: counted FLOPs against analytic values, peak memory, parameters."""
+"""Tests of bench_cli.engine.counting (counted FLOPs against analytic values, peak memory,
+parameters) and of a run's measurement (bench_cli.engine.measure)."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ import torch
 import torch.nn as nn
 from torch.utils import flop_counter
 
-from bench_cli.engine import measure
+from bench_cli.engine import counting
 from models.attention import build_attention
 
 B, N, D, H = 2, 16, 32, 2
@@ -53,14 +54,14 @@ def counted_by_op(fn):
 def test_sdpa_formulas_registered_idempotently():
     assert CPU_FLASH in flop_counter.flop_registry
     assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward in flop_counter.flop_registry
-    assert measure.ensure_sdpa_formulas() == []  # second registration is a no-op, not an error
+    assert counting.ensure_sdpa_formulas() == []  # second registration is a no-op, not an error
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_flops_match_analytic_count(kind):
     model, inputs = attention(), make_inputs(kind)
     expected = 4 * PROJ + 2 * SDPA_MM
-    assert measure.flops_forward(model, inputs) == expected
+    assert counting.flops_forward(model, inputs) == expected
     # The attention part really is the fused CPU kernel, counted with torch's formula (not zero).
     with torch.no_grad():
         by_op = counted_by_op(lambda: model(**inputs))
@@ -76,32 +77,32 @@ def test_train_step_flops_match_analytic_count(kind, input_grad):
     proj = 4 * PROJ + 4 * PROJ + (4 if input_grad else 1) * PROJ
     # Fused SDPA: 2 matmuls forward, 5 backward (scores recomputed), torch's CUDA convention.
     sdpa = (2 + 5) * SDPA_MM
-    assert measure.flops_train_step(model, inputs, loss_fn) == proj + sdpa
+    assert counting.flops_train_step(model, inputs, loss_fn) == proj + sdpa
 
 
 def test_train_step_with_dropout_uses_math_path_on_cpu():
     # dropout > 0 makes SDPA fall back to its math path on the CPU: plain bmm's, whose backward
     # stores the scores, so 4 backward matmuls instead of the fused kernels' 5.
     model, inputs = attention(dropout=0.1), make_inputs("mask")
-    assert measure.flops_train_step(model, inputs, loss_fn) == 9 * PROJ + (2 + 4) * SDPA_MM
-    assert measure.flops_forward(model, inputs) == 4 * PROJ + 2 * SDPA_MM  # eval: no dropout
+    assert counting.flops_train_step(model, inputs, loss_fn) == 9 * PROJ + (2 + 4) * SDPA_MM
+    assert counting.flops_forward(model, inputs) == 4 * PROJ + 2 * SDPA_MM  # eval: no dropout
 
 
 def test_positional_and_single_tensor_inputs():
     model = attention()
     x = torch.randn(B, N, D)
     expected = 4 * PROJ + 2 * SDPA_MM
-    assert measure.flops_forward(model, (x,)) == expected
-    assert measure.flops_forward(model, x) == expected
-    assert measure.flops_forward(model, [x, None, True]) == expected
+    assert counting.flops_forward(model, (x,)) == expected
+    assert counting.flops_forward(model, x) == expected
+    assert counting.flops_forward(model, [x, None, True]) == expected
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_meta_counts_equal_real_counts(kind):
     model, inputs = attention(dropout=0.1), make_inputs(kind)
-    assert measure.flops_forward(model, inputs, meta=True) == measure.flops_forward(model, inputs)
-    assert (measure.flops_train_step(model, inputs, loss_fn, meta=True)
-            == measure.flops_train_step(model, inputs, loss_fn))
+    assert counting.flops_forward(model, inputs, meta=True) == counting.flops_forward(model, inputs)
+    assert (counting.flops_train_step(model, inputs, loss_fn, meta=True)
+            == counting.flops_train_step(model, inputs, loss_fn))
 
 
 def test_meta_counts_huge_sizes_without_compute():
@@ -110,8 +111,8 @@ def test_meta_counts_huge_sizes_without_compute():
         model = build_attention("softmax", d_model=D, n_heads=H)
         inputs = {"x": torch.empty(B, n, D), "mask": torch.ones(B, n, dtype=torch.bool)}
     start = time.perf_counter()
-    fwd = measure.flops_forward(model, inputs, meta=True)
-    train = measure.flops_train_step(model, inputs, loss_fn, meta=True)
+    fwd = counting.flops_forward(model, inputs, meta=True)
+    train = counting.flops_train_step(model, inputs, loss_fn, meta=True)
     assert time.perf_counter() - start < 30  # generous: CI shares its cores
     proj, mm = 2 * B * n * D * D, 2 * B * H * n * n * d
     assert fwd == 4 * proj + 2 * mm
@@ -128,9 +129,9 @@ def test_meta_failure_raises_clear_error():
             return self.lin(x) * x.abs().max().item()
 
     model, x = DataDependent(), torch.randn(B, N, D)
-    assert measure.flops_forward(model, (x,)) == 2 * B * N * D * D
-    with pytest.raises(measure.MetaCountingError, match="meta=False"):
-        measure.flops_forward(model, (x,), meta=True)
+    assert counting.flops_forward(model, (x,)) == 2 * B * N * D * D
+    with pytest.raises(counting.MetaCountingError, match="meta=False"):
+        counting.flops_forward(model, (x,), meta=True)
 
 
 def test_measuring_does_not_disturb_training():
@@ -143,8 +144,8 @@ def test_measuring_does_not_disturb_training():
     torch.manual_seed(123)
     expected_next_random = torch.rand(3)
     torch.manual_seed(123)
-    measure.flops_train_step(model, inputs, loss_fn)
-    measure.peak_memory_train_step(model, inputs, loss_fn)
+    counting.flops_train_step(model, inputs, loss_fn)
+    counting.peak_memory_train_step(model, inputs, loss_fn)
     assert torch.equal(torch.rand(3), expected_next_random)  # RNG stream untouched
     assert model[0].q_proj.weight.grad is old_grad
     assert all(p.grad is None for name, p in model.named_parameters() if name != "0.q_proj.weight")
@@ -154,13 +155,13 @@ def test_measuring_does_not_disturb_training():
 
 def test_loss_must_be_scalar():
     with pytest.raises(ValueError, match="scalar"):
-        measure.flops_train_step(attention(), make_inputs("plain"), lambda out: out)
+        counting.flops_train_step(attention(), make_inputs("plain"), lambda out: out)
 
 
 def test_per_sample():
-    assert measure.per_sample(300, 3) == 100
+    assert counting.per_sample(300, 3) == 100
     with pytest.raises(ValueError):
-        measure.per_sample(1, 0)
+        counting.per_sample(1, 0)
 
 
 # --------------------------------------------------------------------------- peak memory
@@ -174,18 +175,18 @@ def test_peak_inference_of_linear_is_state_plus_output():
     lin = nn.Linear(D, 3 * D)
     x = torch.randn(B, N, D)
     expected = nbytes(lin.weight, lin.bias, x) + B * N * 3 * D * 4
-    assert measure.peak_memory_inference(lin, (x,)) == expected
-    assert measure.peak_memory_inference(lin, (x,), meta=True) == expected
+    assert counting.peak_memory_inference(lin, (x,)) == expected
+    assert counting.peak_memory_inference(lin, (x,), meta=True) == expected
 
 
 def test_peak_memory_deterministic_and_train_above_inference():
     model, inputs = attention(), make_inputs("mask", n=64)
-    train = [measure.peak_memory_train_step(model, inputs, loss_fn) for _ in range(2)]
-    infer = [measure.peak_memory_inference(model, inputs) for _ in range(2)]
+    train = [counting.peak_memory_train_step(model, inputs, loss_fn) for _ in range(2)]
+    infer = [counting.peak_memory_inference(model, inputs) for _ in range(2)]
     assert train[0] == train[1] and infer[0] == infer[1]
     assert train[0] > infer[0] > nbytes(*model.parameters(), inputs["x"])
-    assert measure.peak_memory_train_step(model, inputs, loss_fn, meta=True) == train[0]
-    assert measure.peak_memory_inference(model, inputs, meta=True) == infer[0]
+    assert counting.peak_memory_train_step(model, inputs, loss_fn, meta=True) == train[0]
+    assert counting.peak_memory_inference(model, inputs, meta=True) == infer[0]
 
 
 class NaiveAttention(nn.Module):
@@ -198,19 +199,19 @@ class NaiveAttention(nn.Module):
 
 def test_peak_memory_scaling_naive_quadratic_fused_linear():
     lengths = (256, 512, 1024)
-    naive = [measure.peak_memory_inference(NaiveAttention(), (torch.randn(1, n, 16),)) for n in lengths]
+    naive = [counting.peak_memory_inference(NaiveAttention(), (torch.randn(1, n, 16),)) for n in lengths]
     for n, peak in zip(lengths, naive):
         assert peak >= 2 * n * n * 4  # scores and their softmax are alive together
     assert all(b / a > 3.5 for a, b in zip(naive, naive[1:]))  # ~4x per doubling of N
     # The fused CPU flash kernel never materialises N x N (its blocks are kernel-internal),
     # so the softmax layer's tracked peak grows linearly in N.
     model = attention()
-    fused = [measure.peak_memory_inference(model, {"x": torch.randn(1, n, D)}) for n in lengths]
+    fused = [counting.peak_memory_inference(model, {"x": torch.randn(1, n, D)}) for n in lengths]
     assert all(1.7 < b / a < 2.1 for a, b in zip(fused, fused[1:]))
 
 
 def test_process_peak_rss():
-    assert measure.process_peak_rss_bytes() > 10 * 2**20
+    assert counting.process_peak_rss_bytes() > 10 * 2**20
 
 
 # --------------------------------------------------------------------------- parameters
@@ -219,10 +220,10 @@ def test_process_peak_rss():
 def test_count_and_attention_parameters():
     per_layer = 4 * (D * D + D)
     model = nn.Sequential(attention(), nn.Linear(D, D), attention(seed=1))
-    assert measure.count_parameters(model) == 2 * per_layer + D * D + D
-    assert measure.attention_parameters(model) == {
+    assert counting.count_parameters(model) == 2 * per_layer + D * D + D
+    assert counting.attention_parameters(model) == {
         "attn_params": 2 * per_layer, "attn_layers": 2, "attn_params_per_layer": per_layer}
-    assert measure.attention_parameters(nn.Linear(D, D)) == {
+    assert counting.attention_parameters(nn.Linear(D, D)) == {
         "attn_params": 0, "attn_layers": 0, "attn_params_per_layer": 0}
 
 
@@ -235,14 +236,14 @@ def test_nested_attention_modules_count_once():
     wrapper.gate = nn.Parameter(torch.zeros(D))
     model = nn.Sequential(wrapper, nn.ReLU(), attention(seed=1))
     per_layer = 4 * (D * D + D)
-    assert measure.is_attention_module(wrapper) and measure.is_attention_module(wrapper.inner)
-    assert measure.attention_parameters(model) == {
+    assert counting.is_attention_module(wrapper) and counting.is_attention_module(wrapper.inner)
+    assert counting.attention_parameters(model) == {
         "attn_params": 2 * per_layer + D, "attn_layers": 2, "attn_params_per_layer": per_layer + D // 2}
 
 
 def test_measure_model():
     model, inputs = attention(), make_inputs("mask")
-    result = measure.measure_model(model, inputs, loss_fn, batch_size=B)
+    result = counting.measure_model(model, inputs, loss_fn, batch_size=B)
     assert result["params"] == result["attn_params"] == 4 * (D * D + D)
     assert result["flops_forward"] == (4 * PROJ + 2 * SDPA_MM) / B
     assert result["flops_train_step"] == (9 * PROJ + 7 * SDPA_MM) / B
@@ -252,7 +253,7 @@ def test_measure_model():
                            "memory_method"}
     assert result["flops_method"] == "FlopCounterMode on real tensors"
     assert result["memory_method"] == "MemTracker on real tensors (cpu)"
-    off = measure.measure_model(model, inputs, loss_fn, batch_size=B, flops="off", memory="off")
+    off = counting.measure_model(model, inputs, loss_fn, batch_size=B, flops="off", memory="off")
     assert set(off) == {"params", "attn_params", "attn_layers", "attn_params_per_layer"}
 
 

@@ -124,22 +124,23 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
     """The second job of the same model config and example batch (another seed: other weights) gets
     the first one's FLOPs and memory from the cache under the results folder, without measuring;
     a model whose forward reads a tensor value (ValueReads) is measured every time."""
-    from bench_cli.engine import measure as M
+    from bench_cli.engine import measure
     from bench_cli.engine.objective import Objective
     from bench_cli.config.taskfit import build_task
-    from bench_cli.engine.measure import measure_run as measure
+    from bench_cli.engine.counting import ValueReads
+    from bench_cli.engine.measure import measure_run
 
     cfg = compose([*TINY, "results.path=res/runs.csv"])
     task = build_task(cfg)
     task.setup("holdout")
     measured = []
-    real = M.measure_model
-    monkeypatch.setattr(M, "measure_model", lambda *a, **k: measured.append(1) or real(*a, **k))
+    real = measure.measure_model
+    monkeypatch.setattr(measure, "measure_model", lambda *a, **k: measured.append(1) or real(*a, **k))
 
     def job(seed):
         torch.manual_seed(seed)
         model = task.build_model(cfg.model)
-        return measure(task, model, cfg, torch.device("cpu"), Objective(task))
+        return measure_run(task, model, cfg, torch.device("cpu"), Objective(task))
 
     first, second = job(0), job(1)
     assert len(measured) == 1 and len(list((uea_fixture.parents[2] / "res" / ".measure_cache").glob("*.json"))) == 1
@@ -147,11 +148,11 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
         assert first[key] == second[key], key
     assert first["measure_time_s"] > 0 and second["measure_time_s"] >= 0
 
-    with M.ValueReads() as reads:
+    with ValueReads() as reads:
         x = torch.randn(4)
         x * 2
     assert not reads.seen
-    with M.ValueReads() as reads:
+    with ValueReads() as reads:
         float(x.sum()), x[x > 0]
     assert reads.seen == {"_local_scalar_dense", "index"}
 

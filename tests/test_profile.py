@@ -201,14 +201,16 @@ def test_forced_oom_point_is_recorded_and_the_grid_goes_on(workdir):
 
 
 def test_forced_timeout_point_is_recorded_and_the_grid_goes_on(workdir, monkeypatch):
-    real_step = harness.train_step
+    from bench_cli.commands.profile import steps
+
+    real_step = steps.train_step
 
     def slow_step(side):
         if next(iter(side.inputs.values())).shape[1] == 16:
             time.sleep(30)
         real_step(side)
 
-    monkeypatch.setattr(harness, "train_step", slow_step)
+    monkeypatch.setattr(steps, "train_step", slow_step)
     started = time.perf_counter()
     run_profile("profile.seq_lens=[8,16,12]", "profile.timeout_s=2", "profile.output=t.csv", *NO_FLOPS, *NO_MEMORY)
     assert time.perf_counter() - started < 20  # the sleeping steps (model and baseline) were interrupted
@@ -258,10 +260,10 @@ def test_presets_compose(preset):
 def test_title_names_the_command_once_and_rows_share_the_run_folders_id(workdir, capsys):
     from bench_cli.commands.profile import render
 
-    assert render.title(config.load_config([]), "cpu") == "profile: softmax vs softmax on uea (cpu)"
+    assert render.title(config.load_config([]), "cpu") == "profile: softmax vs softmax on uea (cpu, float32)"
     assert render.title(config.load_config(["profile=figure1"]), "cpu").startswith("profile figure1: attention_bn_sh vs")
     run_profile("profile.seq_lens=[8]", "profile.output=t.csv", "profile.timing.enabled=false", *NO_FLOPS, *NO_MEMORY)
-    assert "profile: softmax vs softmax on uea (cpu)" in capsys.readouterr().out
+    assert "profile: softmax vs softmax on uea (cpu, float32)" in capsys.readouterr().out
     (row,) = read_csv(workdir / "t.csv")
     (folder,) = (workdir / "outputs" / "profile").glob("*/*")
     assert folder.name == row["run_id"] and (folder / "config.yaml").is_file()
@@ -332,8 +334,10 @@ def test_several_models_and_tasks_share_the_baseline_and_get_the_papers_ratios(w
         "7,Ops,trans,sec,100\n7,Ops,lin,sec,80\n8,Seq,lin,sec,1\n")
     paper = ("profile.paper={csv:paper.csv,table:7,baseline:trans,models:{linear:lin},datasets:{uea:Seq,lra_listops:Ops},"
              "metrics:{time_per_1k_steps_s:sec,peak_mem_train_bytes:gb},source:tiny}")
-    optimisers, real_step = [], harness.train_step
-    monkeypatch.setattr(harness, "train_step", lambda side: (optimisers.append(side.optimizer), real_step(side)))
+    from bench_cli.commands.profile import steps
+
+    optimisers, real_step = [], steps.train_step
+    monkeypatch.setattr(steps, "train_step", lambda side: (optimisers.append(side.optimizer), real_step(side)))
     run_profile("profile.models=[linear,attention_sh]", "profile.timing.eval_batches_per_1k_steps=7",
                 "profile.timing.optimizer=true", "profile.tasks=[{task:uea,seq_lens:[8]},{task:lra_listops,seq_lens:[16],batch_size:2}]",
                 paper, "profile.report=eff.md", "profile.output=eff.csv", *NO_FLOPS)
@@ -365,18 +369,25 @@ def test_several_models_and_tasks_share_the_baseline_and_get_the_papers_ratios(w
     assert "| 0.25 (4.0x) | " in linear_seq and linear_seq.count("0.25 (4.0x)") == 2
 
 
-def test_timed_train_step_takes_the_optimiser_step():
+def test_timed_train_step_takes_the_optimiser_and_scheduler_steps():
     import torch
+
+    from bench_cli.commands.profile.steps import train_step
 
     module = torch.nn.Linear(3, 1)
     side = harness.Side("model", None, harness.Budget(None), module=module, inputs=torch.ones(2, 3),
                         loss_fn=lambda out: out.sum())
     before = module.weight.detach().clone()
-    harness.train_step(side)
-    assert torch.equal(module.weight, before) and module.weight.grad is not None  # no optimiser: no step
+    train_step(side)
+    assert torch.equal(module.weight, before) and module.weight.grad is None  # no optimiser: no step; grads freed
     side.optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    harness.train_step(side)
-    assert torch.allclose(module.weight, before - 0.1 * 2)  # d(sum of 2 outputs)/dW = 2 per weight
+    side.scheduler = torch.optim.lr_scheduler.OneCycleLR(side.optimizer, max_lr=0.1, total_steps=3)
+    lrs = []
+    for _ in range(4):  # the scheduler steps with the optimiser, and stops at its last step (OneCycleLR would raise)
+        train_step(side)
+        lrs.append(side.optimizer.param_groups[0]["lr"])
+    assert len(set(lrs[:2])) == 2 and lrs[-1] == lrs[-2]
+    assert not torch.allclose(module.weight, before) and module.weight.grad is None
 
 
 def test_primal_lra_efficiency_preset_covers_table4(monkeypatch):

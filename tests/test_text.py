@@ -20,7 +20,7 @@ import torch
 from bench_cli.commands.cli import main
 from bench_cli.config.compose import compose, load_option
 from bench_cli.core.errors import DataNotFoundError, UserError
-from bench_cli.engine.measure import attention_parameters, count_parameters
+from bench_cli.engine.counting import attention_parameters, count_parameters
 from bench_cli.core.metrics import BLEU, accumulate
 from bench_cli.results.records import read_records
 from bench_cli.config.taskfit import build_task, check_model_fits_task

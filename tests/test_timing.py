@@ -1,4 +1,4 @@
-"""The one timer (bench_cli.engine.measure.time_rounds), the spread it reports and the noise it detects:
+"""The one timer (bench_cli.engine.timing.time_rounds), the spread it reports and the noise it detects:
 deterministic with a fake clock; the commands' noisy flag with a faked load average."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bench_cli.core.spread import NOISY_NOTE, Spread, interval_text, ratio_spread
-from bench_cli.engine.measure import Conditions, time_rounds, timed
+from bench_cli.engine.timing import Conditions, time_rounds, timed
 
 
 class FakeClock:
@@ -98,15 +98,32 @@ def test_conditions_say_noisy_when_the_load_exceeds_the_cores(monkeypatch):
     assert busy.noise().startswith(NOISY_NOTE) and "load 7.0 on 2 cores" in busy.noise()
 
 
+def test_a_timing_session_gives_one_verdict_and_a_row_its_own(monkeypatch):
+    """The session profile, bench and bench --against-reference share: the load before and after,
+    the spreads judged, and timing_noisy as a reason ('' when the times can be trusted)."""
+    from bench_cli.engine.timing import TimingSession
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    session = TimingSession()
+    session.judge(Spread.of([1.0, 1.0, 1.0]))
+    assert session.done().noise == "" and session.columns()["timing_noisy"] == ""
+    wide = session.columns([Spread.of([1.0, 2.0, 3.0])])  # a row's own wide ratio: that row alone is noisy
+    assert wide["timing_noisy"].startswith(NOISY_NOTE) and "1 time(s) with IQR > 10%" in wide["timing_noisy"]
+    assert session.columns()["timing_noisy"] == "" and wide["load_before"] == 0.2
+
+
 @pytest.mark.parametrize("load", [0.0, 50.0])
 def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
     from bench_cli.commands.bench_attention import main
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     results = main(["--seq-lens", "16", "--d-model", "8", "--heads", "2", "--repeats", "1", "--budget", "0",
                     "--variants", "linear"])
     out = " ".join(capsys.readouterr().out.split())
-    assert all(r["timing_noisy"] == (load > 0) for r in results)  # one round: no spread, the load decides
+    # one round: no spread, the load decides; the column is the reason ('' when trusted), as in a run's record
+    assert all(r["timing_noisy"] == (f"{NOISY_NOTE} (load {load:.1f} on 2 cores)" if load else "") for r in results)
     assert ("noisy: rerun on an idle machine" in out) == (load > 0)
     assert f"load average (1 min) before {load:.2f}" in out
 

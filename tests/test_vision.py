@@ -267,7 +267,7 @@ PER_LAYER = {
 
 @pytest.mark.parametrize("dataset", list(PER_LAYER))
 def test_vit_tokens_and_parameters_per_attention_layer_are_the_tables(dataset):
-    from bench_cli.engine.measure import attention_parameters
+    from bench_cli.engine.counting import attention_parameters
 
     tokens, table = PER_LAYER[dataset]
     for model, printed in table.items():
@@ -283,7 +283,7 @@ def test_vit_tokens_and_parameters_per_attention_layer_are_the_tables(dataset):
 
 
 def test_vit_totals_near_the_tables_mnist_and_table7():
-    from bench_cli.engine.measure import count_parameters
+    from bench_cli.engine.counting import count_parameters
 
     _, mnist = build_on_meta("vit", "standard")
     assert 250_000 < count_parameters(mnist) < 320_000  # "300K (MNIST)" (papers/002 Sec. 4.1)
@@ -297,7 +297,7 @@ def test_vit_totals_near_the_tables_mnist_and_table7():
 def test_deit_tiny_with_4_heads_and_deit_small_match_timm():
     """Our DeiT (registry attention in models.layers.EncoderLayer) has timm's parameter count and
     197 tokens; primal-dual's DeiT-tiny uses 4 heads (48 dims each), the same count."""
-    from bench_cli.engine.measure import attention_parameters, count_parameters
+    from bench_cli.engine.counting import attention_parameters, count_parameters
     from tasks.vision.torchvision_shim import import_timm
 
     timm = import_timm()

@@ -80,8 +80,8 @@ def build_runners(name, n, args):
 def time_length(names, n, args) -> dict:
     """Per variant: the (forward, fwd+bwd) seconds of each round, or None when it cannot run. A round
     runs every variant once, the order reversed from round to round, so that load from other
-    processes hits all of them alike and each round gives one ratio to softmax (bench_cli.engine.measure)."""
-    from bench_cli.engine.measure import time_rounds, timed
+    processes hits all of them alike and each round gives one ratio to softmax (bench_cli.engine.timing)."""
+    from bench_cli.engine.timing import time_rounds, timed
 
     runners = {name: build_runners(name, n, args) for name in names}
     live = {name: r for name, r in runners.items() if r is not None}
@@ -232,10 +232,10 @@ def main(argv=None) -> list[tuple]:
     names = available_attentions()
     if args.variants:  # known: check_sizes
         names = ["softmax"] + [n for n in names if n in args.variants and n != "softmax"]
-    from bench_cli.engine.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
+    from bench_cli.engine.timing import NOISY_NOTE, Spread, TimingSession, ratio_spread
 
-    conditions = Conditions.now()
-    rows, results, spreads = [], [], []
+    session = TimingSession()
+    rows, results = [], []
     for n in args.seq_lens:
         timed = time_length(["softmax"] + [v for v in names if v != "softmax"], n, args)
         reference = timed["softmax"]
@@ -248,7 +248,7 @@ def main(argv=None) -> list[tuple]:
             for mode, mine, base in zip(("forward", "fwd_bwd"), t, reference):
                 time_s, ratio = Spread.of(mine), ratio_spread(mine, base)
                 tokens = time_s.scaled(args.batch * n)
-                spreads.append(ratio if name != "softmax" else time_s)
+                session.judge(ratio if name != "softmax" else time_s)
                 result.update({**time_s.columns(f"{mode}_s"), **ratio.columns(f"{mode}_ratio", 4),
                                f"{mode}_rounds": time_s.n, f"{mode}_samples_per_s": round(args.batch / time_s.median, 3),
                                f"{mode}_tokens_per_s": round(tokens.median, 1)})
@@ -257,17 +257,16 @@ def main(argv=None) -> list[tuple]:
             results.append(result)
             (fwd, fwd_x, fwd_tok), (bwd, bwd_x, bwd_tok) = cells
             rows.append([name, str(n), fwd, fwd_x, bwd, bwd_x, fwd_tok, bwd_tok])
-    conditions.done()
-    noise = conditions.noise(spreads)
+    noise = session.done().noise
     for r in results:
-        r.update(conditions.columns(), timing_noisy=bool(noise))
+        r.update(session.columns())
     mode = "causal" if args.causal else "bidirectional"
     render(rows, f"attention speed ({mode}, d_model={args.d_model}, heads={args.heads}, batch={args.batch}, "
-                 f"median of >= {args.repeats} rounds, {conditions.threads} threads)"
+                 f"median of >= {args.repeats} rounds, {session.conditions.threads} threads)"
                  + (f" ({NOISY_NOTE})" if noise else ""),
            [*notes_for(names, args.seq_lens, args),
             "x softmax: median of the rounds' ratios and, in brackets, their IQR (! wider than 10% of the median); "
-            "tok/s: batch x N tokens per second (samples/s: tok/s / N)", conditions.line(), *([noise] if noise else [])])
+            "tok/s: batch x N tokens per second (samples/s: tok/s / N)", session.line(), *([noise] if noise else [])])
     return results
 
 

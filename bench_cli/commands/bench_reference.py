@@ -203,8 +203,8 @@ def prime_allocator() -> None:
 
 def time_pairs(ours, theirs, args) -> tuple[list[float], list[float]]:
     """Seconds of alternating pairs (ours first in even pairs), after one warm-up each: at least
-    --repeats pairs, more until the ratio is precise or --budget seconds are spent (bench_cli.engine.measure)."""
-    from bench_cli.engine.measure import time_rounds, timed
+    --repeats pairs, more until the ratio is precise or --budget seconds are spent (bench_cli.engine.timing)."""
+    from bench_cli.engine.timing import time_rounds, timed
 
     prime_allocator()
     a, b = time_rounds([timed(ours), timed(theirs)], min_rounds=args.repeats, budget_s=args.budget)
@@ -239,11 +239,11 @@ def run(args) -> list[dict]:
 
 def _time_and_show(names: list[str], args) -> list[dict]:
     from bench_cli.core.extras import install_hint
-    from bench_cli.engine.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
+    from bench_cli.engine.timing import NOISY_NOTE, Spread, TimingSession, ratio_spread
     from bench_cli.core.ui import console, show_table
 
-    conditions = Conditions.now()
-    rows, results, notes, spreads = [], [], [], []
+    session = TimingSession()
+    rows, results, notes = [], [], []
     untimed = [name for name in names if name in PACKAGE_REFERENCES]
     if untimed and import_transformers() is not None:
         untimed = []
@@ -261,8 +261,7 @@ def _time_and_show(names: list[str], args) -> list[dict]:
             if difference > 1e-3:
                 notes.append(f"{name} N={n}: outputs differ from the reference by up to {difference:.2g}")
             a, b = time_pairs(ours, theirs, args)
-            mine, ref, ratio = Spread.of(a), Spread.of(b), ratio_spread(a, b)
-            spreads.append(ratio)
+            mine, ref, ratio = Spread.of(a), Spread.of(b), session.judge(ratio_spread(a, b))
             tokens = mine.scaled(args.batch * n)
             result = {"variant": name, "n": n, "ours_s": mine.median, "reference_s": ref.median,
                       "ratio": ratio.median, "q1": ratio.q1, "q3": ratio.q3, "pairs": ratio.n,
@@ -271,11 +270,10 @@ def _time_and_show(names: list[str], args) -> list[dict]:
             rows.append([name, str(n), f"{mine.median * 1e3:.1f}", f"{ref.median * 1e3:.1f}",
                          f"{ratio.median:.2f}", f"{ratio.q1:.2f}-{ratio.q3:.2f}" + (" !" if ratio.noisy else ""),
                          f"{tokens.median:.3g}"])
-    conditions.done()
-    noise = conditions.noise(spreads)
+    noise = session.done().noise
     for r in results:
-        r.update(conditions.columns(), timing_noisy=bool(noise))
-    threads = conditions.threads
+        r.update(session.columns())
+    threads = session.conditions.threads
     show_table(f"vs reference: fwd+bwd float32, batch {args.batch}, >= {args.repeats} pairs, "
                f"{threads} thread{'s' if threads > 1 else ''}" + (f" ({NOISY_NOTE})" if noise else ""),
                ["variant", "N", "ours ms", "ref ms", "ratio", "IQR", "ours tok/s"], rows)
@@ -286,7 +284,7 @@ def _time_and_show(names: list[str], args) -> list[dict]:
                           "variants", highlight=False)
     console.print("ratio: median of the pairs' ours / reference (< 1: faster); IQR of the pair ratios (! wider "
                   "than 10% of the median); tok/s: tokens of a fwd+bwd step per second", highlight=False)
-    console.print(conditions.line(), highlight=False)
+    console.print(session.line(), highlight=False)
     if noise:
         console.print(f"[red]{noise}[/]", highlight=False)
     for note in ([PACKAGE_NOTE.format(names=", ".join(untimed), hint=install_hint("bench"))] if untimed else []) + notes:

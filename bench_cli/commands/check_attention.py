@@ -339,9 +339,9 @@ def _objective(y: torch.Tensor) -> torch.Tensor:
 
 
 def check_flops(s: Suite) -> str:
-    """FlopCounterMode counts FLOPs (bench_cli.engine.measure, with the CPU SDPA formulas registered) of a
+    """FlopCounterMode counts FLOPs (bench_cli.engine.counting, with the CPU SDPA formulas registered) of a
     float32 forward and of a training step: both non-zero."""
-    from bench_cli.engine.measure import flops_forward, flops_train_step
+    from bench_cli.engine.counting import flops_forward, flops_train_step
     from bench_cli.core.ui import human
 
     m = s.module(torch.float32)
@@ -353,8 +353,8 @@ def check_flops(s: Suite) -> str:
 
 
 def check_memory(s: Suite) -> str:
-    """Peak memory (bench_cli.engine.measure) of a float32 training step and of inference: both measured, non-zero."""
-    from bench_cli.engine.measure import peak_memory_inference, peak_memory_train_step
+    """Peak memory (bench_cli.engine.counting) of a float32 training step and of inference: both measured, non-zero."""
+    from bench_cli.engine.counting import peak_memory_inference, peak_memory_train_step
     from bench_cli.core.ui import human
 
     m = s.module(torch.float32)

@@ -242,7 +242,7 @@ def cmd_validate(args: list[str]) -> None:
     check_single_job(cfg, overrides)
     from rich.syntax import Syntax
 
-    from bench_cli.engine.measure import attention_parameters, count_parameters
+    from bench_cli.engine.counting import attention_parameters, count_parameters
     from bench_cli.commands.validate import check_config
 
     with open_dict(cfg):

@@ -187,7 +187,7 @@ def synthetic_steps(overrides: list[str], steps: int = 3, seq_len: int = 128, ba
     import torch
 
     from bench_cli.config import compose as C
-    from bench_cli.engine.measure import _call
+    from bench_cli.engine.counting import call_model as _call
     from bench_cli.engine.objective import Objective
     from bench_cli.config.taskfit import build_task
     from bench_cli.engine.env import autocast, seed_everything, select_device

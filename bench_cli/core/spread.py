@@ -1,6 +1,6 @@
 """A measurement's spread: the median of repeated measurements with its interquartile range, the
 ratio of two series measured round by round, and how a table shows them (torch-free: reports use
-it too). Timing itself is bench_cli.engine.measure.time_rounds."""
+it too). Timing itself is bench_cli.engine.timing.time_rounds."""
 from __future__ import annotations
 
 import statistics

@@ -45,5 +45,5 @@ class Objective:
             raise ValueError(f"the objective differs: the checkpoint's {state}, this run's {self.state_dict()}")
 
     def on(self, model: torch.nn.Module, batch: dict) -> Callable:
-        """``loss_fn(output)`` of one batch, for the measurements (bench_cli.engine.measure)."""
+        """``loss_fn(output)`` of one batch, for the measurements (bench_cli.engine.counting)."""
         return lambda output: self(model, output, batch)

@@ -22,7 +22,8 @@ from bench_cli.core.files import write_atomically
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.engine.checkpoint import Checkpoints
 from bench_cli.engine.env import Environment, prepare_environment, unprepared_environment
-from bench_cli.engine.measure import Conditions, measure_run
+from bench_cli.engine.measure import measure_run
+from bench_cli.engine.timing import Conditions
 from bench_cli.engine.objective import Objective
 from bench_cli.engine.trainer import Trainer
 from bench_cli.results import records, schema

@@ -33,7 +33,7 @@ from bench_cli.engine.objective import Objective
 from bench_cli.engine.optim import make_optimizer, make_scheduler, parameter_groups
 from bench_cli.core.task import EvalContext, to_device
 from bench_cli.engine.env import autocast, seed_worker
-from bench_cli.engine.measure import RegionTimer
+from bench_cli.engine.timing import RegionTimer
 
 
 @dataclass

@@ -50,7 +50,7 @@ COLUMNS = [
     # folder and its size when the run ended (an ok job's is then removed unless keep_final)
     "resumed_from", "sittings", "checkpoint_dir", "checkpoint_bytes",
 ]
-# timing (bench_cli.engine.measure, issue 39): the per-epoch time's quartiles over the epochs (its median is
+# timing (bench_cli.engine.timing): the per-epoch time's quartiles over the epochs (its median is
 # time_per_epoch_s) and the inference batches', the 1-minute load average before and after the run,
 # torch's threads, and why the run's times are not to be trusted ('' when they are)
 TIMING_COLUMNS = ["time_per_epoch_s_q1", "time_per_epoch_s_q3", "infer_time_per_batch_s_q1",
@@ -127,7 +127,7 @@ def epoch_time_columns(result) -> dict:
 
 
 def timing_columns(conditions, row: dict) -> dict:
-    """The load, threads and ``timing_noisy`` of a run (``conditions``: bench_cli.engine.measure.Conditions,
+    """The load, threads and ``timing_noisy`` of a run (``conditions``: bench_cli.engine.timing.Conditions,
     done): noisy when the load exceeded the cores or the epochs' or inference batches' IQR is wide."""
     from bench_cli.core.spread import Spread
 
@@ -139,7 +139,7 @@ def timing_columns(conditions, row: dict) -> dict:
 
 
 def measurement_columns(measured: dict) -> dict:
-    """What bench_cli.engine.measure gave, under the record's names (FLOPs per sample; whole numbers as
+    """What bench_cli.engine.counting and .measure gave, under the record's names (FLOPs per sample; whole numbers as
     integers, as the records always held them)."""
     return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in measured.items()}
 

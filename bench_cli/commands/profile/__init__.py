@@ -9,7 +9,7 @@ Two modes (``profile.mode``), both without any dataset:
     the same synthetic batch of the task's shape (``Task.setup_synthetic`` /
     ``Task.synthetic_batch``) and measure, in the same run:
 
-    * parameters, total and per attention layer (``bench_cli.engine.measure``);
+    * parameters, total and per attention layer (``bench_cli.engine.counting``);
     * FLOPs per sample of a forward pass and of a training step (forward + loss + backward),
       counted with FlopCounterMode and the fused-SDPA formulas; with ``profile.flops=meta`` on
       fake tensors (identical counts, no compute, any size);
@@ -38,7 +38,7 @@ Two modes (``profile.mode``), both without any dataset:
     the paper's Eqn. (24), FLOPs = C_Attn * l * d_m + 15 * h * l^2; the data for its
     Figures 2-4. See :mod:`bench_cli.commands.reproduce.pba`.
 
-FLOP conventions (bench_cli.engine.measure): 2 FLOPs per multiply-accumulate of every matmul-like op;
+FLOP conventions (bench_cli.engine.counting): 2 FLOPs per multiply-accumulate of every matmul-like op;
 element-wise work (softmax, norms, bias adds, pooling) is not counted. Fused SDPA: forward
 4*B*H*N^2*d, backward 10*B*H*N^2*d (torch's convention: the scores are recomputed, 2.5x the
 forward); the math path stores the scores and its backward is 8*B*H*N^2*d (2x the forward).

@@ -81,7 +81,7 @@ def cmd_profile(args: list[str]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     if not bool(p.append) and output.exists():
         output.unlink()
-    from bench_cli.engine.measure import Conditions
+    from bench_cli.engine.timing import Conditions
 
     conditions = Conditions.now()
     rows, images = [], []
@@ -93,11 +93,14 @@ def cmd_profile(args: list[str]) -> None:
             rows, images = rows + task_rows, images + task_images
     if p.get("report") and p.get("paper") is not None:
         from bench_cli.commands.profile.paper_table import markdown
+        from bench_cli.commands.profile.render import precision
 
         notes = f"{p.report_notes or ''}\n\nMeasured under: {conditions.done().line()}."
         report = Path(str(p.report))
         report.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(report, markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}", notes))
+        write_atomically(report, markdown(rows, p.paper, f"{label(p.name)}: ratios to {cfg.baseline}"
+                                          + (f" and to fused {p.fused_baseline}" if p.get("fused_baseline") else "")
+                                          + f" ({precision(cfg)})", notes))
         images.append(report)
     console.print(f"[green]ok[/]: {len(rows)} points -> {output}, " + _figure_files(images)
                   + f" ({time.perf_counter() - started:.0f} s)")

@@ -92,6 +92,13 @@ def validate(cfg: DictConfig) -> None:
             raise unknown_choice("profile.timing.sdpa_backends entry", str(b), SDPA_BACKENDS)
     if not isinstance(t.get("optimizer"), bool):
         raise UserError(f"profile.timing.optimizer must be true or false, got {t.get('optimizer')!r}")
+    for key in ("scheduler",):
+        if not isinstance(t.get(key, False), bool):
+            raise UserError(f"profile.timing.{key} must be true or false, got {t.get(key)!r}")
+    steps = t.get("steps_per_round", 1)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise UserError(f"profile.timing.steps_per_round must be an integer >= 1, got {steps!r}")
+    _validate_regime(cfg)
     budget_s = t.get("budget_s", 0)
     if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s < 0:
         raise UserError(f"profile.timing.budget_s must be a number of seconds >= 0, got {budget_s!r}")
@@ -107,6 +114,9 @@ def validate(cfg: DictConfig) -> None:
     baseline = cfg.get("baseline")
     if baseline is not None and str(baseline) not in models:
         raise unknown_choice("baseline model", str(baseline), models)
+    fused = p.get("fused_baseline")
+    if fused is not None and str(fused) not in models:
+        raise unknown_choice("profile.fused_baseline", str(fused), models)
     for m in p.get("models") or []:
         if str(m) not in models:
             raise unknown_choice("profile.models entry", str(m), models)
@@ -126,3 +136,23 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(f"task '{cfg.task.name}' has no task.backbone.d_model to sweep; set profile.d_models=null")
         if heads and d % heads:
             raise UserError(f"profile.d_models: {d} is not divisible by task.backbone.n_heads={heads}")
+
+
+def _validate_regime(cfg: DictConfig) -> None:
+    """profile.regime's keys and trainer.precision, checked as a run checks them."""
+    from bench_cli.engine.env import PRECISIONS
+
+    precision = str(cfg.trainer.get("precision", "32"))
+    if precision not in PRECISIONS:
+        raise unknown_choice("trainer.precision", precision, PRECISIONS)
+    regime = cfg.profile.get("regime") or {}
+    for key in regime:
+        if key not in ("attention_float32", "checkpoint_attention", "memory_over_timed_steps"):
+            raise UserError(f"unknown key profile.regime.{key}; valid: attention_float32, checkpoint_attention, "
+                            "memory_over_timed_steps")
+    for key in ("attention_float32", "memory_over_timed_steps"):
+        if not isinstance(regime.get(key, False), bool):
+            raise UserError(f"profile.regime.{key} must be true or false, got {regime.get(key)!r}")
+    names = regime.get("checkpoint_attention") or []
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"profile.regime.checkpoint_attention must be a list of attention names, got {names!r}")

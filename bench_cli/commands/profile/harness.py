@@ -1,6 +1,7 @@
-"""The measurement harness of `attnbench profile`: one side (the model or the baseline) at one
-point, under a time budget and a memory budget, with every failure recorded instead of raised;
-and the parameters and FLOPs of a single attention layer.
+"""The measurement harness of `attnbench profile`: one side (the model, the baseline or the fused
+baseline) at one point, under a time budget and a memory budget, with every failure recorded
+instead of raised; and the parameters and FLOPs of a single attention layer. Its timed steps are
+bench_cli/commands/profile/steps.py.
 
 A side whose tracked training peak exceeds the memory budget is ``oom`` without running; an
 out-of-memory error is ``oom``; a side past its seconds is ``timeout``; any other error is
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench_cli.engine.measure import PredictedOOM, is_oom  # noqa: F401  (PredictedOOM: raised by the one measurement path)
+from bench_cli.engine.counting import PredictedOOM, is_oom  # noqa: F401  (PredictedOOM: raised by the one measurement path)
 
 
 class PointTimeout(Exception):
@@ -34,11 +35,11 @@ def memory_budget_bytes(setting, device) -> int | None:
         return int(float(setting) * 2**30)
     if getattr(device, "type", "cpu") == "cuda":
         return None  # the CUDA allocator raises a catchable OutOfMemoryError
-    available = _proc_bytes("/proc/meminfo", "MemAvailable")
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
     return int(0.8 * available) if available else None
 
 
-def _proc_bytes(path: str, field_name: str) -> int | None:
+def proc_bytes(path: str, field_name: str) -> int | None:
     """A ``Name:  N kB`` field of a Linux /proc file in bytes (None elsewhere)."""
     try:
         for line in Path(path).read_text().splitlines():
@@ -109,6 +110,13 @@ class Side:
     inputs: Any = None
     loss_fn: Callable | None = None
     optimizer: Any = None          # stepped by train_step when profile.timing.optimizer (the run's optimiser)
+    scheduler: Any = None          # its lr scheduler, stepped after it when profile.timing.scheduler
+    scaler: Any = None             # the trainer's GradScaler (enabled for trainer.precision=fp16)
+    device: Any = None
+    precision: str = "32"          # trainer.precision: the autocast of the forward and the loss
+    backend: str = "auto"          # the SDPA backends the side runs under (the point's; auto for the fused side)
+    kernels: dict = field(default_factory=dict)  # which SDPA kernels its warm-up steps ran (train, infer)
+    step_peaks: list = field(default_factory=list)  # CUDA: allocator peak above the step's start, per timed step
     metrics: dict = field(default_factory=dict)
     rounds: dict = field(default_factory=dict)  # seconds of each timing round per timed metric (time_sides)
     status: str = "ok"
@@ -142,92 +150,15 @@ def guarded(side: Side, stage: str, fn: Callable[[], Any], timeout_s: float | No
 
 def measure_static(side: Side, batch_size: int, flops: str, memory: str, device, budget_bytes: int | None) -> None:
     """Parameters, FLOPs (per sample) and peak memory (per batch) of a built side: the run's own
-    measurement path (bench_cli.engine.measure.measure_model) on the side's objective."""
-    from bench_cli.engine import measure as M
+    measurement path (bench_cli.engine.counting.measure_model) on the side's objective."""
+    from bench_cli.engine.counting import measure_model
 
     try:
-        M.measure_model(side.module, side.inputs, side.loss_fn, batch_size, flops=flops, memory=memory,
-                        budget_bytes=budget_bytes, into=side.metrics)
+        with sdpa_backend(side.backend):
+            measure_model(side.module, side.inputs, side.loss_fn, batch_size, flops=flops, memory=memory,
+                          budget_bytes=budget_bytes, precision=side.precision, into=side.metrics)
     finally:
         side.metrics.pop("attn_params", None)  # a profile row has the per-layer count
-
-
-# =========================================================================== timing
-
-
-def train_step(side: Side) -> None:
-    """Forward + loss + backward (train mode), gradients cleared first; then the side's optimiser
-    step when it has one (``profile.timing.optimizer``), as a training loop's step."""
-    import torch
-
-    from bench_cli.engine.measure import _call
-
-    side.module.train()
-    for p in side.module.parameters():
-        p.grad = None
-    with torch.enable_grad():
-        side.loss_fn(_call(side.module, side.inputs)).backward()
-    if side.optimizer is not None:
-        side.optimizer.step()
-
-
-def infer_step(side: Side) -> None:
-    """One forward pass in eval mode without autograd."""
-    import torch
-
-    from bench_cli.engine.measure import _call
-
-    side.module.eval()
-    with torch.no_grad():
-        _call(side.module, side.inputs)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark of this process to its current RSS (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def time_sides(sides: list[Side], warmup: int, repeats: int, device, timeout_s, eval_batches_per_1k: int = 0,
-               budget_s: float = 0.0) -> None:
-    """Warm-up steps of each side (the first one also gives ``rss_train_bytes`` on Linux), then
-    rounds in which every side runs one timed train step and one timed inference step, the order
-    reversed from round to round: at least ``repeats`` rounds, more until the times and their
-    ratios are precise or ``budget_s`` is spent (bench_cli.engine.measure.time_rounds). Each side keeps
-    the seconds of every round in ``side.rounds`` (ratios are taken round by round) and reports
-    medians with their quartiles; ``time_per_1k_steps_s`` = 1000 train steps plus
-    ``eval_batches_per_1k`` inference batches (the evaluations a training script makes meanwhile)."""
-    import gc
-
-    from bench_cli.engine.measure import Spread, seconds, time_rounds
-
-    for side in sides:
-        def warm(side=side):
-            for i in range(warmup):
-                gc.collect()
-                before = _proc_bytes("/proc/self/status", "VmRSS") if i == 0 and _reset_peak_rss() else None
-                train_step(side)
-                if before is not None:
-                    peak = _proc_bytes("/proc/self/status", "VmHWM")
-                    side.metrics["rss_train_bytes"] = max(0, peak - before) if peak is not None else None
-                infer_step(side)
-        guarded(side, "warm-up", warm, timeout_s)
-    steps = [lambda side=side, step=step: guarded(side, "timing", lambda: seconds(lambda: step(side), device), timeout_s)
-             for side in sides for step in (train_step, infer_step)]
-    times = time_rounds(steps, min_rounds=repeats, budget_s=budget_s, warmup=0)
-    for i, side in enumerate(sides):
-        train, infer = times[2 * i], times[2 * i + 1]
-        side.rounds = {"time_train_s": train, "time_infer_s": infer,
-                       "time_per_1k_steps_s": [1000 * a + eval_batches_per_1k * b for a, b in zip(train, infer)]}
-        if side.ok and train and infer:
-            for key, values in side.rounds.items():
-                spread = Spread.of(values)
-                side.metrics.update(spread.columns(key, digits=9))
-        side.module.zero_grad(set_to_none=True)
 
 
 # =========================================================================== one attention layer
@@ -239,7 +170,7 @@ def profile_layer(attention: str, batch: int, seq_len: int, d_model: int, heads:
     input that requires grad; the training step's loss is the sum of the output."""
     import torch
 
-    from bench_cli.engine import measure as M
+    from bench_cli.engine import counting
     from models.attention import build_attention
 
     if attention == "super" and "max_len" not in options:
@@ -249,7 +180,7 @@ def profile_layer(attention: str, batch: int, seq_len: int, d_model: int, heads:
     inputs = {"x": x}
     with sdpa_backend(backend):
         return {
-            "params": M.count_parameters(layer),
-            "flops_forward": M.flops_forward(layer, inputs, meta=meta),
-            "flops_train_step": M.flops_train_step(layer, inputs, lambda out: out.sum(), meta=meta),
+            "params": counting.count_parameters(layer),
+            "flops_forward": counting.flops_forward(layer, inputs, meta=meta),
+            "flops_train_step": counting.flops_train_step(layer, inputs, lambda out: out.sum(), meta=meta),
         }

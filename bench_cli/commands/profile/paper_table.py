@@ -26,6 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench_cli.commands.profile.render import kernel_lines
 from bench_cli.core.errors import UserError
 
 # Measurements a paper's efficiency table quotes (the profile's METRICS names).
@@ -84,6 +85,12 @@ class PaperRatios:
         return out
 
 
+def _ratio_of(row: dict, side: str, to: str, metric: str) -> float | None:
+    """``row``'s ``side`` measurement over its ``to`` measurement (the baseline against the fused one)."""
+    a, b = _num(row.get(f"{side}_{metric}")), _num(row.get(f"{to}_{metric}"))
+    return None if a is None or not b else a / b
+
+
 def _num(v) -> float | None:
     return None if v in (None, "") else float(v)
 
@@ -122,23 +129,37 @@ def markdown(rows: list[dict], paper: DictConfig, title: str, notes: str = "") -
     by_task: dict[str, list[dict]] = {}
     for r in rows:
         by_task.setdefault(r["task"], []).append(r)
-    head = ("| model | s / 1K steps | time ratio | paper time ratio | peak train memory (MB) | memory ratio "
-            "| paper memory ratio | status |")
     for task, task_rows in by_task.items():
         first = task_rows[0]
+        fused = bool(first.get("fused_baseline"))
+        head = ("| model | s / 1K steps | time ratio | paper time ratio | peak train memory (MB) | memory ratio "
+                "| paper memory ratio |" + (" time vs fused | memory vs fused |" if fused else "") + " status |")
         lines += [f"## {paper.datasets.get(task, task)} (`{task}`): N = {first['seq_len']}, batch {first['batch_size']}, "
-                  f"sdpa {first['sdpa_backend']}", "", f"Timing: {first.get('timing_method') or '-'}.", "", head,
-                  "|" + "---|" * 8]
+                  f"sdpa {first['sdpa_backend']}, precision {first.get('precision') or '32'}", "",
+                  f"Regime: {first.get('regime') or '-'}.", "", f"Timing: {first.get('timing_method') or '-'}.", "",
+                  head, "|" + "---|" * (10 if fused else 8)]
+        fused_cells = (f"| {_ratio_cell(_ratio_of(first, 'baseline', 'fused', 'time_per_1k_steps_s'))} "
+                       f"| {_ratio_cell(_ratio_of(first, 'baseline', 'fused', 'peak_mem_train_bytes'))} ") if fused else ""
         lines.append(f"| {first['baseline']} (baseline, paper: {baseline}) | {_seconds(first.get('baseline_time_per_1k_steps_s'))} "
                      f"| 1.00 | 1.00 | {_mb(first.get('baseline_peak_mem_train_bytes'))} | 1.00 | 1.00 "
-                     f"| {first.get('baseline_status') or '-'} |")
+                     f"{fused_cells}| {first.get('baseline_status') or '-'} |")
         for r in task_rows:
             status = (r.get("model_status") or r["status"]) + (" **noisy**" if r.get("timing_noisy") else "")
+            fused_cells = (f"| {_ratio_cell(r.get('ratio_fused_time_per_1k_steps_s'))}"
+                           f"{_iqr(r, 'ratio_fused_time_per_1k_steps_s')} "
+                           f"| {_ratio_cell(r.get('ratio_fused_peak_mem_train_bytes'))} ") if fused else ""
             lines.append(f"| {r['model']} | {_seconds(r.get('model_time_per_1k_steps_s'))} "
                          f"| {_ratio_cell(r.get('ratio_time_per_1k_steps_s'))}{_iqr(r, 'ratio_time_per_1k_steps_s')} "
                          f"| {_ratio_cell(r.get('paper_ratio_time_per_1k_steps_s'))} "
                          f"| {_mb(r.get('model_peak_mem_train_bytes'))} | {_ratio_cell(r.get('ratio_peak_mem_train_bytes'))} "
-                         f"| {_ratio_cell(r.get('paper_ratio_peak_mem_train_bytes'))} | {status} |")
+                         f"| {_ratio_cell(r.get('paper_ratio_peak_mem_train_bytes'))} {fused_cells}| {status} |")
+        if fused:
+            lines += ["", f"Fused baseline ({first['fused_baseline']} through torch's fused scaled_dot_product_attention, "
+                          f"today's softmax): {_seconds(first.get('fused_time_per_1k_steps_s'))} s / 1K steps, "
+                          f"{_mb(first.get('fused_peak_mem_train_bytes'))} MB peak train memory, "
+                          f"{first.get('fused_status') or '-'}."]
+        kernels = kernel_lines(task_rows)
+        lines += ["", *kernels] if kernels else []
         lines.append("")
     methods: dict[str, list[str]] = {}
     for r in rows:

@@ -17,9 +17,16 @@ def model_names(cfg: DictConfig) -> list[str]:
     return [str(m) for m in cfg.profile.get("models") or [cfg.model.name]]
 
 
+def precision(cfg: DictConfig) -> str:
+    """'float32', 'bf16' or 'fp16': trainer.precision, as a title says it."""
+    value = str(cfg.trainer.get("precision", "32"))
+    return "float32" if value == "32" else value
+
+
 def title(cfg: DictConfig, device: str) -> str:
-    return (f"{label(cfg.profile.name)}: {', '.join(model_names(cfg))} vs {cfg.get('baseline') or '-'} on "
-            f"{cfg.task.name} ({device})")
+    fused = cfg.profile.get("fused_baseline")
+    return (f"{label(cfg.profile.name)}: {', '.join(model_names(cfg))} vs {cfg.get('baseline') or '-'}"
+            + (f" and fused {fused}" if fused else "") + f" on {cfg.task.name} ({device}, {precision(cfg)})")
 
 
 def figure_titles(cfg: DictConfig, model: str, rows: list[dict]) -> tuple[str, str]:
@@ -29,7 +36,8 @@ def figure_titles(cfg: DictConfig, model: str, rows: list[dict]) -> tuple[str, s
     title = cfg.profile.get("figure_title") or f"{model} / {base}: cost ratios vs sequence length"
     first = rows[0] if rows else {}
     subtitle = (f"model {model}, baseline {base}, on synthetic {cfg.task.name} inputs (batch "
-                f"{first.get('batch_size', '-')}, {first.get('device', '-')}); ratio 1 = as costly as the baseline")
+                f"{first.get('batch_size', '-')}, {first.get('device', '-')}, {precision(cfg)}); "
+                "ratio 1 = as costly as the baseline")
     return title, subtitle
 
 
@@ -57,6 +65,8 @@ def print_task_table(rows: list[dict], title: str) -> None:
             ("mem infer", "peak_mem_infer_bytes"), ("time train", "time_train_s"), ("time infer", "time_infer_s"),
             ("params", "params"))
     cols += (("time / 1K steps", "time_per_1k_steps_s"),) if any(r.get("ratio_time_per_1k_steps_s") for r in rows) else ()
+    if any(r.get("ratio_fused_time_train_s") for r in rows):  # today's baseline: softmax through the fused kernels
+        cols += (("time train / fused", "fused_time_train_s"), ("mem train / fused", "fused_peak_mem_train_bytes"))
     from bench_cli.core.spread import NOISY_NOTE, interval_text
 
     several = len({r["model"] for r in rows}) > 1
@@ -68,7 +78,7 @@ def print_task_table(rows: list[dict], title: str) -> None:
         if r.get("timing_noisy"):
             status += " [red]noisy[/]"
         table.append([*([r["model"]] if several else []), r["sdpa_backend"], str(r["d_model"]), str(r["seq_len"]), status,
-                      *[interval_text(r, f"ratio_{m}", "{:.3f}") if m.startswith("time") else fmt(r.get(f"ratio_{m}"), "ratio")
+                      *[interval_text(r, f"ratio_{m}", "{:.3f}") if "time" in m else fmt(r.get(f"ratio_{m}"), "ratio")
                         for _, m in cols],
                       human(r.get("model_flops_train_step")) if r.get("model_flops_train_step") is not None else "-",
                       human(r.get("model_peak_mem_train_bytes"), "B") if r.get("model_peak_mem_train_bytes") is not None else "-",
@@ -86,6 +96,8 @@ def print_task_table(rows: list[dict], title: str) -> None:
         if r.get("timing_noisy"):
             console.print(f"[red]{NOISY_NOTE}[/] {r['model']} D={r['d_model']} N={r['seq_len']}: "
                           f"{str(r['timing_noisy']).removeprefix(NOISY_NOTE).strip(' ()')}", highlight=False)
+    for line in kernel_lines(rows):
+        console.print(line, highlight=False)
     for line in comparison_lines(rows, fmt):
         console.print(line, highlight=False)
     for r in rows:
@@ -106,3 +118,16 @@ def plot_paths(cfg: DictConfig) -> list[tuple[str, Path]]:
     out = Path(str(p.output))
     base = f"{cfg.baseline}" if cfg.get("baseline") is not None else "none"
     return [(m, out.with_name(f"{out.stem}_{cfg.task.name}_{m}_vs_{base}.png")) for m in model_names(cfg)]
+
+
+def kernel_lines(rows: list[dict]) -> list[str]:
+    """'SDPA kernels that ran (not those asked for): baseline softmax (sdpa math): train: math; ...'
+    once per distinct combination, from the rows' *_sdpa_kernels columns (bench_cli.engine.sdpa_kernels)."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        parts = [f"{name} ({how}): {r[key]}" for name, how, key in (
+            (f"baseline {r.get('baseline')}", f"sdpa {r.get('sdpa_backend')}", "baseline_sdpa_kernels"),
+            (f"fused {r.get('fused_baseline')}", "sdpa auto", "fused_sdpa_kernels")) if r.get(key)]
+        if parts:
+            seen["SDPA kernels that ran (not those asked for): " + "; ".join(parts)] = None
+    return list(seen)

@@ -7,6 +7,6 @@
   columns counted from the built layers, and counted FLOPs next to its Eqn. (24)
   (`attnbench profile profile=pba`).
 
-The generic measurement stays in :mod:`bench_cli.commands.profile` and :mod:`bench_cli.engine.measure`;
+The generic measurement stays in :mod:`bench_cli.commands.profile` and :mod:`bench_cli.engine.counting`;
 :mod:`bench_cli.results.report` compares run records with the papers' accuracy tables.
 """

@@ -110,7 +110,7 @@ def _read_reference(path: str | None) -> dict | None:
 
 def pba_params_rows(entries, reference_csv: str | None = None) -> list[dict]:
     """One row per (table row, variant): our count from the built layer vs the printed "# Param."."""
-    from bench_cli.engine.measure import attention_parameters
+    from bench_cli.engine.counting import attention_parameters
 
     reference = _read_reference(reference_csv)
     rows = []

@@ -75,7 +75,7 @@ class Column:
 
 
 # Record columns that are times: a report shows their spread over the runs and, when a run was
-# flagged ``timing_noisy`` (bench_cli.engine.measure.Conditions), says so next to the value.
+# flagged ``timing_noisy`` (bench_cli.engine.timing.TimingSession), says so next to the value.
 TIMED_COLUMNS = frozenset({"time_per_epoch_s", "train_time_s", "wall_time_s", "infer_time_s", "infer_time_per_batch_s"})
 
 EFFICIENCY = (
