@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench_cli.config import compose as C
-from bench_cli.config import plugins
+from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
 from bench_cli.results.records import job_key, read_records
 from conftest import attnbench
@@ -64,8 +64,8 @@ def isolated(monkeypatch, plugin_dir):
     monkeypatch.setattr(tasks, "_TASKS", dict(tasks._TASKS))
     monkeypatch.setattr(plugins, "_LOADED", {})
     monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
-    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
-    monkeypatch.setattr(C, "_SEARCHPATH_DIRS", [])
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(search_path, "_SEARCHPATH_DIRS", [])
     monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
     monkeypatch.syspath_prepend(str(plugin_dir))
     plugins._packages.cache_clear()
@@ -73,7 +73,7 @@ def isolated(monkeypatch, plugin_dir):
     for name in TEST_MODULES:
         sys.modules.pop(name, None)
     plugins._packages.cache_clear()
-    C._group_defaults.cache_clear()
+    checks._group_defaults.cache_clear()
 
 
 def fail_line(capsys, *args: str) -> str:

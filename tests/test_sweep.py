@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_cli.config import checks, omegaconf_private
 from bench_cli.config import compose as C
 from bench_cli.commands import sweep as S
 from bench_cli.commands.cli import main
@@ -170,12 +171,12 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
     monkeypatch.setattr(ConfigRepository, "load_config", counting)
     args = ["experiment=zoo/offline", "experiment/zoo/_case=japanese_vowels,basic_motions",
             "model=softmax,linear,attention_bn,attention_sh", "seed=0,1"]
-    C._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
+    checks._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
     shared = S.plan_sweep(args)
     shared_parses, parsed[:] = len(parsed), []
     assert ConfigRepository.load_config is counting
     monkeypatch.setattr(S.C, "shared_config_files", nullcontext)
-    C._group_defaults.cache_clear()
+    checks._group_defaults.cache_clear()
     alone = S.plan_sweep(args)
     assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
     assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
@@ -265,7 +266,7 @@ def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_rese
         fresh = as_dict(S.plan_job(C.JobComposer(app, master), ["seed=1"]).cfg)
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
         assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) == fresh
-        monkeypatch.setattr(S.C, "_replaced_values", lambda cfg, values: [])  # nothing to reset
+        monkeypatch.setattr(omegaconf_private, "replaced_values", lambda cfg, values: [])  # nothing to reset
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
         assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) != fresh
 
@@ -279,7 +280,7 @@ def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeyp
     with S._multirun(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
         grid = S.job_overrides(app, master)
         here, shared = C.JobComposer(app, master), C.JobComposer(app, master)
-        monkeypatch.setattr(C.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
         compose, parent, composed_here = C.JobComposer._base, os.getpid(), []
 
         def slow_here(self, choices):  # this process waits, so that the forked one composes too

@@ -56,7 +56,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.config import compose as C
-from bench_cli.config import plugins
+from bench_cli.config import hydra_private, plugins
 from bench_cli.results import records
 from bench_cli.config.args import parse
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
@@ -240,7 +240,6 @@ def split_search(parsed: list) -> tuple[list, dict]:
 def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
     """Override lists of every job, as Hydra's BasicSweeper.sweep makes them (``sweep_lines``).
     An Optuna sweep's are its studies' (each without the overrides Optuna samples: ``searched``)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.errors import HydraException
 
     target = str(master.hydra.sweeper.get("_target_", ""))
@@ -252,7 +251,7 @@ def job_overrides(app: C.HydraApp, master: DictConfig) -> list[list[str]]:
         parsed, _ = split_search(parsed)
     C.refuse_search(parsed)
     try:
-        (grid,) = BasicSweeper.split_arguments(parsed, None)
+        grid = hydra_private.sweep_grid(parsed)
     except HydraException as e:
         raise UserError(f"cannot expand the grid: {str(e).strip().splitlines()[0]}") from None
     return grid
@@ -631,8 +630,6 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
     composition of the grid: the jobs are the plan's. Returns Hydra's JobReturns; stops after a
     batch in which a job did not match the plan. ``ok_rows_from``, ``live_line``: see ``JobPlan``;
     ``first_job_idx``: the first job's number in the sweep folder (the jobs launched before it)."""
-    from hydra._internal.callbacks import Callbacks
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
     from hydra.core.utils import setup_globals
     from hydra.types import HydraContext
@@ -646,7 +643,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
     returns: list = []
     with C.hydra_app(JOB_NAME, sweep.flags) as app:
         setup_globals()
-        callbacks = Callbacks(master)
+        callbacks = hydra_private.callbacks(master)
         callbacks.on_multirun_start(config=master, config_name=app.config_name)
         launcher = Plugins.instance().instantiate_launcher(
             hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
@@ -654,7 +651,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
         sweep_dir = Path(str(master.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(master))
-        batches = BasicSweeper.split_overrides_to_chunks([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
+        batches = hydra_private.sweep_batches([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
         for batch in batches:
             returns += launcher.launch(batch, initial_job_idx=first_job_idx + len(returns))
             if any(isinstance(_error_of(r), PlanMismatchError) for r in returns):
@@ -664,9 +661,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
 
 
 def _error_of(job_return) -> BaseException | None:
-    from hydra.core.utils import JobStatus
-
-    return job_return._return_value if job_return.status == JobStatus.FAILED else None  # no public accessor
+    return hydra_private.job_error(job_return)
 
 
 # --- the command ------------------------------------------------------------------------------
