@@ -404,3 +404,18 @@ def test_a_mistake_beside_hydras_print_flags_is_one_line(capsys, workdir):
     assert "unknown model 'nosuch'; valid: attention_bn" in fail_line(capsys, "run", "--cfg", "job", "model=nosuch")
     main(["run", "--cfg", "job", "model=linear"])
     assert "name: linear" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["validate", "model=softmax"], ["run", "model=softmax"],
+                                  ["sweep", "--dry-run", "seed=0,1"], ["ls", "models"],
+                                  ["report", "primal_dual/table1"], ["ls", "runs"]])
+def test_a_command_started_in_a_deleted_working_folder_is_one_line(args, capsys, tmp_path, monkeypatch):
+    """Hydra records the working folder in every config (``os.getcwd()``) and relative paths start
+    from it: a folder deleted under the shell is one line naming it and what to do, for any command."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)  # restored to the test's folder afterwards
+    gone.rmdir()
+    monkeypatch.setenv("PWD", str(gone))  # as the shell left it
+    line = fail_line(capsys, *args)
+    assert f"the working folder {gone} no longer exists" in line and "cd to an existing folder" in line, line

@@ -539,6 +539,19 @@ def note_invocation() -> None:
         os.environ[COMMAND_ENV] = shlex.join(_TYPED)
 
 
+def check_working_folder() -> None:
+    """The working folder exists: Hydra records it in every config it composes (``os.getcwd()``,
+    hydra.runtime.cwd) and every relative path (results/, outputs/, data/) starts from it. One line
+    when it was deleted (or moved) under the shell; ``$PWD`` names it when the shell set it."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        gone = os.environ.get("PWD", "")
+        where = f" {gone}" if gone and not os.path.isdir(gone) else ""
+        raise UserError(f"the working folder{where} no longer exists (deleted or moved): cd to an existing folder "
+                        "and run the command again") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -551,6 +564,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(unknown_choice("command", cmd, available_commands())))
     catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits
     try:
+        check_working_folder()
         from bench_cli.config import plugins
 
         plugins.import_plugins()  # ATTNBENCH_PLUGINS and entry points, before anything composes
