@@ -153,7 +153,7 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
 
 
 def test_planning_parses_each_config_file_once_and_composes_the_same_configs(monkeypatch):
-    """plan_sweep shares parsed config files between its compositions (compose.shared_config_files):
+    """plan_sweep shares parsed config files between its compositions (hydra_private.shared_config_files):
     the same configs and job keys as parsing them for each composition, fewer parses (a grid of 2
     zoo cases x 4 models x 2 seeds composes once per case and model: 8 compositions), and Hydra's
     repository is itself again afterwards."""
@@ -203,7 +203,7 @@ def test_job_key_is_computed_once_per_planned_job(uea_fixture, workdir, monkeypa
 
 
 def planned_against_whole(overrides: list[str]) -> list[str]:
-    """What differs, job by job, between the plan (compose.JobComposer: one composition per
+    """What differs, job by job, between the plan (job_composer.JobComposer: one composition per
     combination of group choices, the job's values applied to it) and Hydra composing the job whole
     (``load_sweep_config``, as a launcher does): its job_key, its config read while its values are
     set in place on the shared composition, and the config of its own. Deterministic sample: every

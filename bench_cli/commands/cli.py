@@ -180,7 +180,7 @@ trainer.max_epochs=5 seed=3 +key=value
 
 def run_usage() -> str:
     """`attnbench run --help`: every config group with its options (building blocks whose names
-    start with '_' are not options: compose.group_options leaves them out)."""
+    start with '_' are not options: index.group_options leaves them out)."""
     import textwrap
 
     groups = dict.fromkeys(d.name for folder in C.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())

@@ -34,7 +34,7 @@ def _override_parser():
 @functools.lru_cache(maxsize=65536)
 def parse_override(override: str):
     """One override parsed by Hydra's grammar (as Hydra parses a job's overrides), once per distinct
-    line: a sweep's jobs repeat theirs (issue 34). The result is only read."""
+    line: a sweep's jobs repeat theirs, and parsing them was much of a large sweep's planning. The result is only read."""
     from hydra.errors import OverrideParseException
 
     try:
@@ -46,7 +46,7 @@ def parse_override(override: str):
 
 def _unparsable(override: str, err: Exception) -> UserError:
     """The error of an override Hydra's grammar refuses. A value with characters its unquoted
-    values cannot hold (non-ASCII letters, spaces: issue 22 item 15) works quoted: say so, and show
+    values cannot hold (non-ASCII letters, spaces) works quoted: say so, and show
     the quoted form to type."""
     import shlex
 
@@ -65,7 +65,7 @@ _PLAIN_OVERRIDE = re.compile(r"([A-Za-z_][\w.]*)=([\w./-]+)", re.ASCII)
 
 def quick_check(overrides: list[str]) -> None:
     """The commonest mistakes of plain ``key=value`` overrides, found without importing Hydra (that
-    alone takes half a second, and a misspelt override answers at once: issue 21): an unknown
+    alone takes half a second, and a misspelt override answers at once): an unknown
     option of a group (``task=uae``) and a top-level key that no config has (``modle=softmax``).
     Same messages as the full checks (``check_group_choices``, ``session.explain``), which judge the rest."""
     for o in overrides:
@@ -83,7 +83,7 @@ def quick_check(overrides: list[str]) -> None:
 
 def check_experiment_tasks(experiments: list[str], tasks: list[str]) -> None:
     """A ``task=`` an experiment is not for is one line saying so, before any other suggestion
-    (issue 22 item 13: the experiment's settings would fail later on the other task's model)."""
+    (the experiment's settings would fail later on the other task's model)."""
     for experiment in experiments:
         meant = experiment_tasks(experiment)
         for task in tasks:
@@ -195,7 +195,7 @@ def replaced_defaults(overrides: list[str]):
     Hydra merges the defaults list, then applies the value overrides (hydra/_internal/
     config_loader_impl.py ``_load_configuration_impl`` -> ``_apply_overrides_to_config``); the values
     are read just before, from that one composition. ``check_value_types`` then needs no second
-    composition of the group choices alone (a quarter of a second per run: issue 21). Yields
+    composition of the group choices alone (a quarter of a second per run). Yields
     key -> default as plain data; a key whose default could not be read is left out (composed then)."""
     from omegaconf.errors import OmegaConfBaseException
 

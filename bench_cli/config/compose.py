@@ -70,7 +70,7 @@ def compose_run(overrides: list[str]) -> DictConfig:
 def compose_for_listing(overrides: list[str]) -> DictConfig:
     """The config `ls` reads (``paths``, ``plugins``). Without overrides it is read without Hydra:
     the root config's own keys and its ``paths`` option, as composing them gives (Hydra's
-    composition costs most of a second, and `ls` answers at once: issue 21). tests/test_cli.py
+    composition costs most of a second, and `ls` answers at once). tests/test_cli.py
     checks it equals the composed one."""
     if overrides:
         return compose(overrides)

@@ -53,7 +53,7 @@ def load_option(group: str, option: str) -> DictConfig:
 def option_data(group: str, option: str) -> dict:
     """``load_option`` as plain data read by libyaml, without OmegaConf: ten times faster, for a
     listing of many options (`ls models` reads every model's attention names and must answer at
-    once, issue 21). YAML's own typing (no interpolation; '1e-3' stays a string): for names."""
+    once). YAML's own typing (no interpolation; '1e-3' stays a string): for names."""
     raw = read_yaml(option_file(group, option))
     parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
     merged: dict = {}
@@ -88,7 +88,7 @@ def yaml_loader():
 
 def read_yaml(path: Path) -> dict:
     """A YAML file as plain data (YAML's own typing: no interpolation, '1e-3' stays a string), read
-    without OmegaConf for the checks and listings that answer at once (issue 21). A YAML error is
+    without OmegaConf for the checks and listings that answer at once. A YAML error is
     one line naming the file and its line."""
     import yaml
 
@@ -110,7 +110,7 @@ def root_default(group: str) -> str:
 
 
 def experiment_tasks(name: str) -> list[str]:
-    """The tasks experiment ``name`` is for (issue 22 item 13), read from its YAML and its parents'
+    """The tasks experiment ``name`` is for, read from its YAML and its parents'
     (no Hydra): those its sweep runs over (``hydra.sweeper.params.task``) and the one it selects
     (``override /task: X``), else the root config's default task."""
     selected, swept = _experiment_task_settings(name)

@@ -26,8 +26,7 @@ class JobComposer:
     ``_apply_overrides_to_config``; hydra/_internal/defaults_list.py ``Overrides`` splits them by
     ``group_exists``). So a job is the composition of its group choices with its value overrides
     (seed, a learning rate, ``model.attention.beta``; additions and deletions of keys too) applied
-    by that same function: the same config, a few milliseconds instead of a composition (issue 34;
-    tests/test_sweep.py compares every committed experiment with whole compositions). A job that
+    by that same function: the same config, a few milliseconds instead of a composition (tests/test_sweep.py compares every committed experiment with whole compositions). A job that
     overrides Hydra's own config (which can move the search path) is composed whole. Configs have
     no ``hydra`` node, as ``hydra.core.utils.run_job`` hands them to the job."""
 
