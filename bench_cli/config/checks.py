@@ -34,7 +34,8 @@ def _override_parser():
 @functools.lru_cache(maxsize=65536)
 def parse_override(override: str):
     """One override parsed by Hydra's grammar (as Hydra parses a job's overrides), once per distinct
-    line: a sweep's jobs repeat theirs, and parsing them was much of a large sweep's planning. The result is only read."""
+    line: a sweep's jobs repeat theirs, and parsing them was much of a large sweep's planning. The
+    result is only read."""
     from hydra.errors import OverrideParseException
 
     try:

@@ -26,7 +26,8 @@ class JobComposer:
     ``_apply_overrides_to_config``; hydra/_internal/defaults_list.py ``Overrides`` splits them by
     ``group_exists``). So a job is the composition of its group choices with its value overrides
     (seed, a learning rate, ``model.attention.beta``; additions and deletions of keys too) applied
-    by that same function: the same config, a few milliseconds instead of a composition (tests/test_sweep.py compares every committed experiment with whole compositions). A job that
+    by that same function: the same config, a few milliseconds instead of a composition
+    (tests/test_sweep.py compares every committed experiment with whole compositions). A job that
     overrides Hydra's own config (which can move the search path) is composed whole. Configs have
     no ``hydra`` node, as ``hydra.core.utils.run_job`` hands them to the job."""
 
@@ -37,7 +38,7 @@ class JobComposer:
                                                   OmegaConf.to_container(master.hydra.overrides.hydra))
         self._parsed: dict[str, tuple[str, object]] = {}  # override line -> (its kind, Hydra's Override)
         self._bases: dict[tuple[str, ...], DictConfig] = {}  # config choices -> their composition
-        self._unresolved: dict[tuple[str, ...], tuple | None] = {}  # config choices -> omegaconf_private.unresolved_template
+        self._unresolved: dict[tuple[str, ...], tuple | None] = {}  # config choices -> unresolved_template
         self._checked: set = set()  # override lines and choice tuples that check_group_choices passed
 
     def _kind(self, line: str) -> tuple[str, object]:
