@@ -295,9 +295,9 @@ def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdi
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
 
-    from bench_cli.config import compose as C
+    from bench_cli.config import checks
 
-    C._group_defaults.cache_clear()  # another test's composition of the same group choices would hide one
+    checks._group_defaults.cache_clear()  # another test's composition of the same group choices would hide one
     compositions, resolutions = [], []
     load, to_container = ConfigLoaderImpl._load_configuration_impl, OmegaConf.to_container
 
@@ -324,22 +324,22 @@ def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdi
 def user_conf(tmp_path, monkeypatch):
     """A user folder with a model of its own, and one with a root config.yaml selecting it; the
     process's config folders are restored afterwards."""
-    from bench_cli.config import compose as C
+    from bench_cli.config import checks, keys, search_path
 
-    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
-    monkeypatch.setattr(C, "_CONFIG_PATH", [])
-    C._top_level_keys.cache_clear()
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(search_path, "_CONFIG_PATH", [])
+    keys._top_level_keys.cache_clear()
     models = tmp_path / "userconf"
     (models / "model").mkdir(parents=True)
     (models / "model" / "mysoft.yaml").write_text("defaults:\n  - softmax\nname: mysoft\n")
     root = tmp_path / "userroot"
     (root / "model").mkdir(parents=True)
     (root / "model" / "mysoft.yaml").write_text("defaults:\n  - softmax\nname: mysoft\n")
-    text = (C.conf_dir() / "config.yaml").read_text().replace("  - model: softmax", "  - model: mysoft")
+    text = (search_path.conf_dir() / "config.yaml").read_text().replace("  - model: softmax", "  - model: mysoft")
     (root / "config.yaml").write_text(text)
     yield models, root
-    C._top_level_keys.cache_clear()
-    C._group_defaults.cache_clear()
+    keys._top_level_keys.cache_clear()
+    checks._group_defaults.cache_clear()
 
 
 def test_config_dir_and_config_path_compose_a_users_model(uea_fixture, user_conf, capsys, workdir):
@@ -404,3 +404,18 @@ def test_a_mistake_beside_hydras_print_flags_is_one_line(capsys, workdir):
     assert "unknown model 'nosuch'; valid: attention_bn" in fail_line(capsys, "run", "--cfg", "job", "model=nosuch")
     main(["run", "--cfg", "job", "model=linear"])
     assert "name: linear" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["validate", "model=softmax"], ["run", "model=softmax"],
+                                  ["sweep", "--dry-run", "seed=0,1"], ["ls", "models"],
+                                  ["report", "primal_dual/table1"], ["ls", "runs"]])
+def test_a_command_started_in_a_deleted_working_folder_is_one_line(args, capsys, tmp_path, monkeypatch):
+    """Hydra records the working folder in every config (``os.getcwd()``) and relative paths start
+    from it: a folder deleted under the shell is one line naming it and what to do, for any command."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)  # restored to the test's folder afterwards
+    gone.rmdir()
+    monkeypatch.setenv("PWD", str(gone))  # as the shell left it
+    line = fail_line(capsys, *args)
+    assert f"the working folder {gone} no longer exists" in line and "cd to an existing folder" in line, line

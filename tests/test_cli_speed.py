@@ -11,7 +11,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from bench_cli.config import catalog
+from bench_cli.config import catalog, checks
 from bench_cli.config import compose as C
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
@@ -111,7 +111,7 @@ def test_quick_check_says_what_hydra_says(workdir, monkeypatch):
         return str(e.value)
 
     quick = message("modle=softmax"), message("task=uae")
-    monkeypatch.setattr(C, "quick_check", lambda overrides: None)
+    monkeypatch.setattr(checks, "quick_check", lambda overrides: None)
     assert (message("modle=softmax"), message("task=uae")) == quick
 
 

@@ -157,17 +157,17 @@ PARENTS_ONLY = ("base", "swept", "sub/sibling", "sub/nested", "plain_task")   # 
 @pytest.fixture
 def defaults_forms(tmp_path, monkeypatch):
     """A --config-dir with experiment/forms/* (DEFAULTS_FORMS); the config folders restored afterwards."""
-    from bench_cli.config import compose as C
+    from bench_cli.config import checks, keys, search_path
 
-    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
     for name, body in DEFAULTS_FORMS.items():
         path = tmp_path / "experiment" / "forms" / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("# @package _global_\n" + body)
-    C.add_config_dir(tmp_path)
+    search_path.add_config_dir(tmp_path)
     yield [f"forms/{name}" for name in DEFAULTS_FORMS if name not in PARENTS_ONLY]
-    C._top_level_keys.cache_clear()
-    C._group_defaults.cache_clear()
+    keys._top_level_keys.cache_clear()
+    checks._group_defaults.cache_clear()
 
 
 def test_experiment_tasks_read_every_defaults_form_as_hydra_composes_it(defaults_forms):

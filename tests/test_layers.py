@@ -1,12 +1,18 @@
 """The package's shape, kept (issue 35, DESIGN.md): the import graph of bench_cli, tasks and models,
 read with ``ast`` (imports inside functions included), has no cycle between files, and imports
 point only down the layers: commands -> engine -> results -> config -> core, with tasks/ and
-models/ on core alone (models nothing of tasks). No function is over 80 lines. Reading the source
-imports nothing, so this runs in a fraction of a second."""
+models/ on core alone (models nothing of tasks). No function is over 80 lines. Hydra's and
+OmegaConf's private API is used only by the two fence modules (PRIVATE_API_FENCE), which list what
+they use. Reading the source imports nothing (but the last test, which imports Hydra and OmegaConf
+to find the symbols the fence lists), so this runs in a fraction of a second."""
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
+import importlib.util
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +29,11 @@ LAYERS = ("bench_cli.commands", "bench_cli.engine", "bench_cli.results", "bench_
 # Old documented paths kept as one-line re-exports (pyproject's console script, `python -m
 # bench_cli.cli` under torchrun, `python -m bench_cli.profile.overhead`): above every layer.
 ENTRY_SHIMS = ("bench_cli.cli", "bench_cli.profile", "bench_cli.profile.overhead")
+# The only modules that may import hydra._internal (or any private module of Hydra, OmegaConf and
+# Hydra's plugins), read or call a private name of theirs, or replace an attribute of theirs: a
+# Hydra release then breaks attnbench in these two files, which say what they rely on.
+PRIVATE_API_FENCE = ("bench_cli.config.hydra_private", "bench_cli.config.omegaconf_private")
+PRIVATE_API_OWNERS = ("hydra", "omegaconf", "hydra_plugins")
 
 
 def module_files() -> dict[str, Path]:
@@ -208,3 +219,150 @@ def test_the_layer_check_lets_downward_imports_pass():
     assert upward_imports({"bench_cli.commands.cli": {"bench_cli.engine.runner", "tasks"},
                            "bench_cli.engine.runner": {"bench_cli.results.records", "models"},
                            "tasks.lra.tasks": {"bench_cli.core.task"}}) == []
+
+
+# --- the fence around Hydra's and OmegaConf's private API --------------------------------------
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _owned(module: str) -> bool:
+    return module.split(".")[0] in PRIVATE_API_OWNERS
+
+
+@functools.cache
+def library_private_names() -> frozenset[str]:
+    """Every private name (one leading underscore) the installed Hydra, OmegaConf and Hydra plugins
+    define: their functions and methods, the attributes they set, their class fields. Read from
+    their source, nothing imported."""
+    names = set()
+    for owner in PRIVATE_API_OWNERS:
+        spec = importlib.util.find_spec(owner)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            for path in Path(folder).rglob("*.py"):
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        names.add(node.name)
+                    elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                        names.add(node.attr)
+                    elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                        names.add(node.target.id)
+    return frozenset(n for n in names if _private(n))
+
+
+def private_api_uses(source: str, private_names=None) -> list[tuple[int, str]]:
+    """(line, what) for each use of Hydra's or OmegaConf's private API in ``source``: an import of
+    a private module or name of theirs (``hydra._internal...``, ``omegaconf._utils``), a private
+    attribute of theirs read or called on anything but ``self``/``cls`` (``node._get_node``), and an
+    attribute set on a module or class imported from them (``base.parse = ...``, ``setattr(...)``).
+    ``what`` is the module, the attribute, or ``name.attribute`` set."""
+    private_names = library_private_names() if private_names is None else private_names
+    tree = ast.parse(source)
+    theirs = set()  # local names bound to their modules and classes
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _owned(alias.name):
+                    theirs.add((alias.asname or alias.name).split(".")[0])
+                    if any(_private(part) for part in alias.name.split(".")):
+                        uses.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level and _owned(node.module):
+            theirs.update(alias.asname or alias.name for alias in node.names)
+            if any(_private(part) for part in node.module.split(".")):
+                uses.append((node.lineno, node.module))
+            uses += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if _private(a.name)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in private_names and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            uses.append((node.lineno, node.attr))
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) \
+                and isinstance(node.value, ast.Name) and node.value.id in theirs:
+            uses.append((node.lineno, f"{node.value.id}.{node.attr}"))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr")
+                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in theirs):
+            uses.append((node.lineno, f"{node.args[0].id}.{ast.unparse(node.args[1]) if len(node.args) > 1 else ''}"))
+    return sorted(set(uses))
+
+
+def private_api_users() -> dict[str, list[tuple[int, str]]]:
+    return {name: uses for name, path in module_files().items()
+            if (uses := private_api_uses(path.read_text(encoding="utf-8")))}
+
+
+def test_only_the_fence_modules_use_hydras_and_omegaconfs_private_api():
+    users = private_api_users()
+    outside = {name: uses for name, uses in users.items() if name not in PRIVATE_API_FENCE}
+    assert outside == {}, ("Hydra's or OmegaConf's private API outside bench_cli/config/hydra_private.py and "
+                           "omegaconf_private.py: move the call there, behind a function with a public name, "
+                           "and list the symbol in that module's docstring")
+    assert set(users) == set(PRIVATE_API_FENCE)  # the fence is where this test says
+
+
+def test_each_fence_module_lists_every_private_symbol_it_uses_and_the_versions():
+    for name in PRIVATE_API_FENCE:
+        source = module_files()[name].read_text(encoding="utf-8")
+        docstring = ast.get_docstring(ast.parse(source))
+        unlisted = sorted({what for _, what in private_api_uses(source) if what.rpartition(".")[2] not in docstring
+                           and what not in docstring})
+        assert unlisted == [], f"{name} uses {unlisted} without naming them in its docstring"
+        assert re.search(r"Checked against (hydra-core|omegaconf) \d+\.\d+\.\d+", docstring), name
+
+
+PLANTED_PRIVATE_USES = {
+    "from hydra._internal.utils import get_args_parser": "hydra._internal.utils",
+    "import hydra._internal.hydra": "hydra._internal.hydra",
+    "from omegaconf._utils import get_omega_conf_dumper": "omegaconf._utils",
+    "from hydra_plugins.hydra_optuna_sweeper._impl import create": "hydra_plugins.hydra_optuna_sweeper._impl",
+    "from omegaconf import _utils": "omegaconf._utils",
+    "child = cfg._get_node('a')": "_get_node",
+    "loader._parse_overrides_and_create_caching_repo(None, [])": "_parse_overrides_and_create_caching_repo",
+    "from omegaconf import base\nbase.parse = cached": "base.parse",
+    "from hydra.core.utils import JobReturn\nsetattr(JobReturn, 'return_value', None)": "JobReturn.'return_value'",
+}
+
+
+@pytest.mark.parametrize("source, found", PLANTED_PRIVATE_USES.items())
+def test_the_fence_check_finds_a_planted_private_use(source, found):
+    assert found in [what for _, what in private_api_uses(source)]
+
+
+def test_the_fence_check_lets_public_api_and_own_privates_pass():
+    source = ("from hydra import compose\nfrom hydra.core.global_hydra import GlobalHydra\n"
+              "from omegaconf import OmegaConf, open_dict\nGlobalHydra.instance().clear()\n"
+              "value = OmegaConf.select(cfg, 'a')\ncfg.hydra.mode = 1\nself._get_node = None\n"
+              "from bench_cli.config import checks\nchecks._group_defaults.cache_clear()\n")
+    assert private_api_uses(source) == []
+
+
+def test_the_symbols_the_fence_lists_exist_in_the_installed_hydra_and_omegaconf():
+    """Each ``module.Object.attribute`` the fence modules' docstrings name is found (this imports
+    Hydra and OmegaConf; a Hydra plugin's is read from its source, when the plugin is installed):
+    a release that drops one fails here, by name."""
+    from omegaconf import OmegaConf
+
+    missing, absent = [], object()
+    for name in PRIVATE_API_FENCE:
+        docstring = ast.get_docstring(ast.parse(module_files()[name].read_text(encoding="utf-8")))
+        for symbol in re.findall(r"``((?:hydra|omegaconf|hydra_plugins)(?:\.\w+)+)``", docstring):
+            module, _, leaf = symbol.rpartition(".")
+            if symbol.startswith("hydra_plugins."):  # an optional extra: importing it imports optuna
+                try:
+                    spec = importlib.util.find_spec(module)
+                except ImportError:
+                    spec = None
+                if spec is not None and f"def {leaf}(" not in Path(spec.origin).read_text(encoding="utf-8"):
+                    missing.append(symbol)
+                continue
+            parts, found, i = symbol.split("."), None, len(symbol.split("."))
+            while found is None:  # the longest importable prefix is the module
+                try:
+                    found = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    i -= 1
+            for part in parts[i:]:  # a node's instance attribute (_metadata) is looked up on a node
+                found = getattr(found, part, getattr(OmegaConf.create({"k": 1}), part, absent))
+                if found is absent:
+                    missing.append(symbol)
+                    break
+    assert missing == []

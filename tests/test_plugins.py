@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench_cli.config import compose as C
-from bench_cli.config import plugins
+from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
 from bench_cli.results.records import job_key, read_records
 from conftest import attnbench
@@ -62,8 +62,8 @@ def isolated(monkeypatch, plugin_dir):
     tasks.discover()  # the families stay registered after the test only if discovered first
     monkeypatch.setattr(plugins, "_LOADED", {})
     monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
-    monkeypatch.setattr(C, "_CONFIG_DIRS", [])
-    monkeypatch.setattr(C, "_SEARCHPATH_DIRS", [])
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(search_path, "_SEARCHPATH_DIRS", [])
     monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
     monkeypatch.syspath_prepend(str(plugin_dir))
     plugins._packages.cache_clear()
@@ -72,7 +72,7 @@ def isolated(monkeypatch, plugin_dir):
     for name in TEST_MODULES:
         sys.modules.pop(name, None)
     plugins._packages.cache_clear()
-    C._group_defaults.cache_clear()
+    checks._group_defaults.cache_clear()
 
 
 def fail_line(capsys, *args: str) -> str:

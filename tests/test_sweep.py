@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_cli.config import checks, omegaconf_private
 from bench_cli.config import compose as C
 from bench_cli.commands import sweep as S
 from bench_cli.commands.sweep.plan import multirun_config
@@ -153,7 +154,7 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
 
 
 def test_planning_parses_each_config_file_once_and_composes_the_same_configs(monkeypatch):
-    """plan_sweep shares parsed config files between its compositions (compose.shared_config_files):
+    """plan_sweep shares parsed config files between its compositions (hydra_private.shared_config_files):
     the same configs and job keys as parsing them for each composition, fewer parses (a grid of 2
     zoo cases x 4 models x 2 seeds composes once per case and model: 8 compositions), and Hydra's
     repository is itself again afterwards."""
@@ -171,12 +172,12 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
     monkeypatch.setattr(ConfigRepository, "load_config", counting)
     args = ["experiment=zoo/offline", "experiment/zoo/_case=japanese_vowels,basic_motions",
             "model=softmax,linear,attention_bn,attention_sh", "seed=0,1"]
-    C._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
+    checks._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
     shared = S.plan_sweep(args)
     shared_parses, parsed[:] = len(parsed), []
     assert ConfigRepository.load_config is counting
     monkeypatch.setattr(C, "shared_config_files", nullcontext)
-    C._group_defaults.cache_clear()
+    checks._group_defaults.cache_clear()
     alone = S.plan_sweep(args)
     assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
     assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
@@ -203,7 +204,7 @@ def test_job_key_is_computed_once_per_planned_job(uea_fixture, workdir, monkeypa
 
 
 def planned_against_whole(overrides: list[str]) -> list[str]:
-    """What differs, job by job, between the plan (compose.JobComposer: one composition per
+    """What differs, job by job, between the plan (job_composer.JobComposer: one composition per
     combination of group choices, the job's values applied to it) and Hydra composing the job whole
     (``load_sweep_config``, as a launcher does): its job_key, its config read while its values are
     set in place on the shared composition, and the config of its own. Deterministic sample: every
@@ -266,7 +267,7 @@ def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_rese
         fresh = as_dict(S.plan_job(C.JobComposer(app, master), ["seed=1"]).cfg)
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
         assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) == fresh
-        monkeypatch.setattr(C, "_replaced_values", lambda cfg, values: [])  # nothing to reset
+        monkeypatch.setattr(omegaconf_private, "replaced_values", lambda cfg, values: [])  # nothing to reset
         S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
         assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) != fresh
 
@@ -280,7 +281,7 @@ def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeyp
     with multirun_config(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
         grid = S.job_overrides(app, master)
         here, shared = C.JobComposer(app, master), C.JobComposer(app, master)
-        monkeypatch.setattr(C.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
         compose, parent, composed_here = C.JobComposer._base, os.getpid(), []
 
         def slow_here(self, choices):  # this process waits, so that the forked one composes too

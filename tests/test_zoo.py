@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench_cli.config import compose as C
+from bench_cli.config import search_path
 from bench_cli.commands import sweep as S
 from bench_cli.commands.cli import main
 from bench_cli.results.records import read_records
@@ -28,7 +29,7 @@ def probe_attention(tmp_path, monkeypatch):
                                   owner="models.attention.zoo_probe")
     (tmp_path / "conf" / "model").mkdir(parents=True)
     preset = tmp_path / "conf" / "model" / "zoo_probe.yaml"
-    monkeypatch.setattr(C, "_CONFIG_DIRS", [tmp_path / "conf"])
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [tmp_path / "conf"])
     with registry.ATTENTIONS.restoring():
         registry.ATTENTIONS.register("zoo_probe", spec, owner=spec.owner)
         yield preset

@@ -182,7 +182,7 @@ trainer.max_epochs=5 seed=3 +key=value
 
 def run_usage() -> str:
     """`attnbench run --help`: every config group with its options (building blocks whose names
-    start with '_' are not options: compose.group_options leaves them out)."""
+    start with '_' are not options: index.group_options leaves them out)."""
     import textwrap
 
     groups = dict.fromkeys(d.name for folder in C.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())
@@ -532,6 +532,19 @@ def note_invocation() -> None:
         os.environ[COMMAND_ENV] = shlex.join(_TYPED)
 
 
+def check_working_folder() -> None:
+    """The working folder exists: Hydra records it in every config it composes (``os.getcwd()``,
+    hydra.runtime.cwd) and every relative path (results/, outputs/, data/) starts from it. One line
+    when it was deleted (or moved) under the shell; ``$PWD`` names it when the shell set it."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        gone = os.environ.get("PWD", "")
+        where = f" {gone}" if gone and not os.path.isdir(gone) else ""
+        raise UserError(f"the working folder{where} no longer exists (deleted or moved): cd to an existing folder "
+                        "and run the command again") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -546,6 +559,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(e))
     catch_termination()  # SIGTERM unwinds like Ctrl-C: a run records its row before the process exits
     try:
+        check_working_folder()
         from bench_cli.config import plugins
 
         plugins.import_plugins()  # ATTNBENCH_PLUGINS and entry points, before anything composes

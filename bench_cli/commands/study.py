@@ -66,13 +66,13 @@ def optuna():
 def search_space(master: DictConfig) -> dict:
     """{key: Optuna distribution} of the overrides Optuna samples (hydra-optuna-sweeper's reading)."""
     optuna()  # the plugin's reading imports it
-    from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
+    from bench_cli.config.hydra_private import optuna_distribution
 
     _, searched = split_search(sweep_lines(master))
     space = {}
     for key, o in searched.items():
         try:
-            space[key] = create_optuna_distribution_from_override(o)
+            space[key] = optuna_distribution(o)
         except (AssertionError, ValueError, NotImplementedError) as e:
             raise UserError(f"'{o.input_line}': Optuna cannot sample it ({e or 'not a distribution'})") from None
     if not space:

@@ -46,10 +46,10 @@ class Parsed:
 def hydra_flags() -> dict[str, Arity]:
     """Hydra's command-line flags and their arity, read from Hydra's own argument parser
     (hydra/_internal/utils.py get_args_parser), so the list cannot fall behind Hydra's."""
-    from hydra._internal.utils import get_args_parser
+    from bench_cli.config.hydra_private import hydra_flag_actions
 
     flags: dict[str, Arity] = {}
-    for action in get_args_parser()._actions:  # argparse keeps no public list of its actions
+    for action in hydra_flag_actions():
         arity: Arity = False if action.nargs == 0 else tuple(action.choices or ()) if action.nargs == "?" else True
         flags.update({name: arity for name in action.option_strings})
     return flags

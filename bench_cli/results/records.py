@@ -277,10 +277,11 @@ def save_resolved(resolved: dict, path: Path) -> None:
     """``OmegaConf.save(cfg, path, resolve=True)`` of the config ``resolved`` was resolved from: the
     same text (omegaconf.py ``to_yaml``: its YAML dumper and options), without resolving it again."""
     import yaml
-    from omegaconf._utils import get_omega_conf_dumper
+
+    from bench_cli.config.omegaconf_private import yaml_dumper
 
     write_atomically(path, yaml.dump(resolved, default_flow_style=False, allow_unicode=True, sort_keys=False,
-                                     Dumper=get_omega_conf_dumper()), encoding="utf-8")
+                                     Dumper=yaml_dumper()), encoding="utf-8")
 
 
 def write_record(run_dir: Path, results_path, row: dict) -> None:

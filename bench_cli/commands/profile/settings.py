@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from bench_cli.config.omegaconf_private import full_key
 from bench_cli.core.errors import UserError
 
 
 def int_list(p: DictConfig, key: str, *, allow_null: bool = False, minimum: int = 1) -> list[int] | None:
     """``p[key]`` as a non-empty list of integers >= minimum (a single integer is a list of one)."""
     value = p.get(key)
-    where = p._get_full_key(key) if OmegaConf.is_config(p) else key
+    where = full_key(p, key)
     if value is None and allow_null:
         return None
     if isinstance(value, int) and not isinstance(value, bool):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from bench_cli.commands.sweep.job import JobPlan, PlanMismatchError, run_planned_job
 from bench_cli.commands.sweep.plan import JOB_NAME, Job, Sweep
-from bench_cli.config import compose, plugins
+from bench_cli.config import compose, hydra_private, plugins
 from bench_cli.core.files import write_atomically
 
 
@@ -34,8 +34,6 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
     composition of the grid: the jobs are the plan's. Returns Hydra's JobReturns; stops after a
     batch in which a job did not match the plan. ``ok_rows_from``, ``live_line``: see ``JobPlan``;
     ``first_job_idx``: the first job's number in the sweep folder (the jobs launched before it)."""
-    from hydra._internal.callbacks import Callbacks
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.plugins import Plugins
     from hydra.core.utils import setup_globals
     from hydra.types import HydraContext
@@ -49,7 +47,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
     returns: list = []
     with compose.hydra_app(JOB_NAME, sweep.flags) as app:
         setup_globals()
-        callbacks = Callbacks(master)
+        callbacks = hydra_private.callbacks(master)
         callbacks.on_multirun_start(config=master, config_name=app.config_name)
         launcher = Plugins.instance().instantiate_launcher(
             hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
@@ -57,7 +55,7 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
         sweep_dir = Path(str(master.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(master))
-        batches = BasicSweeper.split_overrides_to_chunks([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
+        batches = hydra_private.sweep_batches([j.overrides for j in todo], master.hydra.sweeper.get("max_batch_size"))
         for batch in batches:
             returns += launcher.launch(batch, initial_job_idx=first_job_idx + len(returns))
             if any(isinstance(error_of(r), PlanMismatchError) for r in returns):
@@ -68,6 +66,4 @@ def launch(sweep: Sweep, todo: list[Job], ok_rows_from: dict | None = None, live
 
 def error_of(job_return) -> BaseException | None:
     """The exception a launched job raised outside its run (the run records its own failures), or None."""
-    from hydra.core.utils import JobStatus
-
-    return job_return._return_value if job_return.status == JobStatus.FAILED else None  # no public accessor
+    return hydra_private.job_error(job_return)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.config import compose
+from bench_cli.config import compose, hydra_private
 from bench_cli.core.errors import UserError
 from bench_cli.results import records
 
@@ -138,7 +138,6 @@ def split_search(parsed: list) -> tuple[list, dict]:
 def job_overrides(app: compose.HydraApp, master: DictConfig) -> list[list[str]]:
     """Override lists of every job, as Hydra's BasicSweeper.sweep makes them (``sweep_lines``).
     An Optuna sweep's are its studies' (each without the overrides Optuna samples: ``searched``)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.errors import HydraException
 
     target = str(master.hydra.sweeper.get("_target_", ""))
@@ -150,7 +149,7 @@ def job_overrides(app: compose.HydraApp, master: DictConfig) -> list[list[str]]:
         parsed, _ = split_search(parsed)
     compose.refuse_search(parsed)
     try:
-        (grid,) = BasicSweeper.split_arguments(parsed, None)
+        grid = hydra_private.sweep_grid(parsed)
     except HydraException as e:
         raise UserError(f"cannot expand the grid: {str(e).strip().splitlines()[0]}") from None
     return grid

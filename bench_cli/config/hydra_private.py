@@ -1,0 +1,177 @@
+"""Every use of Hydra's private API in attnbench, behind functions with public names.
+
+Hydra's public API (``hydra.compose``/``initialize_*``, ``@hydra.main``, ``hydra.utils``,
+``hydra.core``) composes a config and runs one function; it cannot compose a run's config once and
+then run it, compose a sweep's jobs without composing each whole, or search --config-dir folders
+from the compose API. Where attnbench needs those, it reaches into Hydra here, and only here (and
+in omegaconf_private.py for OmegaConf's nodes): tests/test_layers.py fails when another module of
+bench_cli imports ``hydra._internal`` or touches a private name of Hydra or OmegaConf, and
+tests/test_configs.py fails when a symbol of this list is gone from the installed Hydra.
+
+Checked against hydra-core 1.3.8 (pyproject allows >=1.3,<1.4) and hydra-optuna-sweeper 1.3.0.
+The private symbols, each with what it is used for:
+
+- ``hydra._internal.hydra.Hydra.create_main_hydra2``: the Hydra object ``@hydra.main`` makes
+  (its public methods ``compose_config`` and ``config_loader.load_sweep_config`` compose the
+  run's and the jobs' configs, session.py ``HydraApp``);
+- ``hydra._internal.utils.create_automatic_config_search_path``: the search path ``@hydra.main``
+  builds, to which the --config-dir folders are added as ``_run_hydra`` adds one;
+- ``hydra._internal.utils.get_args_parser``: Hydra's command-line flags (args.py), with
+  argparse's ``ArgumentParser._actions`` (argparse keeps no public list of them);
+- ``hydra._internal.config_loader_impl.ConfigLoaderImpl._apply_overrides_to_config``: applying a
+  job's value overrides to a composed config as Hydra does; wrapped for the time of one
+  composition to read the values they replace (``overrides_applied_after``);
+- ``hydra._internal.config_loader_impl.ConfigLoaderImpl._parse_overrides_and_create_caching_repo``:
+  the config repository of a sweep's jobs, which says which overrides name a config group;
+- ``hydra._internal.config_repository.ConfigRepository.load_config``: replaced for the time of a
+  sweep's planning so each config file is parsed once (``shared_config_files``);
+- ``hydra._internal.callbacks.Callbacks``: Hydra's callbacks around a run and a multirun;
+- ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments`` and
+  ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_overrides_to_chunks``: a
+  sweep's grid and its batches, as the basic sweeper makes them;
+- ``hydra.core.utils.JobReturn._return_value``: a failed job's exception (the public
+  ``return_value`` raises it and writes to stderr);
+- ``hydra_plugins.hydra_optuna_sweeper._impl.create_optuna_distribution_from_override``: the
+  Optuna distribution of a search override, as the Optuna sweeper reads it.
+"""
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+
+from bench_cli.config.search_path import config_path, user_config_dirs
+
+
+def create_hydra(task_name: str, search_path):
+    """The Hydra object ``@hydra.main`` creates for a task (hydra/_internal/utils.py ``_run_hydra``),
+    set as Hydra's global instance."""
+    from hydra._internal.hydra import Hydra
+
+    return Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path)
+
+
+def hydra_search_path(calling_module: str, primary: str, config_dir=None):
+    """Hydra's search path for a function of ``calling_module`` with config_path ``primary``, with
+    the --config-dir folders added as hydra/_internal/utils.py ``_run_hydra`` (add_conf_dir) adds
+    one (``config_dir`` first, then those the CLI took), and conf/ after a --config-path folder."""
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    search_path = create_automatic_config_search_path(None, calling_module, primary)
+    if config_path() is not None:  # after the root config's folder (the main entry): conf/'s groups
+        search_path.prepend(provider="attnbench", path="pkg://conf", anchor=SearchPathQuery(provider="schema"))
+    folders = [config_dir] if config_dir else []
+    for folder in [*folders, *(d for d in user_config_dirs() if d not in folders)]:
+        search_path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
+    return search_path
+
+
+def hydra_flag_actions() -> list:
+    """The argparse actions of Hydra's command-line parser (its flags, their nargs and choices)."""
+    from hydra._internal.utils import get_args_parser
+
+    return list(get_args_parser()._actions)
+
+
+def apply_value_overrides(values: list, cfg) -> None:
+    """Apply parsed value overrides (``key=value``, ``+key``, ``~key``) to a composed config, in
+    their order, with the function Hydra's config loader applies them with after merging the
+    defaults list (config_loader_impl.py ``_load_configuration_impl``)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+
+
+@contextmanager
+def overrides_applied_after(before):
+    """For the time of the ``with``, every composition calls ``before(cfg)`` with the merged config
+    just before Hydra applies the value overrides to it. Yields False (and calls nothing) where
+    Hydra's loader is not the one checked here."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    apply = ConfigLoaderImpl.__dict__.get("_apply_overrides_to_config")  # a staticmethod in Hydra 1.3
+    if not isinstance(apply, staticmethod):
+        yield False
+        return
+
+    def call_then_apply(config_overrides, cfg) -> None:
+        before(cfg)
+        apply.__func__(config_overrides, cfg)
+
+    ConfigLoaderImpl._apply_overrides_to_config = staticmethod(call_then_apply)
+    try:
+        yield True
+    finally:
+        ConfigLoaderImpl._apply_overrides_to_config = apply
+
+
+def job_repository(config_loader, config_name: str, hydra_overrides: list[str]):
+    """The config repository Hydra composes a sweep's jobs with (its search path has the sweep's
+    ``hydra.searchpath``); its public ``group_exists`` says which overrides choose a config."""
+    _, repository = config_loader._parse_overrides_and_create_caching_repo(config_name, hydra_overrides)
+    return repository
+
+
+@contextmanager
+def shared_config_files():
+    """For the time of the ``with``, every config file is parsed once, not once per composition.
+
+    Hydra's CachingConfigRepository lives for one composition, so a sweep that composes hundreds of
+    jobs parses the same files hundreds of times. Here each file's parsed result is kept per search
+    path and handed out as a deep copy (Hydra edits what it loads): a third less planning time, the
+    same configs (tests/test_sweep.py). Only worth it for many compositions: one composition pays the
+    copies on top of the parsing."""
+    from hydra._internal.config_repository import ConfigRepository
+
+    original, parsed = ConfigRepository.load_config, {}
+
+    def load_config(self, config_path: str):
+        key = (tuple((source.provider, source.path) for source in self.sources), config_path)
+        if key not in parsed:
+            parsed[key] = original(self, config_path)
+        return copy.deepcopy(parsed[key])
+
+    ConfigRepository.load_config = load_config
+    try:
+        yield
+    finally:
+        ConfigRepository.load_config = original
+
+
+def callbacks(cfg):
+    """Hydra's callbacks of a config (``hydra.callbacks``), as Hydra calls them around a run
+    (``on_run_start``/``on_run_end``) and a multirun (``on_multirun_start``/``on_multirun_end``)."""
+    from hydra._internal.callbacks import Callbacks
+
+    return Callbacks(cfg)
+
+
+def sweep_grid(parsed: list) -> list[list[str]]:
+    """The override lists of every job of a grid, as Hydra's basic sweeper expands the parsed
+    overrides (the cartesian product, in its order). Raises Hydra's HydraException."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    (grid,) = BasicSweeper.split_arguments(parsed, None)
+    return grid
+
+
+def sweep_batches(jobs: list[list[str]], max_batch_size: int | None) -> list[list[list[str]]]:
+    """``jobs`` in the batches the basic sweeper launches (``hydra.sweeper.max_batch_size``)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return list(BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size))
+
+
+def job_error(job_return) -> BaseException | None:
+    """The exception of a failed job's JobReturn, None for one that did not fail."""
+    from hydra.core.utils import JobStatus
+
+    return job_return._return_value if job_return.status == JobStatus.FAILED else None
+
+
+def optuna_distribution(override):
+    """The Optuna distribution of a parsed search override (``interval``, ``tag(log, ...)``,
+    ``choice``, ``range``), as hydra-optuna-sweeper samples it. Imports optuna."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
+
+    return create_optuna_distribution_from_override(override)

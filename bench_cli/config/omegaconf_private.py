@@ -1,0 +1,119 @@
+"""Every use of OmegaConf's private API in attnbench: reading and setting a config's nodes in
+place, and OmegaConf's own YAML dumper and interpolation parser.
+
+OmegaConf's public API reads and resolves a config whole (``OmegaConf.select``,
+``to_container``); a sweep's planning sets a job's values in the shared composition of its config
+choices and resolves only what differs between jobs (job_composer.py), which takes the nodes
+themselves. Only this module and hydra_private.py touch private names of OmegaConf or Hydra
+(tests/test_layers.py); tests/test_configs.py fails when a symbol of this list is gone.
+
+Checked against omegaconf 2.3.1 (with hydra-core 1.3.8). The private symbols:
+
+- ``omegaconf.basecontainer.BaseContainer._get_node``: a container's child node, unresolved;
+- ``omegaconf.base.Node._dereference_node``: the node an interpolation points at;
+- ``omegaconf.base.Node._is_none``, ``omegaconf.base.Node._is_missing`` and
+  ``omegaconf.base.Node._is_interpolation``: what a node holds, without resolving it;
+- ``omegaconf.base.Node._metadata``: a container's ``object_type`` (a structured config's class);
+- ``omegaconf.nodes.ValueNode._value`` and ``omegaconf.nodes.ValueNode._set_value``: a leaf's
+  value, read and set in place (``BaseContainer._set_item_impl`` sets an untyped leaf so);
+- ``omegaconf.basecontainer.BaseContainer._to_content``: ``to_container`` of one node;
+- ``omegaconf.base.Node._get_full_key``: a node's dotted key from the root, for messages;
+- ``omegaconf.base.parse``: the interpolation grammar's parser, memoised for the time of a
+  sweep's planning (``shared_interpolation_parses``);
+- ``omegaconf._utils.get_omega_conf_dumper``: the YAML dumper of ``OmegaConf.to_yaml``.
+"""
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+
+def unresolved_template(cfg: DictConfig) -> tuple[dict, list[tuple]] | None:
+    """(``OmegaConf.to_container(cfg)`` unresolved, the paths of its interpolations), or None for a
+    config whose resolution is not the sum of its leaves' (a container that is null, missing, an
+    interpolation or a structured config)."""
+    paths: list[tuple] = []
+
+    def walk(node, path: tuple) -> bool:
+        for key in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
+            child = node._get_node(key)
+            if isinstance(child, (DictConfig, ListConfig)):
+                if (child._is_none() or child._is_missing() or child._is_interpolation()
+                        or isinstance(child, DictConfig) and child._metadata.object_type not in (dict, None)
+                        or not walk(child, (*path, key))):
+                    return False
+            elif child._is_interpolation():
+                paths.append((*path, key))
+        return True
+
+    return (OmegaConf.to_container(cfg), paths) if walk(cfg, ()) else None
+
+
+def resolved_at(cfg: DictConfig, path: tuple):
+    """The value at ``path`` of ``cfg`` resolved as ``OmegaConf.to_container(cfg, resolve=True)``
+    resolves it there (a container as plain data). Raises OmegaConf's error where it does not
+    resolve."""
+    from omegaconf.basecontainer import BaseContainer
+
+    node = cfg
+    for key in path:
+        node = node._get_node(key)
+    node = node._dereference_node()
+    if isinstance(node, (DictConfig, ListConfig)):
+        return BaseContainer._to_content(node, resolve=True, throw_on_missing=False)
+    return node._value()
+
+
+def replaced_values(cfg: DictConfig, values: list) -> list | None:
+    """(node, its value) of the leaf each value override replaces, when every override is a plain
+    ``key=value`` whose value is a string, number or boolean at an existing key of ``cfg`` holding
+    one (an untyped node: OmegaConf sets its value in place, ``BaseContainer._set_item_impl``);
+    None otherwise (additions, deletions, null, lists, mappings, new keys)."""
+    from omegaconf.nodes import AnyNode
+
+    replaced = []
+    for o in values:
+        if o.is_add() or o.is_force_add() or o.is_delete() or type(o.value()) not in (str, int, float, bool):
+            return None
+        node = cfg
+        for part in o.key_or_group.split("."):
+            node = node._get_node(part, validate_access=False) if isinstance(node, DictConfig) else None
+        if type(node) is not AnyNode:
+            return None
+        replaced.append((node, node._value()))
+    return replaced
+
+
+def restore_values(replaced: list) -> None:
+    """Set back the values ``replaced_values`` read (a key overridden twice gets its first value)."""
+    for node, value in reversed(replaced):
+        node._set_value(value)
+
+
+def full_key(config, key: str) -> str:
+    """The dotted key of ``config[key]`` from its root (``profile.seq_lens``); ``key`` for plain data."""
+    return config._get_full_key(key) if OmegaConf.is_config(config) else key
+
+
+@contextmanager
+def shared_interpolation_parses():
+    """For the time of the ``with``, OmegaConf parses each interpolation string once, not each time
+    it resolves it: its grammar parser (ANTLR) was most of the time of a sweep job's ``job_key``.
+    The parse trees are only read by the resolution, so one serves every config."""
+    from omegaconf import base
+
+    original = base.parse
+    base.parse = functools.lru_cache(maxsize=4096)(original)
+    try:
+        yield
+    finally:
+        base.parse = original
+
+
+def yaml_dumper():
+    """The YAML dumper ``OmegaConf.to_yaml`` writes with (its representers and options)."""
+    from omegaconf._utils import get_omega_conf_dumper
+
+    return get_omega_conf_dumper()
