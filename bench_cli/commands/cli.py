@@ -408,7 +408,8 @@ def _ls_runs(output_dir: Path, every: bool) -> None:
     rows = []
     for st in shown:
         status = st.get("status", "?")
-        text = "started, not finished" if status == "killed" else status
+        text = ("started, not finished" if status == "killed" else f"damaged {st['damaged']}: remove the folder"
+                if status == "damaged" else status)
         rows.append([str(st.get("run_id", "")), f"[{style.get(status, 'red')}]{text}[/]",
                      f"{st.get('task', '')}/{st.get('dataset', '')}", str(st.get("model", "")),
                      str(st.get("seed", "")), st["folder"]])
