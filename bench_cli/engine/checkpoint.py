@@ -280,11 +280,6 @@ class Checkpoints:
                 own.append(path)
         return own
 
-    def newest(self) -> Path | None:
-        """The checkpoint the same command would resume from (the newest of the job's own), or None."""
-        own = [p for p in self.own_files() if p.is_file()]
-        return own[-1] if own else None
-
     def tidy(self) -> None:
         """Before the sitting's first write: number above every file of the folder (its own
         checkpoints then sort after anything it cannot use), and remove the temporary files of
