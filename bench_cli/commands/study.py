@@ -161,17 +161,18 @@ def asking(study: Study):
     them. A lock file beside a sqlite storage (``<file>.lock``); another database has no file to
     lock, and a trial asked beyond the count there is failed unrun (``run_study``)."""
     import fcntl
+    import os
 
     path = sqlite_file(study)
     if path is None:
         yield
         return
-    with open(f"{path}.lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)  # a lock, never content: empty
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        yield
+    finally:
+        os.close(lock)
 
 
 def counts(trials) -> str:
