@@ -63,10 +63,17 @@ def download(url: str, target: Path, *, what: str, where: str, md5: str | None =
 
     The bytes go to ``<target>.part``, which an interrupted transfer leaves behind: the next attempt
     (and the next `attnbench data`) asks for the rest with an HTTP Range request, and starts over
-    when the server ignores the Range. A dropped connection, a timeout or a busy server (HTTP 408,
-    429, 5xx) is retried ``attempts`` times in all, waiting ``backoff_s`` doubled at each retry. The
-    size (``size``, else the server's Content-Length) and ``md5``/``sha256`` are checked before the
-    file is moved into place; a mismatch removes the partial file. Progress: bytes, speed, ETA.
+    when the server ignores the Range. A part is resumed only when what it holds can be told to be
+    the start of the same file: the download has a checksum (checked at the end), or the part was
+    begun by this call, or the server gave the file a validator (a strong ETag or Last-Modified,
+    kept in ``<target>.part.validator``) that the request sends as ``If-Range`` (RFC 9110 13.1.5:
+    the server sends the whole file when it has changed). Otherwise, and when the server answers
+    416 without a size the part matches, the part is discarded and the file fetched from its first
+    byte: a stale part is never spliced onto a newer file, nor an oversized one moved into place.
+    A dropped connection, a timeout or a busy server (HTTP 408, 429, 5xx) is retried ``attempts``
+    times in all, waiting ``backoff_s`` doubled at each retry. The size (``size``, else the
+    server's Content-Length) and ``md5``/``sha256`` are checked before the file is moved into
+    place; a mismatch removes the partial file. Progress: bytes, speed, ETA.
 
     Raises DataNotFoundError (one line: what failed, and where the file must go instead). Why not a
     library: pooch has no resume of a partial file, and huggingface_hub's resuming ``http_get`` is
@@ -75,7 +82,7 @@ def download(url: str, target: Path, *, what: str, where: str, md5: str | None =
 
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + ".part")
+    part = Part(target.with_name(target.name + ".part"), url, trusted=bool(md5 or sha256))
     instead = f"fetch it by hand and put it so that {where} exists ({what})"
     for attempt in range(attempts):
         try:
@@ -84,9 +91,9 @@ def download(url: str, target: Path, *, what: str, where: str, md5: str | None =
         except _Transient as e:
             if attempt + 1 == attempts:
                 raise DataNotFoundError(f"cannot download {url} after {attempts} attempts ({e}); run the command "
-                                        f"again to resume from {part.stat().st_size if part.exists() else 0} "
-                                        f"bytes, or {instead}") from None
+                                        f"again to resume from {part.size()} bytes, or {instead}") from None
             time.sleep(backoff_s * 2 ** attempt)
+    part = part.path
     got, expected = part.stat().st_size, size if size is not None else total
     if expected is not None and got != expected:
         part.unlink(missing_ok=True)
@@ -97,12 +104,65 @@ def download(url: str, target: Path, *, what: str, where: str, md5: str | None =
             raise DataNotFoundError(f"corrupt download {url} ({algorithm} differs from {digest}); removed, "
                                     f"run the command again")
     os.replace(part, target)
+    Part.validator_file(part).unlink(missing_ok=True)
     digest = file_digest(target)
     write_atomically(target.with_name(target.name + ".sha256"), f"{digest}  {target.name}\n")
     return digest
 
 
-def _fetch_into(url: str, part: Path, what: str, timeout: float, instead: str) -> int | None:
+class Part:
+    """A download's partial file and whether its bytes may be resumed (``download``)."""
+
+    def __init__(self, path: Path, url: str, trusted: bool):
+        self.path, self.url = path, url
+        self.trusted = trusted  # a checksum will catch a part of another version of the file
+        self.begun_here = False  # written by this download call: of the file the server sends now
+
+    @staticmethod
+    def validator_file(path: Path) -> Path:
+        return path.with_name(path.name + ".validator")
+
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path.is_file() else 0
+
+    def validator(self) -> str | None:
+        """The ETag or Last-Modified of the response that began the part (same URL), else None."""
+        try:
+            kept = json.loads(self.validator_file(self.path).read_text())
+        except (OSError, ValueError):
+            return None
+        return kept.get("validator") if isinstance(kept, dict) and kept.get("url") == self.url else None
+
+    def resumable(self) -> tuple[int, dict]:
+        """(bytes to resume from, the request's headers); a part that cannot be told to be of the
+        file the server has now is discarded (0, no Range)."""
+        have, validator = self.size(), self.validator()
+        if have and not (self.trusted or self.begun_here or validator):
+            warn_once(f"warning: discarding {self.path} ({have} bytes): without a checksum or a validator from the server "
+                      "it cannot be told to be the start of the same file; downloading it from the start")
+            self.discard()
+            return 0, {}
+        if not have:
+            return 0, {}
+        return have, {"Range": f"bytes={have}-", **({"If-Range": validator} if validator else {})}
+
+    def begin(self, headers) -> None:
+        """The server sends the file from its first byte: keep its validator for a later resume."""
+        self.begun_here = True
+        etag, modified = headers.get("ETag"), headers.get("Last-Modified")
+        validator = etag if etag and not etag.startswith("W/") else modified  # If-Range takes strong ETags only
+        if validator:
+            write_atomically(self.validator_file(self.path), json.dumps({"url": self.url, "validator": validator}))
+        else:
+            self.validator_file(self.path).unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.validator_file(self.path).unlink(missing_ok=True)
+        self.begun_here = False
+
+
+def _fetch_into(url: str, part: Part, what: str, timeout: float, instead: str) -> int | None:
     """One attempt: append the rest of ``url`` to ``part`` (from its current size, by an HTTP Range
     request), or write it afresh when the server sends the whole file. Returns the file's size when
     the server said it. _Transient for failures worth retrying, DataNotFoundError for a refusal."""
@@ -111,14 +171,18 @@ def _fetch_into(url: str, part: Path, what: str, timeout: float, instead: str) -
 
     from bench_cli.core.progress import count_progress
 
-    have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    have, headers = part.resumable()
+    request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # nothing after `have`: the part may be the whole file (checked by the caller)
+        if e.code == 416 and have:  # nothing after `have`: the part is the whole file only if the sizes agree
             total = (e.headers.get("Content-Range") or "").rpartition("/")[2]
-            return int(total) if total.isdigit() else None
+            if total.isdigit() and int(total) == have:
+                return have
+            part.discard()  # no size, or another: an oversized or stale part, fetched again from byte 0
+            raise _Transient(f"HTTP 416 for the {have} bytes already here (the file is "
+                             f"{total + ' bytes' if total.isdigit() else 'of unknown size'}): downloading it again") from None
         if _is_transient(e):
             raise _Transient(f"HTTP {e.code} {e.reason}") from None
         raise DataNotFoundError(f"the server refused {url} (HTTP {e.code} {e.reason}); {instead}") from None
@@ -128,12 +192,17 @@ def _fetch_into(url: str, part: Path, what: str, timeout: float, instead: str) -
         raise DataNotFoundError(f"cannot download {url} ({getattr(e, 'reason', e)}); {instead}") from None
     with response:
         resumed = response.status == 206 and _range_start(response.headers.get("Content-Range")) == have
+        if response.status == 206 and not resumed:  # a part of the file from elsewhere: nothing to append
+            part.discard()
+            raise _Transient(f"the server sent bytes {response.headers.get('Content-Range')}, not from {have}")
         start = have if resumed else 0  # a 200 to a Range request: the whole file again, from byte 0
+        if not resumed:
+            part.begin(response.headers)
         length = response.headers.get("Content-Length")
         total = start + int(length) if length is not None else None
         done = start
         try:
-            with open(part, "ab" if resumed else "wb") as f, \
+            with open(part.path, "ab" if resumed else "wb") as f, \
                     count_progress(what, total or 0, in_bytes=True, start=start) as shown:
                 for block in iter(lambda: response.read(1 << 20), b""):
                     f.write(block)

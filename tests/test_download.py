@@ -24,8 +24,9 @@ class Server:
     '503', '403', 'corrupt' (one byte changed). The last entry repeats. ``requests``: the Range
     header of each GET (None without one)."""
 
-    def __init__(self, script: list[str]):
-        self.script, self.requests = list(script), []
+    def __init__(self, script: list[str], etag: str | None = None, port: int = 0):
+        self.script, self.requests, self.if_ranges = list(script), [], []
+        self.etag = etag  # the file's version: sent with it, and an If-Range naming another is not honoured
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -36,12 +37,23 @@ class Server:
                 action = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
                 wanted = self.headers.get("Range")
                 outer.requests.append(wanted)
+                outer.if_ranges.append(self.headers.get("If-Range"))
                 if action in ("503", "403"):
                     self.send_error(int(action))
                     return
+                if action.startswith("416"):  # 'range not satisfiable', with the size after the slash or none
+                    self.send_response(416)
+                    if action != "416":
+                        self.send_header("Content-Range", f"bytes */{action[4:]}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = PAYLOAD if action != "corrupt" else PAYLOAD[:1000] + b"\0" + PAYLOAD[1001:]
-                start = int(wanted[6:].split("-")[0]) if wanted and action == "ok" else 0
+                honours = action == "ok" and self.headers.get("If-Range") in (None, outer.etag)
+                start = int(wanted[6:].split("-")[0]) if wanted and honours else 0
                 self.send_response(206 if start else 200)
+                if outer.etag:
+                    self.send_header("ETag", outer.etag)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
                 self.send_header("Content-Length", str(len(body) - start))
@@ -53,7 +65,7 @@ class Server:
                     return
                 self.wfile.write(body[start:])
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/file.bin"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -128,3 +140,51 @@ def test_giving_up_keeps_the_part_for_the_next_command(tmp_path):
     with Server(["ok"]) as s:
         fetch(s, target, sha256=SHA256)  # the next command asks for the rest only
     assert target.read_bytes() == PAYLOAD and s.requests == [f"bytes={len(PAYLOAD) // 2}-"]
+
+
+# --- a partial file that cannot be told to be of the same file is never spliced -------------------
+def test_a_stale_part_without_checksum_or_validator_is_fetched_again_not_spliced(tmp_path, capsys):
+    """An earlier command's .part of an older version of the file, a server that honours Range, no
+    checksum: resuming would splice the old head onto the new tail (and the sizes would agree)."""
+    target = tmp_path / "file.bin"
+    (tmp_path / "file.bin.part").write_bytes(b"old version " * 10_000)
+    with Server(["ok"]) as s:
+        fetch(s, target)
+    assert target.read_bytes() == PAYLOAD and s.requests == [None]
+    assert "discarding" in capsys.readouterr().err
+
+
+def test_a_part_with_the_servers_validator_resumes_only_while_the_file_is_the_same(tmp_path):
+    target = tmp_path / "file.bin"
+    with Server(["drop"], etag='"v2"') as s, pytest.raises(DataNotFoundError):
+        fetch(s, target, attempts=1)
+    assert (tmp_path / "file.bin.part.validator").is_file()  # the server's ETag, kept beside the part
+    port = s.httpd.server_address[1]  # the same URL: a validator is kept for its URL only
+    with Server(["ok"], etag='"v2"', port=port) as s:  # the next command: Range with If-Range, the same version
+        fetch(s, target)
+    assert target.read_bytes() == PAYLOAD and s.requests == [f"bytes={len(PAYLOAD) // 2}-"] and s.if_ranges == ['"v2"']
+    assert not (tmp_path / "file.bin.part.validator").exists()
+
+    target.unlink()
+    with Server(["drop"], etag='"v1"', port=port) as s, pytest.raises(DataNotFoundError):
+        fetch(s, target, attempts=1)
+    with Server(["ok"], etag='"v2"', port=port) as s:  # the file changed since: the server sends all of it
+        fetch(s, target)
+    assert target.read_bytes() == PAYLOAD and s.if_ranges == ['"v1"']
+
+
+@pytest.mark.parametrize("answer", ["416", f"416/{len(PAYLOAD)}"])
+def test_a_416_for_an_oversized_part_is_fetched_again_never_moved_into_place(tmp_path, answer):
+    target = tmp_path / "file.bin"
+    (tmp_path / "file.bin.part").write_bytes(PAYLOAD + b"extra bytes of something else")
+    with Server([answer, "ok"]) as s:
+        fetch(s, target, md5=MD5)  # trusted to resume: the server's 416 decides
+    assert target.read_bytes() == PAYLOAD and s.requests == [f"bytes={len(PAYLOAD) + 29}-", None]
+
+
+def test_a_416_with_the_parts_own_size_is_the_whole_file(tmp_path):
+    target = tmp_path / "file.bin"
+    (tmp_path / "file.bin.part").write_bytes(PAYLOAD)
+    with Server([f"416/{len(PAYLOAD)}"]) as s:
+        fetch(s, target, sha256=SHA256)
+    assert target.read_bytes() == PAYLOAD and len(s.requests) == 1

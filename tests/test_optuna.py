@@ -221,3 +221,54 @@ def test_without_the_tune_extra_an_optuna_sweep_is_one_line_naming_it(uea_fixtur
                     "--dry-run", cwd=workdir)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == "error: hydra/sweeper=optuna needs optuna, which is not installed: pip install 'attnbench[tune]'"
+
+
+# --- a study database that cannot be used, a study searched twice at once, counts -----------------
+@pytest.mark.parametrize("content", [b"\x00\xffgarbage bytes, not SQLite" * 40, b"SQLite format 3\x00" + b"\x00" * 200,
+                                     None])
+def test_a_study_storage_it_cannot_use_is_one_line_before_any_trial(uea_fixture, workdir, scored_runs, capsys, content):
+    db = workdir / "res.csv.optuna.db"
+    if content is None:
+        db.mkdir()  # a folder where the database belongs
+    else:
+        db.write_bytes(content)
+    for dry in ([], ["--dry-run"]):
+        assert sweep(*tiny(workdir), *SEARCH, "hydra.sweeper.n_trials=2", *dry) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "study storage " in err and str(db) in err, err
+        assert "Traceback" not in err and "hydra.sweeper.storage" in err
+    assert read_records(workdir / "res.csv") == []  # nothing trained
+    assert db.is_dir() if content is None else db.read_bytes() == content  # left as it was
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "abc", "1.5"])
+def test_a_count_of_trials_below_one_is_one_line(uea_fixture, workdir, capsys, value):
+    assert sweep(*tiny(workdir), *SEARCH, f"hydra.sweeper.n_trials={value}", "--dry-run") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hydra.sweeper.n_trials" in err, err
+
+
+def test_the_same_study_searched_twice_at_once_never_exceeds_its_trials(uea_fixture, workdir, scored_runs, monkeypatch,
+                                                                        capsys):
+    """Another sweep of the same study (another terminal) asks and completes a trial while this
+    one runs its first: between them the study holds n_trials, and the progress never goes below 0."""
+    import optuna
+
+    from bench_cli.commands import study as study_command
+
+    original, storage = study_command.run_trials, f"sqlite:///{workdir / 'res.csv'}.optuna.db"
+
+    def and_another_sweep_meanwhile(sweep_, study, s, planned, n_trials, launched):
+        ran = original(sweep_, study, s, planned, n_trials, launched)
+        if launched == 0:
+            other = optuna.load_study(study_name=s.name, storage=storage)
+            trial = other.ask(fixed_distributions=planned[0][0].distributions)
+            other.tell(trial, 1.0)
+        return ran
+
+    monkeypatch.setattr(study_command, "run_trials", and_another_sweep_meanwhile)
+    assert sweep(*tiny(workdir), *SEARCH, "hydra.sweeper.n_jobs=1", "hydra.sweeper.n_trials=2") == 0
+    out = capsys.readouterr().out
+    assert len(stored(workdir)) == 2 and len(read_records(workdir / "res.csv")) == 1
+    assert "-1 to go" not in out and "ETA -" not in out
+    assert "search progress: 2 done, 0 failed, 0 running, 0 to go" in out

@@ -238,3 +238,39 @@ def test_the_model_column_names_the_attention_that_replaced_the_presets(workdir,
     cfg = C.compose(["task.dataset=Fixture", *overrides])
     key = job_key(cfg)
     assert schema.model_name(cfg) == model and job_key(cfg) == key
+
+
+# --- a checkpoint names plugins, it never imports them ---------------------------------------------
+def test_evaluate_imports_no_module_a_checkpoint_names_and_asks_for_the_plugin_it_was_made_with(
+        uea_fixture, isolated, workdir, capsys, monkeypatch):
+    """A checkpoint is data: its stored config's ``plugins`` (here the standard library's ``this``,
+    which prints the Zen of Python when imported) are never imported by `evaluate`; the plugins the
+    run was made with are recorded by name, and evaluating without them is one line naming them."""
+    import torch
+
+    from models.attention import registry
+
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "mymod")
+    main(["run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv", "trainer.checkpoint.keep_final=true"])
+    (path,) = Path(read_records("res.csv")[-1]["checkpoint_dir"]).glob("ckpt-*.pt")
+    assert torch.load(path, weights_only=True)["meta"]["plugins"] == ["mymod"]
+    # a later process, without the plugin
+    monkeypatch.delenv(plugins.PLUGINS_ENV)
+    registry._REGISTRY.pop("elu_linear")
+    plugins._LOADED.clear()
+    sys.modules.pop("mymod")
+    capsys.readouterr()
+    err = fail_line(capsys, "evaluate", str(path))
+    assert "was made with plugin mymod" in err and "ATTNBENCH_PLUGINS=mymod" in err and "elu_linear" in err
+    assert "mymod" not in sys.modules
+
+    state = torch.load(path, weights_only=True)
+    state["meta"]["config"]["plugins"] = ["this"]
+    torch.save(state, path)
+    sys.modules.pop("this", None)
+    err = fail_line(capsys, "evaluate", str(path))
+    assert "this" not in sys.modules and "Beautiful is better" not in err
+    assert "was made with plugin mymod, this" in err
+    main(["evaluate", str(path), "plugins=[mymod]"])  # named by the user: imported, and the run's model builds
+    out = capsys.readouterr().out
+    assert "accuracy" in out and "Beautiful is better" not in out and "this" not in sys.modules

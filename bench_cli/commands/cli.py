@@ -229,10 +229,25 @@ def cmd_run(args: list[str]) -> None:
     try:
         C.run_job(cfg, _train_and_print_summary)
     except KeyboardInterrupt as e:
-        resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
-                   != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
-        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
+        fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resume_hint(cfg)}",
              code=exit_code_of(e))
+
+
+def resume_hint(cfg: DictConfig) -> str:
+    """What the same command does next, as the folder says it (a checkpoint of the job there),
+    never what the settings alone would suggest."""
+    from bench_cli.engine.checkpoint import resumable_from
+    from bench_cli.results.records import job_key
+
+    if not OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False):
+        return ""
+    if str(OmegaConf.select(cfg, "trainer.resume")) == "false":
+        return "; with trainer.resume=false the same command starts over"
+    job = cfg.copy()
+    with open_dict(job):
+        job.pop("hydra", None)  # as the job had its config (hydra.core.utils.run_job)
+    path = resumable_from(job, job_key(job))
+    return f"; the same command resumes from its checkpoint {path}" if path else "; no checkpoint was written: the same command starts over"
 
 
 # --- validate -------------------------------------------------------------------------------
@@ -395,7 +410,8 @@ def _ls_runs(output_dir: Path, every: bool) -> None:
     rows = []
     for st in shown:
         status = st.get("status", "?")
-        text = "started, not finished" if status == "killed" else status
+        text = ("started, not finished" if status == "killed" else f"damaged {st['damaged']}: remove the folder"
+                if status == "damaged" else status)
         rows.append([str(st.get("run_id", "")), f"[{style.get(status, 'red')}]{text}[/]",
                      f"{st.get('task', '')}/{st.get('dataset', '')}", str(st.get("model", "")),
                      str(st.get("seed", "")), st["folder"]])

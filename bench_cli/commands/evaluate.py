@@ -5,18 +5,28 @@ The weights are the selected ones when the checkpoint holds them (the protocol's
 weights: the best validation evaluation of a holdout run), else the last ones; ``--weights last``
 takes the last. A checkpoint written by another code version says so in one line; one whose
 weights do not fit the model this code builds from its config says what differs in one line.
+
+Nothing the file names is imported: a checkpoint is data (bench_cli/engine/checkpoint.py reads it
+without running code), and its stored config's ``plugins`` are only names. The plugins the run
+was made with (the checkpoint's ``meta.plugins``, and its config's ``plugins``) are imported only
+when the user names them, in ``ATTNBENCH_PLUGINS`` or as ``plugins=[mod]`` on this command line; a
+checkpoint whose attention or task is one of theirs, evaluated without them, is one line naming them.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 USAGE = """\
 usage: attnbench evaluate CHECKPOINT [--split test|val|train] [--weights selected|last] [paths.data_root=DIR]
+                          [plugins=[MODULE,...]]
 
 Evaluates the weights of a checkpoint (checkpoints/<job_key>/ckpt-N.pt beside the records file; an
 ok job's is kept with trainer.checkpoint.keep_final=true) with the run's own config, and prints
 the metrics of the split. --weights selected (default): the evaluation the protocol selected, when
-the checkpoint holds its weights; last: the weights of the last step.
+the checkpoint holds its weights; last: the weights of the last step. A checkpoint made with plugins
+is evaluated with them named here (plugins=[mymod]) or in ATTNBENCH_PLUGINS: nothing the file names
+is imported.
 """
 
 SPLITS = ("test", "val", "train")
@@ -71,10 +81,14 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
     cfg = OmegaConf.create(state["meta"]["config"])
     for override in overrides:  # where the data is on this machine, its device...
         key, _, value = override.partition("=")
+        if key == "plugins" and _:  # named by the user: imported (the file's own names never are)
+            plugins.import_configured({"plugins": yaml.safe_load(value)})
+            continue
         if key.split(".")[0] not in ("paths", "trainer") or not _:
-            raise UserError(f"evaluate takes only paths.* and trainer.* overrides (the run's config is the checkpoint's): {override}")
+            raise UserError("evaluate takes only paths.*, trainer.* and plugins= overrides (the run's config is the "
+                            f"checkpoint's): {override}")
         OmegaConf.update(cfg, key, yaml.safe_load(value))
-    plugins.import_configured(cfg)
+    needed = made_with(state["meta"], cfg)
     here = {k: str(v) for k, v in records.provenance().items() if k in state["meta"]}
     differs = [f"{k} {state['meta'][k]} (here {here[k]})" for k in ("git_commit", "attnbench_version", "torch_version")
                if k in here and state["meta"].get(k) != here[k]]
@@ -83,13 +97,15 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
     if weights == "selected" and chosen is None:
         note += ("; " if note else "") + "the checkpoint holds no selected weights (the protocol reports the last): the last weights"
     device = select_device(str(cfg.trainer.device))
-    task = build_task(cfg)
+    with plugins_named(path, needed):
+        task = build_task(cfg)
     seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
     task.setup(str(cfg.task.get("protocol", "holdout")))  # the same splits as the run (the holdout split is seeded)
     if split not in task.splits:
         raise UserError(f"the run's task has no '{split}' split (it has {', '.join(sorted(task.splits))})")
     seed_everything(int(cfg.seed), bool(cfg.trainer.deterministic))
-    model = task.build_model(cfg.model).to(device)
+    with plugins_named(path, needed):
+        model = task.build_model(cfg.model).to(device)
     missing, unexpected = _key_difference(model.state_dict(), chosen or state["model"])
     if missing or unexpected:
         raise UserError(f"checkpoint {path} does not fit the model this code builds from its config: "
@@ -103,6 +119,46 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
     with torch.no_grad():
         metrics = Trainer(cfg.trainer, task, model, device, int(cfg.seed)).evaluate(split)
     return metrics, note
+
+
+def made_with(meta: dict, cfg) -> list[str]:
+    """The plugin modules the checkpoint's run had (its ``meta.plugins``, its config's ``plugins``):
+    names only, never imported from here."""
+    from omegaconf import OmegaConf
+
+    from bench_cli.config.plugins import names_in
+
+    stored = meta.get("plugins")
+    named = OmegaConf.select(cfg, "plugins", default=None)
+    modules = []
+    for value in (stored, named):
+        if isinstance(value, str) or OmegaConf.is_list(value) or isinstance(value, (list, tuple)):
+            modules += [m for m in names_in(value) if m not in modules]
+    return modules
+
+
+@contextmanager
+def plugins_named(path: Path, needed: list[str]):
+    """Building the run's task or model: an attention or task this process does not know, from a
+    plugin the user has not named, is one line naming the modules to pass."""
+    from bench_cli.config import plugins
+    from bench_cli.core.errors import UserError, first_line
+    from models.attention import UnknownAttentionError
+
+    try:
+        yield
+    except (UnknownAttentionError, UserError) as e:
+        if isinstance(e, UserError) and not str(e).startswith("unknown task"):
+            raise
+        loaded = {p.module for p in plugins.loaded()}
+        missing = [m for m in needed if m not in loaded]
+        what = first_line(e).strip("'\"").split(";")[0]
+        if missing:
+            raise UserError(f"checkpoint {path} was made with plugin {', '.join(missing)}: {what} here; name it: "
+                            f"{plugins.PLUGINS_ENV}={','.join(missing)} attnbench evaluate ..., or plugins=[{','.join(missing)}] "
+                            "(a checkpoint's own names are never imported)") from None
+        raise UserError(f"checkpoint {path}: {what} (made by a plugin? name its module in {plugins.PLUGINS_ENV} "
+                        "or plugins=[MODULE])") from None
 
 
 def _key_difference(expected: dict, given: dict) -> tuple[list[str], list[str]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,24 +113,67 @@ def sampler(master: DictConfig, finished: int):
     return instantiate(node)
 
 
+def sqlite_file(study: Study) -> Path | None:
+    """The file of a ``sqlite:///`` storage (the default), None for another database."""
+    return Path(study.storage[len(SQLITE):]) if study.storage.startswith(SQLITE) else None
+
+
 def stored_trials(study: Study) -> list | None:
-    """The study's trials, without creating its storage (a dry run); None when it has none yet."""
+    """The study's trials, without creating its storage (a dry run); None when it has none yet. A
+    storage that is not a study database (garbage bytes, another program's database, a folder) or
+    cannot be written is one line naming it, before any trial runs."""
+    from bench_cli.core.files import unwritable_folder
+
     opt = optuna()
-    if study.storage.startswith(SQLITE) and not Path(study.storage[len(SQLITE):]).is_file():
-        return None
+    path = sqlite_file(study)
+    if path is not None:
+        if path.exists() and not path.is_file():
+            raise UserError(f"study storage {path} is not a file; choose another hydra.sweeper.storage")
+        blocked = unwritable_folder(path.parent)
+        if blocked is not None:
+            raise UserError(f"study storage {path}: cannot write in {blocked}; choose another hydra.sweeper.storage "
+                            "(or results.path)")
+        if not path.is_file():
+            return None
     try:
         return opt.load_study(study_name=study.name, storage=study.storage).trials
     except KeyError:
         return None
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's and optuna's errors of a database they cannot use
+        from bench_cli.core.errors import first_line
+
+        raise UserError(f"study storage {study.storage} cannot be used as an Optuna database ({type(e).__name__}: "
+                        f"{first_line(e)[:160]}): move it aside, or choose another hydra.sweeper.storage") from None
 
 
 def open_study(study: Study, master: DictConfig):
     opt = optuna()
     existing = stored_trials(study) or []
-    if study.storage.startswith(SQLITE):  # beside a records file that may not exist yet
-        Path(study.storage[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)
+    if sqlite_file(study) is not None:  # beside a records file that may not exist yet
+        sqlite_file(study).parent.mkdir(parents=True, exist_ok=True)
     return opt.create_study(study_name=study.name, storage=study.storage, direction=study.direction,
                             sampler=sampler(master, len(existing)), load_if_exists=True)
+
+
+@contextmanager
+def asking(study: Study):
+    """Held while a sitting counts the study's trials and asks for more: two sweeps of the same
+    study at once (two terminals, two Slurm jobs) then never ask beyond ``n_trials`` between
+    them. A lock file beside a sqlite storage (``<file>.lock``); another database has no file to
+    lock, and a trial asked beyond the count there is failed unrun (``run_study``)."""
+    import fcntl
+    import os
+
+    path = sqlite_file(study)
+    if path is None:
+        yield
+        return
+    lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)  # a lock, never content: empty
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        yield
+    finally:
+        os.close(lock)
 
 
 def counts(trials) -> str:
@@ -191,9 +235,12 @@ def run_studies(sweep: Sweep, dry_run: bool) -> None:
 
     master = sweep.master
     space = search_space(master)
-    n_trials, batch = int(master.hydra.sweeper.n_trials), max(1, int(master.hydra.sweeper.get("n_jobs") or 1))
+    n_trials = whole_number(master.hydra.sweeper.get("n_trials"), "hydra.sweeper.n_trials")
+    batch = whole_number(master.hydra.sweeper.get("n_jobs") or 1, "hydra.sweeper.n_jobs")
     validate_jobs(sweep.jobs, missing_data_ok=dry_run)
     studies = [study_of(job, master) for job in sweep.jobs]
+    for s in studies:  # every study's storage usable before any trial trains
+        stored_trials(s)
     given = [o.split("=", 1)[1] for o in master.hydra.overrides.hydra if o.startswith("hydra.sweeper.direction=")]
     for s in studies if given else []:  # the task says it; a contrary wish is a mistake, not a setting
         if given[-1] != s.direction:
@@ -225,6 +272,13 @@ def run_studies(sweep: Sweep, dry_run: bool) -> None:
         raise SystemExit(min(empty, MAX_EXIT))
 
 
+def whole_number(value, key: str) -> int:
+    """A count of the search (trials, trials at a time): a whole number of at least 1, else one line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{key}={value}: expected a whole number of at least 1")
+    return value
+
+
 def trial_job(composer, s: Study, trial, space: dict) -> Job:
     """The trial's job: the study's overrides and the values Optuna gave it."""
     values = [f"{k}={trial.params[k]}" for k in space if k in trial.params]
@@ -242,14 +296,19 @@ def run_study(sweep: Sweep, s: Study, space: dict, n_trials: int, batch: int, la
     opt = optuna()
     study = open_study(s, sweep.master)
     left = [t for t in study.trials if t.state == opt.trial.TrialState.RUNNING]
-    to_ask = max(0, n_trials - len(study.trials))
     composer = s.base.composer
-    while left or to_ask:
+    while True:
         trials = left[:batch]
         left = left[batch:]
-        while len(trials) < batch and to_ask:
-            trials.append(study.ask(fixed_distributions=space))
-            to_ask -= 1
+        with asking(s):  # counted afresh each time: another sweep of the study may have asked meanwhile
+            while len(trials) < batch and len(study.trials) < n_trials:
+                trial = study.ask(fixed_distributions=space)
+                if trial.number >= n_trials:  # another process asked between the count and this ask
+                    study.tell(trial.number, state=opt.trial.TrialState.FAIL)
+                    break
+                trials.append(trial)
+        if not trials:
+            break
         ran = run_trials(sweep, study, s, [(t, trial_job(composer, s, t, space)) for t in trials], n_trials, launched)
         launched += ran
         progress.after_batch(study, ran)

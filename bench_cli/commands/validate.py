@@ -88,9 +88,9 @@ def check_settings(cfg: DictConfig) -> None:
         raise UserError("trainer.precision=fp16 needs CUDA (autocast + GradScaler); on the CPU use 32 or bf16")
     _number(cfg, "trainer.optimizer.lr_reference_batch", minimum=1, optional=True)
     _number(cfg, "trainer.scheduler.warmup_epochs", minimum=0, integer=True, optional=True)
-    from bench_cli.engine.checkpoint import settings as checkpoint_settings
+    from bench_cli.engine.checkpoint import check_root as check_checkpoint_root
 
-    checkpoint_settings(t)  # trainer.checkpoint and trainer.resume
+    check_checkpoint_root(cfg)  # trainer.checkpoint and trainer.resume, and that checkpoints can be written
     check_results_path(cfg.results.path)
     output = OmegaConf.select(cfg, "paths.output_dir", default=None)
     blocked = unwritable_folder(output) if output is not None else None

@@ -172,9 +172,13 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
     print_path("run folder", str(row.get("output_dir", "-")))
     if row.get("checkpoint_dir"):  # bench_cli/engine/checkpoint.py
         size = human(row.get("checkpoint_bytes") or 0, "B")
-        kept = Path(row["checkpoint_dir"]).is_dir()
-        print_path(f"checkpoints ({size}{'' if kept else '; removed, the run is ok: trainer.checkpoint.keep_final=true keeps them'})",
-                   row["checkpoint_dir"])
+        if Path(row["checkpoint_dir"]).is_dir():
+            state = size
+        elif row.get("status") == "ok":  # finish() removed them
+            state = f"{size}; removed, the run is ok: trainer.checkpoint.keep_final=true keeps them"
+        else:
+            state = "none written"
+        print_path(f"checkpoints ({state})", row["checkpoint_dir"])
     for label, where in row.get("_logged") or ():  # bench_cli.results.loggers: history.csv, wandb's folder and sync command
         print_path(label, where)
 

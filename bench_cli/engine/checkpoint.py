@@ -12,6 +12,13 @@ and renamed (a crash mid-write leaves the previous one), and read with
 ``torch.load(weights_only=True)``: plain data and tensors only, so a file cannot run code
 (random states are stored as tensors and lists for that reason).
 
+Whatever else the folder holds never costs the job its own checkpoints: a file it cannot use (cut
+short, of another job, not a checkpoint, a folder) is passed over with one line, the job's own
+checkpoints are numbered above every file there (so the newest is always its own), and pruning and
+the final clean-up remove only the job's own checkpoints (those it wrote or read as its own) and
+the temporary files of writes that were killed midway (bench_cli.core.files.remove_stale_temporaries:
+a file no live process writes). The rest stays where it was, for its owner.
+
 Settings (``trainer.checkpoint``, ``trainer.resume``) change where and how often a fit is saved,
 never its result: they are not part of the job key (records.NON_SEMANTIC_KEYS).
 
@@ -30,7 +37,6 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -78,12 +84,32 @@ def settings(trainer_cfg) -> Settings | None:
     return Settings(int(every), int(keep), bool(c.get("keep_final", False)), RESUME_CHOICES[resume])
 
 
-def folder_of(cfg, job_key: str) -> Path:
-    """The job's checkpoint folder: ``trainer.checkpoint.root/<job_key>``, by default beside the
-    records file (``<its folder>/checkpoints/<job_key>``), as an absolute path."""
+def root_of(cfg) -> Path:
+    """Where every job's checkpoint folder is: ``trainer.checkpoint.root``, by default
+    ``checkpoints/`` beside the records file, as an absolute path."""
     root = (cfg.trainer.get("checkpoint") or {}).get("root")
-    base = Path(root).expanduser() if root else Path(str(cfg.results.path)).expanduser().parent / "checkpoints"
-    return (base / job_key).absolute()
+    base = Path(str(root)).expanduser() if root else Path(str(cfg.results.path)).expanduser().parent / "checkpoints"
+    return base.absolute()
+
+
+def folder_of(cfg, job_key: str) -> Path:
+    """The job's checkpoint folder: ``<root_of(cfg)>/<job_key>``."""
+    return root_of(cfg) / job_key
+
+
+def check_root(cfg) -> None:
+    """Before a run: checkpoints can be written under the root (probed by creating a file, since
+    permission bits do not stop root, and an immutable folder or a read-only mount says nothing
+    in them); refused in one line, so a run never trains to fail at its first save."""
+    from bench_cli.core.files import unwritable_folder
+
+    if settings(cfg.trainer) is None:
+        return
+    root = root_of(cfg)
+    blocked = unwritable_folder(root)
+    if blocked is not None:
+        raise UserError(f"trainer.checkpoint.root: cannot write checkpoints in {blocked} (read-only, not a folder, "
+                        f"or no space); choose another trainer.checkpoint.root=DIR, or trainer.checkpoint.enabled=false")
 
 
 # --- random states, as tensors and lists (torch.load(weights_only=True) reads nothing else) ------
@@ -176,6 +202,35 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("ckpt-*.pt") if p.is_file()) if folder.is_dir() else 0
 
 
+def job_checkpoint(path: Path, job_key: str) -> dict:
+    """``path`` read as a checkpoint of job ``job_key``; CheckpointError (one line) otherwise."""
+    state = read(path)
+    if state.get("job_key") != job_key:
+        raise CheckpointError(f"checkpoint {path} is of job {state.get('job_key')}, not {job_key}")
+    return state
+
+
+def resumable_from(cfg, job_key: str) -> Path | None:
+    """The checkpoint the same command would resume job ``job_key`` of ``cfg`` from, or None:
+    what a message may promise."""
+    s = settings(cfg.trainer)
+    return None if s is None or s.resume == "false" else resumable_from_folder(folder_of(cfg, job_key), job_key)
+
+
+def resumable_from_folder(folder: Path, job_key: str) -> Path | None:
+    """The newest file of ``folder`` that reads as one of job ``job_key``'s checkpoints, or None."""
+    for path in sorted(folder.glob("ckpt-*.pt"), key=_number, reverse=True) if folder.is_dir() else ():
+        try:
+            job_checkpoint(path, job_key)
+            return path
+        except CheckpointError:
+            continue
+    return None
+
+
+TEMPORARY = "ckpt-*.pt*.tmp"  # a checkpoint being written (bench_cli.core.files.atomic_open's name for it)
+
+
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -190,7 +245,8 @@ class Checkpoints:
         self.started = started  # perf_counter at the start of this sitting
         self.dist = dist  # this process's place in a distributed run: rank 0 writes, every process reads
         self.resumed_from, self.sittings, self.earlier_wall_s = "", 1, 0.0
-        self.sequence = 0  # number of the last checkpoint written
+        self.sequence = 0  # number of the last checkpoint written, or the highest of the folder's files
+        self.verdicts: dict[Path, bool] = {}  # file -> whether it is one of this job's checkpoints (read once)
 
     @classmethod
     def of(cls, cfg, job_key: str, meta: dict, started: float, dist: D.DistEnv = D.SINGLE) -> "Checkpoints | None":
@@ -204,10 +260,35 @@ class Checkpoints:
         return checkpoints
 
     def files(self) -> list[Path]:
-        """The job's checkpoints, oldest first."""
+        """The folder's checkpoint files (``ckpt-<n>.pt``, whatever they hold), lowest number first."""
         if not self.folder.is_dir():
             return []
         return sorted(self.folder.glob("ckpt-*.pt"), key=lambda p: _number(p))
+
+    def own_files(self) -> list[Path]:
+        """The job's own checkpoints, oldest first: those this sitting wrote or resumed from, and
+        any other file that reads as one of this job's (read once per sitting)."""
+        own = []
+        for path in self.files():
+            if path not in self.verdicts:
+                try:
+                    job_checkpoint(path, self.job_key)
+                    self.verdicts[path] = True
+                except CheckpointError:
+                    self.verdicts[path] = False
+            if self.verdicts[path]:
+                own.append(path)
+        return own
+
+    def tidy(self) -> None:
+        """Before the sitting's first write: number above every file of the folder (its own
+        checkpoints then sort after anything it cannot use), and remove the temporary files of
+        writes killed midway."""
+        from bench_cli.core.files import remove_stale_temporaries
+
+        self.sequence = max([self.sequence, *(_number(p) for p in self.files())])
+        for path in remove_stale_temporaries(self.folder, TEMPORARY):
+            say(f"removed {path}: a checkpoint write that was killed midway")
 
     def load(self) -> dict | None:
         """The newest usable checkpoint (None: start from the beginning), as this process resumes
@@ -215,10 +296,13 @@ class Checkpoints:
         part (``rank_part``); a problem on any process stops every one of them with its line (one that
         stopped alone would leave the others waiting in their next collective)."""
         if self.settings.resume == "false":
+            if self.dist.is_main:
+                self.tidy()
             return None
         state, error = None, None
         if self.dist.is_main:
             try:
+                self.tidy()
                 state = self.choose()
             except UserError as e:
                 error = e
@@ -254,19 +338,19 @@ class Checkpoints:
         files = self.files()
         for path in reversed(files):
             try:
-                state = read(path)
-                if state.get("job_key") != self.job_key:
-                    raise CheckpointError(f"checkpoint {path} is of job {state.get('job_key')}, not {self.job_key}")
+                state = job_checkpoint(path, self.job_key)
             except CheckpointError as e:
+                self.verdicts[path] = False
                 older = files.index(path) > 0
                 if self.settings.resume == "must" and not older:
                     raise UserError(f"{e}; trainer.resume=must: refusing to start over (remove it, or use trainer.resume=true)") from None
-                say(f"{e}: {'trying the previous one' if older else 'starting over from the beginning'}")
+                say(f"{e}: {'trying the previous one' if older else 'starting over from the beginning'} "
+                    "(the file is left as it is; this job's checkpoints are numbered above it)")
                 continue
             self.adopt(path, state)
             written = state.get("meta", {}).get("git_commit")
             differs = f" (written by commit {written}, this is {self.meta.get('git_commit')})" if written != self.meta.get("git_commit") else ""
-            say(f"resuming from {path}: epoch {state['position']['epoch']}, step {state['position']['step']}, "
+            say(f"resuming from {path}: epoch {state['position'].get('epoch')}, step {state['position'].get('step')}, "
                 f"sitting {self.sittings}{differs}")
             return state
         if self.settings.resume == "must":
@@ -278,7 +362,8 @@ class Checkpoints:
         self.resumed_from = str(path)
         self.sittings = int(state.get("sittings", 1)) + 1
         self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
-        self.sequence = _number(path)
+        self.sequence = max(self.sequence, _number(path))
+        self.verdicts[path] = True
 
     def save(self, state: dict) -> Path | None:
         """Write ``state`` as the next checkpoint (with the job's identity and the sittings' wall
@@ -295,23 +380,37 @@ class Checkpoints:
         with ctrl_c_held():  # Ctrl-C waits for the file and the pruning: the run is then recorded as interrupted
             write_atomically(path, {"format": FORMAT, "job_key": self.job_key, "meta": self.meta,
                                     "sittings": self.sittings, "wall_time_s": wall, **state})
-            for old in self.files()[:-self.settings.keep]:
+            self.verdicts[path] = True
+            for old in self.own_files()[:-self.settings.keep]:  # the job's own only: never a file it cannot use
                 old.unlink(missing_ok=True)
         return path
 
     def finish(self, status: str) -> None:
-        """After the record: an ``ok`` job's checkpoints are removed unless ``keep_final``."""
-        if status == "ok" and not self.settings.keep_final and self.folder.is_dir():
-            shutil.rmtree(self.folder, ignore_errors=True)
-            try:  # the checkpoints folder itself, when this was its last job
-                self.folder.parent.rmdir()
+        """After the record: an ``ok`` job's checkpoints are removed unless ``keep_final`` (its
+        own only; the folder too when nothing else is left in it)."""
+        if status != "ok" or self.settings.keep_final or not self.folder.is_dir():
+            return
+        from bench_cli.core.files import remove_stale_temporaries
+
+        for path in self.own_files():
+            path.unlink(missing_ok=True)
+        remove_stale_temporaries(self.folder, TEMPORARY)
+        left = sorted(p.name for p in self.folder.iterdir())
+        if left:
+            say(f"left in {self.folder}: {', '.join(left[:3])}{' ...' if len(left) > 3 else ''} "
+                f"(not checkpoints of this job; remove them when they are of no use)")
+            return
+        for folder in (self.folder, self.folder.parent):  # the checkpoints folder too, when this was its last job
+            try:
+                folder.rmdir()
             except OSError:
-                pass
+                break
 
     def columns(self) -> dict:
         """The record's resume columns (bench_cli.results.schema)."""
+        own = sum(p.stat().st_size for p in self.own_files() if p.is_file())
         return {"resumed_from": self.resumed_from, "sittings": self.sittings, "checkpoint_dir": str(self.folder),
-                "checkpoint_bytes": folder_bytes(self.folder)}
+                "checkpoint_bytes": own}
 
 
 def _number(path: Path) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from bench_cli.config import plugins
 from bench_cli.config.taskfit import build_task
 from bench_cli.core.errors import UserError
 from bench_cli.core.files import write_atomically
@@ -53,7 +54,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     row = run.row
     row["device"] = env.description
     checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
-                                 | {"config": run.resolved}, started, env.dist)
+                                 | {"config": run.resolved, "plugins": [p.module for p in plugins.loaded()]},
+                                 started, env.dist)  # the plugins by name: `evaluate` asks the user for them
     conditions = Conditions.now()  # the load before and after: a record says what its times were taken under
     logger = error = None
     try:

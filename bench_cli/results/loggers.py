@@ -315,10 +315,10 @@ class TensorBoardLogger(NullLogger):
 
     def log_table(self, name: str, rows: list[dict]) -> None:
         if rows:
-            cols = list(rows[0])
-            lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-            self.writer.add_text(name, "\n".join(lines))
+            from bench_cli.results.report.render import markdown_table
+
+            cols = list(rows[0])  # TensorBoard renders text as Markdown: cells escaped as a report's
+            self.writer.add_text(name, "\n".join(markdown_table([[str(r.get(c, "")) for c in cols] for r in rows], cols)))
 
     def log_image(self, name: str, path) -> None:
         import matplotlib.image

@@ -288,7 +288,9 @@ def write_record(run_dir: Path, results_path, row: dict) -> None:
     """A finished run's record: ``record.json`` in its folder first, then appended to ``results_path``.
     When that append fails (full disk, read-only filesystem) the record is safe in the folder, and
     ``row["_append_error"]`` says so and where."""
-    write_atomically(Path(run_dir) / "record.json", json.dumps(row, indent=1, default=str))
+    from bench_cli.core import jsontext
+
+    write_atomically(Path(run_dir) / "record.json", jsontext.dumps(row, indent=1, default=str))  # NaN as 'nan'
     try:
         append_record(results_path, row)
     except (OSError, RecordsFileError) as e:
@@ -302,17 +304,16 @@ def run_state(run_dir: Path) -> dict | None:
     'running' (the process is alive on this host) or 'killed' (started, never finished)."""
     run_dir = Path(run_dir)
     record, marker = run_dir / "record.json", run_dir / "run.json"
-    if record.is_file():
-        try:
-            return {**json.loads(record.read_text()), "folder": str(run_dir)}
-        except ValueError:
-            pass
-    if not marker.is_file():
+    damaged = {"run_id": run_dir.name, "status": "damaged", "folder": str(run_dir)}
+    if record.exists():
+        finished = _json_object(record)
+        # cut short, garbage, JSON of another structure, a folder: said, never a traceback
+        return {**finished, "folder": str(run_dir)} if finished is not None else {**damaged, "damaged": record.name}
+    if not marker.exists():
         return None
-    try:
-        state = json.loads(marker.read_text())
-    except ValueError:
-        return None
+    state = _json_object(marker)
+    if state is None:
+        return {**damaged, "damaged": marker.name}
     alive = False
     if state.get("host") == __import__("socket").gethostname():
         try:
@@ -321,6 +322,15 @@ def run_state(run_dir: Path) -> dict | None:
         except (OSError, ValueError):
             alive = False
     return {**state, "status": "running" if alive else "killed", "folder": str(run_dir)}
+
+
+def _json_object(path: Path) -> dict | None:
+    """``path``'s JSON object; None when it is not one (damaged, another structure, unreadable)."""
+    try:
+        value = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def run_folders(output_dir: Path) -> list[Path]:
@@ -740,7 +750,9 @@ def escape_cell(text: str) -> str:
     would start a formula (``=1+2`` -> ``'=1+2``), and before one that starts with an apostrophe
     already, so that :func:`unescape_cell` gives back the original; numbers (-0.5, -inf) stay
     numbers. Every writer of records and reports (``write_rows``) escapes; ``read_records``
-    unescapes."""
+    unescapes. A carriage return inside a cell becomes a line feed: the csv module quotes a cell
+    for its line terminator (LF) only, and a bare CR ends the line for every reader, splitting the row."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     if text.startswith("'") or (text.startswith(FORMULA_STARTS) and not (text[0] in "+-" and _is_number(text))):
         return "'" + text
     return text

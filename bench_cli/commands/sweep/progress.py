@@ -34,8 +34,8 @@ class Counts:
     eta_s: float | None = None  # None until a job has finished (no time per job to go by)
 
     @property
-    def to_go(self) -> int:
-        return self.total - self.done - self.failed - self.running
+    def to_go(self) -> int:  # never negative: another process may finish more than this one counted on
+        return max(0, self.total - self.done - self.failed - self.running)
 
     @property
     def finished(self) -> int:

@@ -79,27 +79,52 @@ def display_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=
     return out + _average_rows(avg, labels, columns, committed)
 
 
-def _markdown_table(table: list[list[str]], cols: list[str]) -> list[str]:
-    return (["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-            + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table])
+def markdown_text(text: str) -> str:
+    """A line of a Markdown report as text, whatever the names in it hold: a line break (which
+    would end the line, the list item or the table row) becomes a space, and ``<`` an entity (raw
+    HTML, ``<script>`` or ``<img onerror=...>``, or an autolink ``<javascript:...>``, is passed through
+    by Markdown renderers)."""
+    return " ".join(str(text).splitlines()).replace("<", "&lt;")
+
+
+def markdown_cell(text: str) -> str:
+    """A Markdown (GFM) table cell as text: ``markdown_text``, then the backslash, the pipe (which
+    would split the cell), the backtick (a code span) and a link's ``](`` escaped (CommonMark: a
+    backslash before ASCII punctuation is that character)."""
+    shown = markdown_text(text).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    return shown.replace("](", "\\](").replace("]:", "\\]:").replace("][", "\\][")
+
+
+def markdown_table(table: list[list[str]], cols: list[str]) -> list[str]:
+    return (["| " + " | ".join(map(markdown_cell, cols)) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+            + ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in table])
 
 
 def markdown(title: str, header_lines: list[str], table: list[list[str]], notes: list[str], cols: list[str],
              sections: list[tuple[str, list[list[str]], list[str]]] = ()) -> str:
     """The report; ``sections`` are further (subtitle, table, headers): the columns' own tables."""
-    lines = [f"# {title}", "", *[f"- {h}" for h in header_lines], "", *_markdown_table(table, cols)]
+    lines = [f"# {markdown_text(title)}", "", *[f"- {markdown_text(h)}" for h in header_lines], "",
+             *markdown_table(table, cols)]
     if notes:
-        lines += ["", *notes]
+        lines += ["", *map(markdown_text, notes)]
     for subtitle, rows, section_cols in sections:
-        lines += ["", f"## {subtitle}", "", *_markdown_table(rows, section_cols)]
+        lines += ["", f"## {markdown_text(subtitle)}", "", *markdown_table(rows, section_cols)]
     return "\n".join(lines) + "\n"
 
 
-LATEX_SPECIALS = {c: "\\" + c for c in "&%$#_{}"}
+# Every character TeX gives a meaning in text (its category codes other than letters and others,
+# plus the three the OT1 font encoding shows as other glyphs), as the text commands that print
+# it: a name such as ``\input /etc/passwd`` or ``^^5c`` must print, never run.
+LATEX_SPECIALS = {**{c: "\\" + c for c in "&%$#_{}"}, "\\": r"\textbackslash{}", "^": r"\textasciicircum{}",
+                  "~": r"\textasciitilde{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
 
 
 def latex_escape(text: str) -> str:
-    return "".join(LATEX_SPECIALS.get(c, c) for c in str(text)).replace("±", r"$\pm$")
+    """``text`` as LaTeX that prints it: every special character escaped (one at a time, so an
+    escape's own backslash and braces are not escaped again), line breaks and other control
+    characters as spaces (a blank line inside a cell ends the paragraph: an error), ± as math."""
+    shown = "".join(LATEX_SPECIALS.get(c, " " if c < " " or c == "\x7f" else c) for c in str(text))
+    return shown.replace("±", r"$\pm$")
 
 
 def _latex_cell(mean, std, bold: bool) -> str:

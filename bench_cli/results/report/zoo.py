@@ -358,7 +358,7 @@ def markdown(title: str, header: list[str], sections: list[Section], profile: li
     lines += [part for h in header for part in render.wrapped(f"- {h}", 80)]
     for s in sections:
         lines += ["", f"## {s.case.label}", ""]
-        lines += render._markdown_table(case_table(s.entries), case_headers(s.metric)) if s.entries else ["No records."]
+        lines += render.markdown_table(case_table(s.entries), case_headers(s.metric)) if s.entries else ["No records."]
         if s.plot:
             from bench_cli.results.plots import vector_path
 
@@ -369,7 +369,7 @@ def markdown(title: str, header: list[str], sections: list[Section], profile: li
                   *render.wrapped("Training-step time and peak training memory as ratios to softmax on one "
                                   "synthetic ListOps batch (the LRA encoder: 2 layers, d_model 64), the same "
                                   "for every task above.", 80), "",
-                  *render._markdown_table(profile, profile_headers())]
+                  *render.markdown_table(profile, profile_headers())]
     if notes:
         lines += ["", *(part for n in notes for part in render.wrapped(f"- {n}", 80))]  # one item per note
     return "\n".join(lines) + "\n"
