@@ -7,7 +7,7 @@ from bench_cli.core.errors import UserError, unknown_choice
 
 USAGE = """\
 usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--format F] [--all] [--width N]
-                        [overrides...]
+                        [--mixed-code] [overrides...]
 
   NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
                   next to the paper's numbers; of a search (tuning/uea_lr_dropout), the best trial
@@ -32,11 +32,14 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
   --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
                   when the output is not a terminal); a wider table prints one block per row
   --no-write      print only
+  --mixed-code    report records of one model made by different code together (by default
+                  refused, naming the modules whose hashes differ: record column code_hashes)
   logger=wandb    also log the table to Weights & Biases (with NAME)
 """
 FORMATS = ("markdown", "csv", "latex")
 REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False,
-                  "--width": True, "--no-write": False}
+                  "--width": True, "--no-write": False,
+                  "--mixed-code": False}
 
 
 def parse_report_args(args: list[str]) -> tuple[list[str], list[str], dict]:
@@ -53,7 +56,8 @@ def parse_report_args(args: list[str]) -> tuple[list[str], list[str], dict]:
             raise unknown_choice("--format", f, FORMATS)
     opts = {"records": p.get("--records"), "committed": p.get("--committed"), "out": p.get("--out"),
             "formats": formats, "format": p.get("--format"), "all": bool(p.get("--all")),
-            "width": int(width) if width else None, "write": not p.get("--no-write")}
+            "width": int(width) if width else None, "write": not p.get("--no-write"),
+            "mixed_code": bool(p.get("--mixed-code"))}
     return p.positional, p.overrides, opts
 
 

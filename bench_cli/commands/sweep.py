@@ -57,7 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.config import compose as C
 from bench_cli.config import plugins
-from bench_cli.results import records
+from bench_cli.results import code_identity, records
 from bench_cli.config.args import parse
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 from bench_cli.core.files import write_atomically
@@ -726,6 +726,8 @@ def plan_command(args: list[str]) -> tuple[Sweep, bool, bool] | None:
 def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     """The planned grid's jobs without an ok record (every job with ``force``), or with ``dry_run``
     the plan printed; exits with the number of failed jobs (at most MAX_EXIT)."""
+    from rich.markup import escape
+
     from bench_cli.core.ui import console
 
     jobs = sweep.jobs
@@ -733,6 +735,8 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     done = {}
     for path in paths:
         done.update(done_keys(path))
+    stale = code_identity.stale_jobs([done[j.key] for j in jobs if j.key in done])  # a plugin changed since: to run
+    done = {k: r for k, r in done.items() if k not in stale}
     n_done = sum(j.key in done for j in jobs)
     todo = jobs if force else [j for j in jobs if j.key not in done]
     # the jobs that will run (a done job needs neither its data nor its model built: a resumed
@@ -744,11 +748,13 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
     _print_lacking(lacking_here(todo), len(todo))
+    for reason in dict.fromkeys(stale.values()):
+        console.print(f"{sum(r == reason for r in stale.values())} jobs to run again: {escape(reason)}", soft_wrap=True)
     if dry_run:
         claimed = {}
         for path in paths:
             claimed.update(records.claimed_jobs(path, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
-        _print_plan(jobs, done, force, missing, claimed)
+        _print_plan(jobs, done, force, missing, claimed, stale)
         return
     if not todo:
         console.print("[green]nothing to do[/]: every job has an ok record (use --force to rerun)")
@@ -811,7 +817,8 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     return max(n_failed, 1) if errors else n_failed
 
 
-def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str]) -> None:
+def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str],
+                stale: dict[str, str]) -> None:
     """The dry run's table: every job, whether it is done or claimed by another process (``claimed``:
     job_key -> running where, or a stale claim), and whether its data is here (``missing``: job_key
     -> what is missing); then each missing dataset once, with how to get it."""
@@ -825,6 +832,8 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        if j.key in stale:  # its ok record was made by a plugin that has changed since (code_identity)
+            status = f"to run: {escape(stale[j.key])}"
         if j.key in claimed and (force or j.key not in done):
             status = escape(claimed[j.key])
         if j.key in missing:

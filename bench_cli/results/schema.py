@@ -60,6 +60,10 @@ COLUMNS += TIMING_COLUMNS
 # empty for every other run
 STUDY_COLUMNS = ["study", "trial"]
 COLUMNS += STUDY_COLUMNS
+# the code that made the record (bench_cli/results/code_identity.py): {module: sha256 of its source} of the
+# plugins, the attention's and the task's modules, as JSON; a sweep reruns a job whose plugin changed since
+CODE_COLUMNS = ["code_hashes"]
+COLUMNS += CODE_COLUMNS
 # Fewer epochs (or inference batches) than this do not judge the spread: one slow epoch (the first
 # one's warm-up) moves the IQR of four.
 SPREAD_MIN_N = 5

@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_cli.config import compose as C
-from bench_cli.results import records
+from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.results.report import render, select, spec, stats
@@ -388,6 +388,7 @@ def report_experiment(names: list[str], overrides: list[str], opts: dict) -> Non
 
         return write_study_report(name, cfg, path, sources.rows, opts, overrides, out_dir, found=sources.found)
     report = build(name, cfg, path, sources.all_records, sources.rows, opts["all"], sources.committed)
+    render.print_lines(screen, code_identity.refuse_mixed(report.tables[0].cells.values(), opts.get("mixed_code", False)))
     report.command = rerun_command(name, None if sources.found else path, out_dir, opts, overrides)
     report.formats = tuple(opts["formats"])
     header, title = header_lines(report), str(report.settings.get("title") or name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench_cli.config import compose as C
-from bench_cli.results import records
+from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.results.report import render, select, trials
@@ -129,6 +129,7 @@ def report_records(overrides: list[str], opts: dict) -> None:
         raise UserError(f"{path} has no records; run `attnbench sweep ...` or `attnbench run ...` first")
     axis_names, shared = axes(rows)
     cells = select.aggregate(rows, SCORE, label_of(axis_names))
+    render.print_lines(console, code_identity.refuse_mixed(cells.values(), opts.get("mixed_code", False)))
     table = group_rows(cells, axis_names)
     used = [r for c in cells.values() for r in c.rows]
     out_dir = Path(opts["out"] or path.parent / "reproduced")
