@@ -64,6 +64,10 @@ COLUMNS += STUDY_COLUMNS
 # plugins, the attention's and the task's modules, as JSON; a sweep reruns a job whose plugin changed since
 CODE_COLUMNS = ["code_hashes"]
 COLUMNS += CODE_COLUMNS
+# how many test samples' outputs (prediction, target, loss) samples.npz of the run folder holds
+# (bench_cli/results/samples.py; empty: none kept), for paired comparisons of two models
+SAMPLE_COLUMNS = ["test_samples"]
+COLUMNS += SAMPLE_COLUMNS
 # Fewer epochs (or inference batches) than this do not judge the spread: one slow epoch (the first
 # one's warm-up) moves the IQR of four.
 SPREAD_MIN_N = 5
