@@ -124,6 +124,28 @@ def test_welch_and_tolerance():
     assert row["within_spread"] is False and row["welch_p"] < 0.05
 
 
+def test_tost_is_two_one_sided_welch_tests_and_the_only_match():
+    """Equivalence within the margin (TOST): the larger p of two one-sided Welch tests of the
+    samples shifted by the margin, as scipy computes them from raw samples; a large Welch p with a
+    wide spread is "no evidence of a difference", never "matches"."""
+    from scipy import stats
+
+    mine, paper = sample_with(98.9, 0.3, 5), sample_with(99.0, 0.27, 5)
+    by_scipy = max(stats.ttest_ind([v + 1.0 for v in mine], paper, equal_var=False, alternative="greater").pvalue,
+                   stats.ttest_ind([v - 1.0 for v in mine], paper, equal_var=False, alternative="less").pvalue)
+    assert R.stats.tost(98.9, 0.3, 5, 99.0, 0.27, 5, 1.0) == pytest.approx(by_scipy, rel=1e-9) and by_scipy < 0.05
+    assert R.stats.tost(98.9, 3.0, 5, 99.0, 2.7, 5, 1.0) > 0.05  # the same means, a wide spread: not shown
+    assert R.welch(98.9, 3.0, 5, 99.0, 2.7, 5)[1] > 0.05       # ... though Welch finds no difference either
+    cells = R.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([95.0, 99.0, 103.0])]),
+                        "test_accuracy")
+    paper_value = R.PaperValue(99.0, 0.3, "1")
+    (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper_value,
+                          lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
+    shown = R.display_rows([row], None, ["softmax"], columns=())[0]
+    assert shown[6:9] == ["within", f"no evidence of a difference (p={row['welch_p']:.2f})",
+                          f"not shown (p={row['tost_p']:.2f})"] and row["equivalent"] is False
+
+
 def test_paper_n_per_dataset_tests_each_row_with_its_count_and_none_for_one_run():
     """report.paper_n as a mapping: Welch's n per dataset (``default`` for the others); a dataset
     the paper ran once has no spread to test against: no test, never a division by zero."""
@@ -478,10 +500,11 @@ def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, ca
     out = capsys.readouterr().out
     assert f"read {workdir / 'committed.csv'} (4 runs of {EXP}: the committed reproduction)" in out.replace("\n  ", " ")
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
-    assert "| n | yours | paper | Δ | within max(2σ, 1) | matches paper (Welch p ≥ 0.05) | committed | matches committed" in md
+    assert ("| n | yours | paper | Δ | paper's interval ±max(2σ, 1) | Welch vs paper | equivalent ±max(2σ, 1) (TOST) "
+            "| committed | Welch vs committed |") in md
     assert "| JapaneseVowels | softmax | 2 | 99.35 ± 0.21 | 99.46 ± 0.27 [T1] | +" not in md
-    assert "| 90.50 ± 0.71 (n 2) | no (p=0.02) |" in md            # softmax: 99.35 against 90.5
-    assert "| 99.50 ± 0.14 (n 2) | yes (p=1.00) |" in md            # attention_bn: the same runs
+    assert "| 90.50 ± 0.71 (n 2) | differs (p=0.02) |" in md            # softmax: 99.35 against 90.5
+    assert "| 99.50 ± 0.14 (n 2) | no evidence of a difference (p=1.00) |" in md  # attention_bn: the same runs
     with open(workdir / "rep" / "primal_dual" / "table1.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows[0]["committed_mean"] == "90.5000" and rows[1]["matches_committed"] == "true"
@@ -552,7 +575,8 @@ def test_a_committed_report_regenerates_from_its_own_report_line(committed_path,
 def test_the_table1_report_says_what_a_cell_means():
     from bench_cli.results.records import PROJECT_ROOT
 
-    assert "| matches paper (Welch p ≥ 0.05) |" in (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
+    table = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
+    assert "| paper's interval ±max(2σ, 1) | Welch vs paper | equivalent ±max(2σ, 1) (TOST) |" in table
 
 
 def test_latex_table_booktabs_best_per_column_in_bold(workdir):

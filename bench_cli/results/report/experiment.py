@@ -343,6 +343,10 @@ def notes(report: Report) -> list[str]:
     if shown:
         out.append(f"Paper's printed average over all its datasets (Table {report.settings['paper_tables'][0]}): {shown}.")
     out += average_notes(report)
+    out.append(f"Three questions, kept apart: the paper's interval (|Δ| ≤ max(2σ, {report.floor:g}): within or "
+               "OUTSIDE); Welch's test of the two means (differs when p < 0.05, else no evidence of a difference: "
+               "absence of evidence, not a match); the equivalence test (TOST, two one-sided Welch tests with the "
+               "same margin max(2σ, floor)): matches only when p < 0.05.")
     missing = [f"{r['dataset']}/{r['model']}" for r in headline.rows if r["n"] == 0]
     if missing:
         out.append(f"Gaps (no ok run): {', '.join(missing)}.")
