@@ -579,9 +579,11 @@ def test_the_table1_report_says_what_a_cell_means():
     assert "| paper's interval ±max(2σ, 1) | Welch vs paper | equivalent ±max(2σ, 1) (TOST) |" in table
 
 
-def test_latex_table_booktabs_best_per_column_in_bold(workdir):
-    """--format latex: NAME.tex beside nothing else asked for; mean ± std, the best of each dataset
-    in bold (higher is better here), underscores escaped; an unknown format is a one-line error."""
+def test_latex_table_booktabs_paper_beside_ours_bold_only_where_welch_separates(workdir):
+    """--format latex: NAME.tex beside nothing else asked for; the papers' display names, per dataset
+    the paper's value beside ours, bold only where Welch's test separates the best from the second
+    (BasicMotions: 97.5 vs 92.5, p = 0.02; not JapaneseVowels: 99.50 vs 99.35, p = 0.5), a caption
+    that counts the datasets shown (the title's "(10 sets)" is not this table's) and a label."""
     table1_records(workdir / "runs.csv", accs=((99.5, 99.2), (99.4, 99.6)))
     for s, a in enumerate((97.0, 98.0)):
         append_record(workdir / "runs.csv", rec("BasicMotions", "softmax", s, a, higher_is_better="true"))
@@ -589,9 +591,14 @@ def test_latex_table_booktabs_best_per_column_in_bold(workdir):
     main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep"), "--format", "latex"])
     tex = (workdir / "rep" / "primal_dual" / "table1.tex").read_text()
     assert not (workdir / "rep" / "primal_dual" / "table1.md").exists()
-    assert r"\toprule" in tex and r"\bottomrule" in tex and "Model & JapaneseVowels & BasicMotions & Average (2 sets)" in tex
-    assert r"softmax & $99.35 \pm 0.21$ & $\mathbf{97.50 \pm 0.71}$ & $\mathbf{98.42 \pm 0.25}$ \\" in tex
-    assert r"attention\_bn & $\mathbf{99.50 \pm 0.14}$ & $92.50 \pm 0.71$ &" in tex
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"\label{tab:primal_dual-table1}" in tex
+    assert (r" & \multicolumn{2}{c}{JapaneseVowels} & \multicolumn{2}{c}{BasicMotions} & \multicolumn{2}{c}{Average}"
+            in tex) and "Model & Paper & Ours & Paper & Ours & Paper & Ours" in tex
+    assert (r"Softmax & $99.46 \pm 0.27$ & $99.35 \pm 0.21$ & $98.75 \pm 1.25$ & $\mathbf{97.50 \pm 0.71}$ & "
+            in tex)
+    assert r"Attention-BN & $99.55 \pm 0.31$ & $99.50 \pm 0.14$ & $99.38 \pm 1.08$ & $92.50 \pm 0.71$ &" in tex
+    caption = tex.split(r"\caption{")[1].split("}\n")[0]
+    assert "(10 sets)" not in caption and "(2 datasets)" in caption and "Welch's t-test" in caption
     with pytest.raises(SystemExit) as e:
         main(["report", EXP, "--records", str(workdir / "runs.csv"), "--format", "pdf"])
     assert e.value.code == 2

@@ -25,9 +25,10 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
   --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
                   default: results/local for records found by the command, else reproduced/
                   beside the records file)
-  --format F      what NAME's report writes, comma-separated: markdown, csv, latex (NAME.tex: a
-                  booktabs table for a paper, model x dataset, mean ± std, the best per column in
-                  bold); default markdown,csv
+  --format F      what the report writes, comma-separated: markdown, csv, latex (NAME.tex: a
+                  booktabs table for a paper, model x dataset, the paper's value beside ours,
+                  bold only where Welch's test separates the best); default markdown,csv. With
+                  --records and no NAME: the records' experiment's report when they name one
   --all           also list the grid's datasets that have no records (as gaps)
   --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
                   when the output is not a terminal); a wider table prints one block per row
@@ -80,8 +81,6 @@ def cmd_report(args: list[str]) -> None:
         print(usage_text(USAGE))
         return
     names, overrides, opts = parse_report_args(args)
-    if opts["format"] and not names:
-        raise UserError("--format is for a paper's table: attnbench report NAME --format latex")
     if opts["pair"] and names:
         raise UserError("--pair compares two models of a records file: attnbench report --records FILE --pair A,B")
     if not names:

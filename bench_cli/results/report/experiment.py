@@ -14,7 +14,7 @@ from bench_cli.config import compose as C
 from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.spread import NOISY_NOTE
-from bench_cli.results.report import render, select, spec, stats
+from bench_cli.results.report import latex, render, select, spec, stats
 from bench_cli.results.report.common import direction_note, higher_is_better, made_by, records_line, rerun_command, wall_clock
 from bench_cli.results.report.paper import load_paper
 from bench_cli.core.ui import mean_pm
@@ -434,11 +434,13 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
         render.write_csv(written[-1], table.rows, table.average, report.labels, table.columns, bool(report.committed))
     if "latex" in formats:
         headline = report.tables[0]
-        seeds = len({r.get("seed") for r in report.used})
-        caption = f"{title}. {headline.column.column}, mean ± std over {seeds} seeds"
         written.append(out.with_suffix(".tex"))
-        write_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
-                                                   headline.average, higher_is_better(report.used, report.settings)))
+        write_atomically(written[-1], latex.table(
+            title=title, name=report.name, metric=headline.column.column.replace("_", " "), datasets=report.datasets,
+            labels=report.labels, cells=headline.cells, paper_of=report.paper_lookup(headline.column)[0],
+            avg=headline.average, higher_is_better=higher_is_better(report.used, report.settings),
+            display={label: report.settings.get("display_names", {}).get(report.paper_model(label))
+                     or latex.display_name(report.paper_model(label)) for label in report.labels}))
     render.print_lines(console, [f"wrote {', '.join(map(str, written))}"])
 
 

@@ -13,7 +13,7 @@ from bench_cli.config import compose as C
 from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
-from bench_cli.results.report import paired, render, select, trials
+from bench_cli.results.report import latex, paired, render, select, trials
 from bench_cli.results.report.common import direction_note, made_by, overrides_of, records_line, rerun_command, wall_clock
 from bench_cli.core.ui import DASH, csv_value, fixed, mean_pm
 from bench_cli.core.files import write_atomically
@@ -127,6 +127,11 @@ def report_records(overrides: list[str], opts: dict) -> None:
     rows, dropped = select.one_row_per_job(records.read_records(path))
     if not rows:
         raise UserError(f"{path} has no records; run `attnbench sweep ...` or `attnbench run ...` first")
+    experiment = single_experiment(rows)
+    if opts["format"] and experiment:  # a paper's table: the experiment's report of these records
+        from bench_cli.results.report.experiment import report_experiment
+
+        return report_experiment([experiment], overrides, {**opts, "records": str(path)})
     axis_names, shared = axes(rows)
     cells = select.aggregate(rows, SCORE, label_of(axis_names))
     render.print_lines(console, code_identity.refuse_mixed(cells.values(), opts.get("mixed_code", False)))
@@ -149,11 +154,39 @@ def report_records(overrides: list[str], opts: dict) -> None:
     sections = [section[:3] for section in sections]
     if opts["write"]:
         # named after the whole file name: table1.records.csv -> table1.records.md, never table1.md
-        md, csv = out_dir / f"{path.stem}.md", out_dir / f"{path.stem}.csv"
+        md, csv, tex = (out_dir / f"{path.stem}.{suffix}" for suffix in ("md", "csv", "tex"))
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols,
-                                             sections))
-        columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
-                   "time_per_epoch_s_std", "timing_noisy"]
-        records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
-        render.print_lines(screen, [f"wrote {md}, {csv}"])
+        written = []
+        if "markdown" in opts["formats"]:
+            written.append(md)
+            write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols,
+                                                 sections))
+        if "csv" in opts["formats"]:
+            written.append(csv)
+            columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
+                       "time_per_epoch_s_std", "timing_noisy"]
+            records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
+        if "latex" in opts["formats"]:
+            written.append(tex)
+            write_atomically(tex, latex_of(path, rows, used))
+        render.print_lines(screen, [f"wrote {', '.join(map(str, written))}"])
+
+
+def single_experiment(rows: list[dict]) -> str | None:
+    """The experiment every record names, when they name one and it is known here."""
+    names = {r.get("experiment") or "" for r in rows}
+    name = names.pop() if len(names) == 1 else ""
+    return name if name and name in C.group_options("experiment") else None
+
+
+def latex_of(path: Path, rows: list[dict], used: list[dict]) -> str:
+    """The paper's table of records that name no experiment: a row per model, a column per dataset
+    (no paper numbers to put beside them)."""
+    cells = select.aggregate(rows, SCORE)
+    datasets = list(dict.fromkeys(d for d, _ in cells))
+    labels = list(dict.fromkeys(m for _, m in cells))
+    higher = {str(r.get("higher_is_better", "")).lower() for r in used} - {""}
+    metric = metric_name(used or rows)
+    return latex.table(title=f"{path.name}: test {metric}", name=path.stem, metric=f"test {metric}",
+                       datasets=datasets, labels=labels, cells=cells, paper_of=lambda d, m: None, avg=None,
+                       higher_is_better=higher.pop() == "true" if len(higher) == 1 else None)

@@ -114,38 +114,6 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_SPECIALS.get(c, c) for c in str(text)).replace("±", r"$\pm$")
 
 
-def _latex_cell(mean, std, bold: bool) -> str:
-    if mean is None:
-        return "--"
-    shown = mean_pm(mean, std).replace(" ± ", r" \pm ")
-    return f"$\\mathbf{{{shown}}}$" if bold else f"${shown}$"
-
-
-def latex(caption: str, datasets: list[str], labels: list[str], cells: dict, avg: dict | None,
-          higher_is_better: bool | None) -> str:
-    """The table for a paper (booktabs): a row per model, a column per dataset (and the average over
-    the datasets every model has), mean ± std over seeds, the best of each column in bold (none
-    when the metric's direction is unknown)."""
-    columns = [(d, {m: cells.get((d, m)) for m in labels}) for d in datasets]
-    means = [{m: (c.mean, c.std) if c and c.n else (None, None) for m, c in col.items()} for _, col in columns]
-    heads = [latex_escape(d) for d in datasets]
-    if avg:
-        means.append({m: (avg["models"][m]["mean"], avg["models"][m]["std"]) for m in labels})
-        heads.append(f"Average ({len(avg['datasets'])} sets)")
-    best = []
-    for column in means:
-        values = [v for v, _ in column.values() if v is not None]
-        best.append(None if higher_is_better is None or not values else (max if higher_is_better else min)(values))
-    rows = [" & ".join([latex_escape(m), *(_latex_cell(*column[m], column[m][0] is not None and column[m][0] == b)
-                                           for column, b in zip(means, best))]) + r" \\" for m in labels]
-    return "\n".join([
-        "% needs \\usepackage{booktabs}; mean $\\pm$ sample std over seeds, the best per column in bold",
-        r"\begin{table}[t]", r"\centering", f"\\caption{{{latex_escape(caption)}}}",
-        r"\begin{tabular}{l" + "c" * len(heads) + "}", r"\toprule",
-        " & ".join(["Model", *heads]) + r" \\", r"\midrule", *rows, r"\bottomrule", r"\end{tabular}",
-        r"\end{table}"]) + "\n"
-
-
 def csv_columns(columns=EFFICIENCY, committed: bool = False) -> list[str]:
     """The CSV's columns: the comparison (and the committed reproduction's); the plain means of the
     spec columns without paper values, then their shown values; ours and the paper's of the others."""
