@@ -301,7 +301,7 @@ class Checkpoints:
 
     def finish(self, status: str) -> None:
         """After the record: an ``ok`` job's checkpoints are removed unless ``keep_final``."""
-        if status == "ok" and not self.settings.keep_final and self.folder.is_dir():
+        if status in ("ok", "pruned") and not self.settings.keep_final and self.folder.is_dir():
             shutil.rmtree(self.folder, ignore_errors=True)
             try:  # the checkpoints folder itself, when this was its last job
                 self.folder.parent.rmdir()

@@ -24,6 +24,7 @@ from bench_cli.engine.checkpoint import Checkpoints
 from bench_cli.engine.env import Environment, prepare_environment, unprepared_environment
 from bench_cli.engine.measure import Conditions, measure_run
 from bench_cli.engine.objective import Objective
+from bench_cli.engine.pruning import trial_pruning
 from bench_cli.engine.trainer import Trainer
 from bench_cli.results import records, samples, schema
 from bench_cli.results.loggers import LineLogger, Loggers, run_loggers
@@ -42,6 +43,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS)."""
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
+    columns, pruning = trial_pruning(columns)  # an Optuna trial's pruner: not a record column
     # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
     try:
         env = prepare_environment(cfg)
@@ -62,7 +64,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         objective = Objective.of(task, cfg.model)
         trainer = Trainer(cfg.trainer, task, model, env.device, env.seed, objective=objective, logger=logger,
                           progress=progress if env.is_main else None, dist=env.dist, checkpoints=checkpoints,
-                          keep_samples=samples.enabled(cfg))
+                          keep_samples=samples.enabled(cfg), on_evaluation=pruning)
         with setup_frozen(), PHASES("fit"):
             result = trainer.fit(row["protocol"])
         row.update(result.metrics)

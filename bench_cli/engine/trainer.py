@@ -199,11 +199,12 @@ class Selection:
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
                  objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
-                 checkpoints: Checkpoints | None = None, keep_samples: bool = False):
+                 checkpoints: Checkpoints | None = None, keep_samples: bool = False, on_evaluation=None):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
         # each test evaluation's per-sample outputs (the reported one's go to the result); one
         # process's shard is not the test set, so a distributed fit keeps none
         self.keep_samples, self.test_samples = keep_samples and not dist.active, None
+        self.on_evaluation = on_evaluation  # called with each evaluation's history row (an Optuna trial's pruner)
         self.checkpoints = checkpoints  # the job's checkpoints (bench_cli.engine.checkpoint); None: not saved
         self.model, self.logger, self.progress = model, logger, progress
         self.objective = objective or Objective(task)  # the task loss (+ eta x the KSVD term)
@@ -589,6 +590,8 @@ class _Loop:
         if split == "test" and (selection.epoch, selection.step) == (epoch, self.step):
             result.samples = t.test_samples  # the paper protocol reports this evaluation (so far)
         result.history.append(row)
+        if t.on_evaluation is not None:  # may stop the fit (bench_cli/engine/pruning.py: PrunedError)
+            t.on_evaluation(row)
         at = f"step {selection.step}" if self.plan.by_steps else f"epoch {selection.epoch}"  # the schedule's unit
         if t.logger is not None:  # with the selection so far, so every line agrees with the record
             t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step, "best_at": at,

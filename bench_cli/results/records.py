@@ -33,7 +33,7 @@ from bench_cli.results import code_identity
 from bench_cli.results.schema import COLUMNS, IDENTITY as _IDENTITY, identity  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
-NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
+NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report", "tuning")
 # Dotted keys inside the semantic groups that never change a result either: how a run shows
 # progress, its evaluation batch and threads, and task.generator (which generated ListOps the run
 # expects: a check of the data, refused when they differ; the record describes the data it read).

@@ -13,7 +13,7 @@ from bench_cli.config import compose as C
 from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
-from bench_cli.results.report import latex, paired, render, select, trials
+from bench_cli.results.report import confirmed, latex, paired, render, select, trials
 from bench_cli.results.report.common import direction_note, made_by, overrides_of, records_line, rerun_command, wall_clock
 from bench_cli.core.ui import DASH, csv_value, fixed, mean_pm
 from bench_cli.core.files import write_atomically
@@ -144,7 +144,10 @@ def report_records(overrides: list[str], opts: dict) -> None:
     screen = render.sized(console, opts["width"])
     render.print_table(screen, title, lines, display(table, axis_names), notes(cells, dropped), cols)
     best = trials.best_trials(rows)  # rows of an Optuna sweep: its studies' best trials below
-    sections = [(trials.SECTION, trials.display(best), trials.COLUMNS, trials.notes(best))] if best else []
+    sections = [(trials.SECTION, trials.display(best), trials.COLUMNS,
+                 trials.notes(best) + [confirmed.selection_line(confirmed.confirmations(rows))])] if best else []
+    if best and (confirmations := confirmed.confirmations(rows)):  # the best settings rerun over seeds
+        sections.append((confirmed.SECTION, confirmed.display(confirmations), confirmed.COLUMNS, []))
     if opts.get("pair"):  # two models on the same test samples (bench_cli/results/report/paired.py)
         found = paired.pairs(rows, None, *opts["pair"])
         sections.append((paired.title(*opts["pair"]), paired.display(found), paired.COLUMNS,
