@@ -272,3 +272,57 @@ def test_the_same_study_searched_twice_at_once_never_exceeds_its_trials(uea_fixt
     assert len(stored(workdir)) == 2 and len(read_records(workdir / "res.csv")) == 1
     assert "-1 to go" not in out and "ETA -" not in out
     assert "search progress: 2 done, 0 failed, 0 running, 0 to go" in out
+
+
+def test_the_median_pruner_stops_a_trial_below_the_median_of_earlier_curves(workdir):
+    """bench_cli/engine/pruning.py against a real study: an earlier trial at 90 at step 4, the new
+    trial's 10 there is pruned (PrunedError, status pruned); 95 is not."""
+    import optuna
+
+    from bench_cli.core.errors import PrunedError
+    from bench_cli.engine.pruning import PRUNING, trial_pruning
+    from bench_cli.results.schema import ending
+
+    storage = f"sqlite:///{workdir / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    first = study.ask()
+    first.report(90.0, step=4)
+    study.tell(first, 90.0)
+    for value, pruned in ((95.0, False), (10.0, True)):
+        trial = study.ask()
+        columns, pruning = trial_pruning({"study": "s", "trial": trial.number, PRUNING: {
+            "storage": storage, "study": "s", "trial_id": trial._trial_id, "metric": "accuracy", "startup_trials": 1}})
+        assert columns == {"study": "s", "trial": trial.number}  # never a record column
+        if pruned:
+            with pytest.raises(PrunedError, match="median pruner") as e:
+                pruning({"step": 4, "val_accuracy": value})
+            assert ending(e.value)["status"] == "pruned"
+        else:
+            pruning({"step": 4, "val_accuracy": value})
+        assert load_study(study_name="s", storage=storage).trials[trial.number].intermediate_values == {4: value}
+
+
+@pytest.mark.slow
+def test_a_pruned_search_confirms_its_best_setting_over_seeds(uea_fixture, workdir, capsys):
+    """tuning.pruner=median: every trial reports its validation curve (pruned ones recorded as
+    pruned, told PRUNED); tuning.confirm_top=1 reruns the best trial with seed 1 (seed 0 is its own
+    run) and the report says the selection was confirmed over seeds."""
+    args = [*tiny(workdir), "trainer.max_epochs=2", *SEARCH[:2], "hydra.sweeper.n_jobs=1", SEARCH[3],
+            "hydra.sweeper.n_trials=3", "tuning.pruner=median", "tuning.pruner_startup_trials=1",
+            "tuning.confirm_top=1", "tuning.confirm_seeds=[0,1]"]
+    assert sweep(*args) == 0
+    out = capsys.readouterr().out
+    rows = read_records(workdir / "res.csv")
+    trials, confirming = [r for r in rows if r["trial"]], [r for r in rows if r["confirms_trial"]]
+    assert len(trials) == 3 and {r["status"] for r in trials} <= {"ok", "pruned"}
+    stored_trials = stored(workdir)
+    assert all(t.intermediate_values for t in stored_trials)  # each trial reported its curve
+    for r in trials:
+        assert stored_trials[int(r["trial"])].state.name == {"ok": "COMPLETE", "pruned": "PRUNED"}[r["status"]]
+    (confirm,) = confirming
+    assert confirm["seed"] == "1" and confirm["status"] == "ok" and "confirmed" in out and "selected: trial" in out
+    best = max((r for r in trials if r["status"] == "ok"), key=lambda r: (float(r["val_score"]), -int(r["trial"])))
+    assert confirm["confirms_trial"] == best["trial"]
+    main(["report", "--records", str(workdir / "res.csv"), "--no-write", "--width", "200"])
+    out = capsys.readouterr().out.replace("\n  ", " ")
+    assert "rerun over up to 2 seeds" in out and "the best settings confirmed over seeds" in out

@@ -124,6 +124,28 @@ def test_welch_and_tolerance():
     assert row["within_spread"] is False and row["welch_p"] < 0.05
 
 
+def test_tost_is_two_one_sided_welch_tests_and_the_only_match():
+    """Equivalence within the margin (TOST): the larger p of two one-sided Welch tests of the
+    samples shifted by the margin, as scipy computes them from raw samples; a large Welch p with a
+    wide spread is "no evidence of a difference", never "matches"."""
+    from scipy import stats
+
+    mine, paper = sample_with(98.9, 0.3, 5), sample_with(99.0, 0.27, 5)
+    by_scipy = max(stats.ttest_ind([v + 1.0 for v in mine], paper, equal_var=False, alternative="greater").pvalue,
+                   stats.ttest_ind([v - 1.0 for v in mine], paper, equal_var=False, alternative="less").pvalue)
+    assert R.stats.tost(98.9, 0.3, 5, 99.0, 0.27, 5, 1.0) == pytest.approx(by_scipy, rel=1e-9) and by_scipy < 0.05
+    assert R.stats.tost(98.9, 3.0, 5, 99.0, 2.7, 5, 1.0) > 0.05  # the same means, a wide spread: not shown
+    assert R.welch(98.9, 3.0, 5, 99.0, 2.7, 5)[1] > 0.05       # ... though Welch finds no difference either
+    cells = R.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([95.0, 99.0, 103.0])]),
+                        "test_accuracy")
+    paper_value = R.PaperValue(99.0, 0.3, "1")
+    (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper_value,
+                          lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
+    shown = R.display_rows([row], None, ["softmax"], columns=())[0]
+    assert shown[6:9] == ["within", f"no evidence of a difference (p={row['welch_p']:.2f})",
+                          f"not shown (p={row['tost_p']:.2f})"] and row["equivalent"] is False
+
+
 def test_paper_n_per_dataset_tests_each_row_with_its_count_and_none_for_one_run():
     """report.paper_n as a mapping: Welch's n per dataset (``default`` for the others); a dataset
     the paper ran once has no spread to test against: no test, never a division by zero."""
@@ -201,7 +223,7 @@ def test_report_command_writes_markdown_and_csv(workdir, capsys):
     out = capsys.readouterr().out
     assert "protocol: paper" in out and "seeds: 3" in out
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
-    assert "| JapaneseVowels | softmax | 3 | 99.47 ± 0.25 | 99.46 ± 0.27 [T1] | +0.01 | yes |" in md
+    assert "| JapaneseVowels | softmax | 3 | 99.47 ± 0.25 | 99.46 ± 0.27 [T1] | +0.01 | within |" in md
     assert "| BasicMotions | attention_bn | 0 | — | 99.38 ± 1.08 [T9] |" in md
     # BasicMotions lacks three models: nothing to average over, said once
     assert "Average (" not in md and "Only JapaneseVowels has results for every model: no average row." in md
@@ -404,10 +426,10 @@ def test_redirected_report_fits_columns_or_width_and_never_cuts_a_name(workdir, 
 def test_a_wide_width_prints_one_line_per_row(workdir, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     table1_records(workdir / "runs.csv")
-    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--no-write", "--width", "200"])
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--no-write", "--width", "260"])
     out = capsys.readouterr().out
     (row,) = [line for line in out.splitlines() if "attention_bn " in line and "JapaneseVowels" in line]
-    assert "99.50 ± 0.14" in row and len(row) <= 200 and max(map(len, out.splitlines())) > 80
+    assert "99.50 ± 0.14" in row and len(row) <= 260 and max(map(len, out.splitlines())) > 80
     with pytest.raises(SystemExit) as e:
         main(["report", EXP, "--records", str(workdir / "runs.csv"), "--width", "wide"])
     assert e.value.code == 2 and "--width wide" in capsys.readouterr().err
@@ -478,10 +500,11 @@ def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, ca
     out = capsys.readouterr().out
     assert f"read {workdir / 'committed.csv'} (4 runs of {EXP}: the committed reproduction)" in out.replace("\n  ", " ")
     md = (workdir / "rep" / "primal_dual" / "table1.md").read_text()
-    assert "| n | yours | paper | Δ | within max(2σ, 1) | matches paper (Welch p ≥ 0.05) | committed | matches committed" in md
+    assert ("| n | yours | paper | Δ | paper's interval ±max(2σ, 1) | Welch vs paper | equivalent ±max(2σ, 1) (TOST) "
+            "| committed | Welch vs committed |") in md
     assert "| JapaneseVowels | softmax | 2 | 99.35 ± 0.21 | 99.46 ± 0.27 [T1] | +" not in md
-    assert "| 90.50 ± 0.71 (n 2) | no (p=0.02) |" in md            # softmax: 99.35 against 90.5
-    assert "| 99.50 ± 0.14 (n 2) | yes (p=1.00) |" in md            # attention_bn: the same runs
+    assert "| 90.50 ± 0.71 (n 2) | differs (p=0.02) |" in md            # softmax: 99.35 against 90.5
+    assert "| 99.50 ± 0.14 (n 2) | no evidence of a difference (p=1.00) |" in md  # attention_bn: the same runs
     with open(workdir / "rep" / "primal_dual" / "table1.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows[0]["committed_mean"] == "90.5000" and rows[1]["matches_committed"] == "true"
@@ -552,12 +575,15 @@ def test_a_committed_report_regenerates_from_its_own_report_line(committed_path,
 def test_the_table1_report_says_what_a_cell_means():
     from bench_cli.results.records import PROJECT_ROOT
 
-    assert "| matches paper (Welch p ≥ 0.05) |" in (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
+    table = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
+    assert "| paper's interval ±max(2σ, 1) | Welch vs paper | equivalent ±max(2σ, 1) (TOST) |" in table
 
 
-def test_latex_table_booktabs_best_per_column_in_bold(workdir):
-    """--format latex: NAME.tex beside nothing else asked for; mean ± std, the best of each dataset
-    in bold (higher is better here), underscores escaped; an unknown format is a one-line error."""
+def test_latex_table_booktabs_paper_beside_ours_bold_only_where_welch_separates(workdir):
+    """--format latex: NAME.tex beside nothing else asked for; the papers' display names, per dataset
+    the paper's value beside ours, bold only where Welch's test separates the best from the second
+    (BasicMotions: 97.5 vs 92.5, p = 0.02; not JapaneseVowels: 99.50 vs 99.35, p = 0.5), a caption
+    that counts the datasets shown (the title's "(10 sets)" is not this table's) and a label."""
     table1_records(workdir / "runs.csv", accs=((99.5, 99.2), (99.4, 99.6)))
     for s, a in enumerate((97.0, 98.0)):
         append_record(workdir / "runs.csv", rec("BasicMotions", "softmax", s, a, higher_is_better="true"))
@@ -565,9 +591,14 @@ def test_latex_table_booktabs_best_per_column_in_bold(workdir):
     main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep"), "--format", "latex"])
     tex = (workdir / "rep" / "primal_dual" / "table1.tex").read_text()
     assert not (workdir / "rep" / "primal_dual" / "table1.md").exists()
-    assert r"\toprule" in tex and r"\bottomrule" in tex and "Model & JapaneseVowels & BasicMotions & Average (2 sets)" in tex
-    assert r"softmax & $99.35 \pm 0.21$ & $\mathbf{97.50 \pm 0.71}$ & $\mathbf{98.42 \pm 0.25}$ \\" in tex
-    assert r"attention\_bn & $\mathbf{99.50 \pm 0.14}$ & $92.50 \pm 0.71$ &" in tex
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"\label{tab:primal_dual-table1}" in tex
+    assert (r" & \multicolumn{2}{c}{JapaneseVowels} & \multicolumn{2}{c}{BasicMotions} & \multicolumn{2}{c}{Average}"
+            in tex) and "Model & Paper & Ours & Paper & Ours & Paper & Ours" in tex
+    assert (r"Softmax & $99.46 \pm 0.27$ & $99.35 \pm 0.21$ & $98.75 \pm 1.25$ & $\mathbf{97.50 \pm 0.71}$ & "
+            in tex)
+    assert r"Attention-BN & $99.55 \pm 0.31$ & $99.50 \pm 0.14$ & $99.38 \pm 1.08$ & $92.50 \pm 0.71$ &" in tex
+    caption = tex.split(r"\caption{")[1].split("}\n")[0]
+    assert "(10 sets)" not in caption and "(2 datasets)" in caption and "Welch's t-test" in caption
     with pytest.raises(SystemExit) as e:
         main(["report", EXP, "--records", str(workdir / "runs.csv"), "--format", "pdf"])
     assert e.value.code == 2

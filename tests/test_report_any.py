@@ -116,3 +116,18 @@ def test_the_default_records_file_and_one_line_errors(workdir, capsys):
             main(["report", *args])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_latex_of_any_records_file(workdir):
+    """`report --records FILE --format latex` of records that name no experiment: the papers'
+    display names, a paper column (empty: no paper numbers), a caption counting the one dataset
+    and a label; bold where Welch separates the best (45 ± 1 vs 30 ± 1 over two seeds)."""
+    for seed, (a, b) in enumerate(((44.0, 29.0), (46.0, 31.0))):
+        append_record(workdir / "my.csv", plain("softmax", seed, a, path="my.csv"))
+        append_record(workdir / "my.csv", plain("attention_bn", seed, b, path="my.csv"))
+    main(["report", "--records", str(workdir / "my.csv"), "--format", "latex", "--out", str(workdir / "out")])
+    tex = (workdir / "out" / "my.tex").read_text()
+    assert not (workdir / "out" / "my.md").exists() and r"\label{tab:my}" in tex and r"\toprule" in tex
+    assert r"Softmax & -- & $\mathbf{45.00 \pm 1.41}$ \\" in tex and r"Attention-BN & -- & $30.00 \pm 1.41$ \\" in tex
+    caption = tex.split(r"\caption{")[1].split("}\n")[0]
+    assert "(1 dataset)" in caption and "sets)" not in caption and "no paper numbers" in caption

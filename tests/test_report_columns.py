@@ -82,7 +82,7 @@ def line(md: str, start: str, section: str | None = None) -> str:
 def test_own_table_headline_and_filters(toy_report):
     md, _ = toy_report
     # the first own column is the headline: the paper's test row (split: test), not its train row
-    assert line(md, "| toy | fast |").startswith("| toy | fast | 2 | 91.50 ± 0.71 | 91.00 ± 1.00 [TT] | +0.50 | yes |")
+    assert line(md, "| toy | fast |").startswith("| toy | fast | 2 | 91.50 ± 0.71 | 91.00 ± 1.00 [TT] | +0.50 | within |")
     # the second has a table of its own, under its column and the filter's values; the train row
     assert "## train_accuracy (paper: accuracy, train)" in md
     assert line(md, "| toy | fast |", "train_accuracy").startswith("| toy | fast | 2 | 97.50 ± 0.71 | 98.00 [TT] | -0.50 |")

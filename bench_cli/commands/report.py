@@ -7,7 +7,7 @@ from bench_cli.core.errors import UserError, unknown_choice
 
 USAGE = """\
 usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [--format F] [--all] [--width N]
-                        [overrides...]
+                        [--mixed-code] [--pair A,B] [overrides...]
 
   NAME            an experiment (attnbench ls experiments), e.g. primal_dual/table1: its runs
                   next to the paper's numbers; of a search (tuning/uea_lr_dropout), the best trial
@@ -25,18 +25,25 @@ usage: attnbench report [NAME] [--records PATH] [--committed PATH] [--out DIR] [
   --out DIR       where NAME.md and NAME.csv go (without NAME: <records file name>.md/.csv;
                   default: results/local for records found by the command, else reproduced/
                   beside the records file)
-  --format F      what NAME's report writes, comma-separated: markdown, csv, latex (NAME.tex: a
-                  booktabs table for a paper, model x dataset, mean ± std, the best per column in
-                  bold); default markdown,csv
+  --format F      what the report writes, comma-separated: markdown, csv, latex (NAME.tex: a
+                  booktabs table for a paper, model x dataset, the paper's value beside ours,
+                  bold only where Welch's test separates the best); default markdown,csv. With
+                  --records and no NAME: the records' experiment's report when they name one
   --all           also list the grid's datasets that have no records (as gaps)
   --width N       print N columns wide (default: COLUMNS, else the terminal's width, else 80
                   when the output is not a terminal); a wider table prints one block per row
   --no-write      print only
+  --pair A,B      (without NAME) compare models A and B on the same test samples, per dataset:
+                  a paired bootstrap interval of A - B from the per-sample outputs of the
+                  runs (samples.npz), McNemar's test for accuracy, beside Welch's of seeds
+  --mixed-code    report records of one model made by different code together (by default
+                  refused, naming the modules whose hashes differ: record column code_hashes)
   logger=wandb    also log the table to Weights & Biases (with NAME)
 """
 FORMATS = ("markdown", "csv", "latex")
 REPORT_OPTIONS = {"--records": True, "--committed": True, "--out": True, "--format": True, "--all": False,
-                  "--width": True, "--no-write": False}
+                  "--width": True, "--no-write": False,
+                  "--mixed-code": False, "--pair": True}
 
 
 def parse_report_args(args: list[str]) -> tuple[list[str], list[str], dict]:
@@ -53,8 +60,18 @@ def parse_report_args(args: list[str]) -> tuple[list[str], list[str], dict]:
             raise unknown_choice("--format", f, FORMATS)
     opts = {"records": p.get("--records"), "committed": p.get("--committed"), "out": p.get("--out"),
             "formats": formats, "format": p.get("--format"), "all": bool(p.get("--all")),
-            "width": int(width) if width else None, "write": not p.get("--no-write")}
+            "width": int(width) if width else None, "write": not p.get("--no-write"),
+            "mixed_code": bool(p.get("--mixed-code")), "pair": _pair(p.get("--pair"))}
     return p.positional, p.overrides, opts
+
+
+def _pair(value) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    names = [n.strip() for n in str(value).split(",") if n.strip()]
+    if len(names) != 2 or names[0] == names[1]:
+        raise UserError(f"--pair {value}: expected two models, e.g. --pair softmax,linear")
+    return names[0], names[1]
 
 
 def cmd_report(args: list[str]) -> None:
@@ -64,8 +81,8 @@ def cmd_report(args: list[str]) -> None:
         print(usage_text(USAGE))
         return
     names, overrides, opts = parse_report_args(args)
-    if opts["format"] and not names:
-        raise UserError("--format is for a paper's table: attnbench report NAME --format latex")
+    if opts["pair"] and names:
+        raise UserError("--pair compares two models of a records file: attnbench report --records FILE --pair A,B")
     if not names:
         from bench_cli.results.report.grouped import report_records
 

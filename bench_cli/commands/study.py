@@ -37,8 +37,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.commands.sweep import (MAX_EXIT, Job, Sweep, done_keys, error_of, launch, plan_job, split_search,
                                       start_launching, sweep_lines, validate_jobs)
+from bench_cli.commands.study_confirm import confirm_best
 from bench_cli.core.errors import UserError, exit_code_of, interruption_name
 from bench_cli.core.extras import require
+from bench_cli.engine.pruning import PRUNING
 from bench_cli.results import records
 
 EXTRA = "tune"  # pyproject.toml's extra that installs hydra-optuna-sweeper (and optuna)
@@ -268,6 +270,7 @@ def run_studies(sweep: Sweep, dry_run: bool) -> None:
                       highlight=False, soft_wrap=True)
         progress.study_searched(study)
         empty += not any(t.state.name == "COMPLETE" for t in study.trials)
+        launched = confirm_best(sweep, s, study, space, launched)  # tuning.confirm_top: the best settings over seeds
     if empty:
         raise SystemExit(min(empty, MAX_EXIT))
 
@@ -285,7 +288,24 @@ def trial_job(composer, s: Study, trial, space: dict) -> Job:
     job = plan_job(composer, [*s.base.overrides, *values])
     job.swept = s.base.swept | frozenset(k.lstrip("+~") for k in space)
     job.position, job.columns = trial.number, {"study": s.name, "trial": trial.number}
+    pruner = trial_pruner(s, trial, job)
+    if pruner:  # the trial's run reports its validation curve; the study's median pruner may stop it
+        job.columns[PRUNING] = pruner
     return job
+
+
+def trial_pruner(s: Study, trial, job: Job) -> dict | None:
+    """What the trial's run needs to report to the study and be pruned (bench_cli/engine/pruning.py),
+    from ``tuning.pruner`` (``median`` or ``none``) of the trial's config; None: not pruned."""
+    with job.reading() as cfg:
+        kind = str(OmegaConf.select(cfg, "tuning.pruner", default="none") or "none")
+        if kind == "none":
+            return None
+        if kind != "median":
+            raise UserError(f"tuning.pruner={kind}: expected median or none")
+        return {"storage": s.storage, "study": s.name, "trial_id": trial._trial_id, "metric": s.metric,
+                "startup_trials": int(OmegaConf.select(cfg, "tuning.pruner_startup_trials", default=5)),
+                "warmup_steps": int(OmegaConf.select(cfg, "tuning.pruner_warmup_steps", default=0))}
 
 
 def run_study(sweep: Sweep, s: Study, space: dict, n_trials: int, batch: int, launched: int,
@@ -365,7 +385,7 @@ def objective(row: dict) -> float | None:
 
 def tell(study, trial, row: dict | None, refused: str | None) -> None:
     """Tell Optuna how the trial's job ended: ok -> complete with its validation score; nan ->
-    pruned; failed, oom, timeout or refused -> failed; interrupted or no record -> left running
+    pruned, as is pruned (the median pruner stopped it); failed, oom, timeout or refused -> failed; interrupted or no record -> left running
     (the next sitting runs it again)."""
     opt = optuna()
     states = opt.trial.TrialState
@@ -376,7 +396,7 @@ def tell(study, trial, row: dict | None, refused: str | None) -> None:
     value = objective(row) if status == "ok" else None
     if status == "ok" and value is not None:
         study.tell(number, value)
-    elif status == "nan":
+    elif status in ("nan", "pruned"):  # diverged, or stopped by the pruner on its validation curve
         study.tell(number, state=states.PRUNED)
     else:
         study.tell(number, state=states.FAIL)

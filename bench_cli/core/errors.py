@@ -72,6 +72,11 @@ class DivergedError(RuntimeError):
     """The training loss became NaN or infinite (the run's status is ``nan``)."""
 
 
+class PrunedError(RuntimeError):
+    """An Optuna trial stopped by its study's pruner at an evaluation (the run's status is ``pruned``:
+    bench_cli/engine/pruning.py)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """A run stopped from outside: Ctrl-C (SIGINT), SIGTERM (what Slurm, torchrun and `timeout`
     send) or SIGQUIT (Ctrl-\\). Raised by the handler ``catch_termination`` installs, so those

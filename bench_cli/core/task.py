@@ -93,6 +93,9 @@ class EvalContext:
     advance: Callable[[], None] = lambda: None
     reduce: Callable[[dict], dict] = lambda stats: stats
     metrics: Collection[str] | None = None
+    # called with each batch's per-sample outputs (Task.sample_outputs) when the caller keeps them
+    # (the reported test evaluation: bench_cli/results/samples.py); None: not kept
+    keep: Callable[[dict], None] | None = None
 
     def wants(self, metric: M.Metric) -> bool:
         return self.metrics is None or metric.name in self.metrics
@@ -292,9 +295,25 @@ class Task:
         stats: dict[str, float] = {}
         for batch in ctx.loader(split):
             batch = to_device(batch, ctx.device)
-            M.accumulate(stats, self.batch_stats(model(**self.model_inputs(batch)), batch))
+            output = model(**self.model_inputs(batch))
+            M.accumulate(stats, self.batch_stats(output, batch))
+            if ctx.keep is not None and (kept := self.sample_outputs(output, batch)) is not None:
+                ctx.keep(kept)
             ctx.advance()
         return M.compute_all(self.metrics, ctx.reduce(stats))
+
+    def sample_outputs(self, output, batch: dict) -> dict[str, torch.Tensor] | None:
+        """Per-sample outputs of an evaluation batch, kept beside the record so that two models can
+        be compared on the same test samples (paired tests): ``prediction``, ``target`` and ``loss``
+        (one value per sample). The default serves classification (logits (batch, classes), labels
+        ``y``: the arg-max and the cross-entropy); None where the output is not that (a task
+        overrides it: regression's squared errors)."""
+        y = batch.get("y")
+        if not (torch.is_tensor(output) and output.dim() == 2 and torch.is_tensor(y) and y.dim() == 1
+                and len(y) == len(output) and not y.is_floating_point()):
+            return None
+        return {"prediction": output.argmax(-1), "target": y,
+                "loss": F.cross_entropy(output.float(), y, reduction="none")}
 
     # Metrics a batch cannot give (per_batch=False) that the papers also report on TRAIN, so that
     # trainer.train_metrics=batches evaluates the training split for them with the reported

@@ -388,7 +388,7 @@ class Checkpoints:
     def finish(self, status: str) -> None:
         """After the record: an ``ok`` job's checkpoints are removed unless ``keep_final`` (its
         own only; the folder too when nothing else is left in it)."""
-        if status != "ok" or self.settings.keep_final or not self.folder.is_dir():
+        if status not in ("ok", "pruned") or self.settings.keep_final or not self.folder.is_dir():
             return
         from bench_cli.core.files import remove_stale_temporaries
 

@@ -26,8 +26,9 @@ from bench_cli.engine.env import Environment, prepare_environment, unprepared_en
 from bench_cli.engine.measure import measure_run
 from bench_cli.engine.timing import Conditions
 from bench_cli.engine.objective import Objective
+from bench_cli.engine.pruning import trial_pruning
 from bench_cli.engine.trainer import Trainer
-from bench_cli.results import records, schema
+from bench_cli.results import records, samples, schema
 from bench_cli.results.loggers import LineLogger, Loggers, run_loggers
 
 
@@ -44,6 +45,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS)."""
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
+    columns, pruning = trial_pruning(columns)  # an Optuna trial's pruner: not a record column
     # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
     try:
         env = prepare_environment(cfg)
@@ -64,10 +66,12 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         logger = run_logger(cfg, env, run, task, line_prefix, checkpoints)
         objective = Objective.of(task, cfg.model)
         trainer = Trainer(cfg.trainer, task, model, env.device, env.seed, objective=objective, logger=logger,
-                          progress=progress if env.is_main else None, dist=env.dist, checkpoints=checkpoints)
+                          progress=progress if env.is_main else None, dist=env.dist, checkpoints=checkpoints,
+                          keep_samples=samples.enabled(cfg), on_evaluation=pruning)
         with setup_frozen(), PHASES("fit"):
             result = trainer.fit(row["protocol"])
         row.update(result.metrics)
+        row.update(samples.save(run.path, result.samples))  # per-sample test outputs: paired comparisons
         if env.is_main:
             with PHASES("measure"):
                 row.update(measure_run(task, model, cfg, env.device, objective))

@@ -115,6 +115,9 @@ class TrainResult:
     test_last: dict = field(default_factory=dict)
     splits: dict = field(default_factory=dict)
     train_metrics_source: str = ""
+    # the reported test evaluation's per-sample outputs, one dict of tensors per batch
+    # (Task.sample_outputs; bench_cli/results/samples.py writes them); None: not kept
+    samples: list | None = None
 
     @property
     def epochs_planned(self) -> int:
@@ -196,8 +199,12 @@ class Selection:
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
                  objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
-                 checkpoints: Checkpoints | None = None):
+                 checkpoints: Checkpoints | None = None, keep_samples: bool = False, on_evaluation=None):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
+        # each test evaluation's per-sample outputs (the reported one's go to the result); one
+        # process's shard is not the test set, so a distributed fit keeps none
+        self.keep_samples, self.test_samples = keep_samples and not dist.active, None
+        self.on_evaluation = on_evaluation  # called with each evaluation's history row (an Optuna trial's pruner)
         self.checkpoints = checkpoints  # the job's checkpoints (bench_cli.engine.checkpoint); None: not saved
         self.model, self.logger, self.progress = model, logger, progress
         self.objective = objective or Objective(task)  # the task loss (+ eta x the KSVD term)
@@ -254,9 +261,13 @@ class Trainer:
         bar = None
         if self.progress:
             bar = self.progress.add_task(f"eval {split}", total=None, transient=True)
+        kept = [] if self.keep_samples and split == "test" else None
         ctx = EvalContext(loader=lambda s: self.loader(s, train=False), device=self.device,
                           advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None),
-                          reduce=D.all_reduce_sums, metrics=metrics)
+                          reduce=D.all_reduce_sums, metrics=metrics,
+                          keep=(lambda out: kept.append({k: v.detach() for k, v in out.items()})) if kept is not None else None)
+        if kept is not None:
+            self.test_samples = kept
         D.broadcast_buffers(self.model)  # one model evaluated on every shard (a no-op on one process)
         try:
             with self.autocast():
@@ -334,6 +345,7 @@ class Trainer:
             else:
                 self.model.load_state_dict(selection.state)
                 result.test = self.evaluate("test")
+            result.samples = self.test_samples  # of the evaluation just reported
         if train_eval != []:
             self.model.load_state_dict(selection.state)  # the weights whose test metrics are reported
             result.splits["train"] = self.evaluate("train", train_eval)
@@ -575,7 +587,11 @@ class _Loop:
         selected = t.evaluate(split)
         row.update({f"{split}_{k}": v for k, v in selected.items()})
         stop = selection.offer(selected, t.model, epoch, self.step)
+        if split == "test" and (selection.epoch, selection.step) == (epoch, self.step):
+            result.samples = t.test_samples  # the paper protocol reports this evaluation (so far)
         result.history.append(row)
+        if t.on_evaluation is not None:  # may stop the fit (bench_cli/engine/pruning.py: PrunedError)
+            t.on_evaluation(row)
         at = f"step {selection.step}" if self.plan.by_steps else f"epoch {selection.epoch}"  # the schedule's unit
         if t.logger is not None:  # with the selection so far, so every line agrees with the record
             t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step, "best_at": at,

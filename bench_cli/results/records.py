@@ -29,10 +29,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError, warn_once
 from bench_cli.core.files import unwritable_folder, write_atomically
+from bench_cli.results import code_identity
 from bench_cli.results.schema import COLUMNS, IDENTITY as _IDENTITY, identity  # the schema names the columns
 
 # Config parts that do not change a result: where things are written and how progress is shown.
-NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report")
+NON_SEMANTIC = ("paths", "results", "logger", "hydra", "report", "tuning")
 # Dotted keys inside the semantic groups that never change a result either: how a run shows
 # progress, its evaluation batch and threads, and task.generator (which generated ListOps the run
 # expects: a check of the data, refused when they differ; the record describes the data it read).
@@ -266,7 +267,8 @@ def start_run(cfg: DictConfig, run_dir: Path | None, run_id: str | None, overrid
     row = identity(cfg, run_id=run_id, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    config_path=path / "config.yaml", output_dir=path,
                    overrides=" ".join(overrides) if overrides is not None else command_line(),
-                   keys=run_keys(resolved), command=invocation(), provenance=provenance())
+                   keys=run_keys(resolved), command=invocation(),
+                   provenance={**provenance(), **code_identity.columns(cfg)})
     row.update(columns or {})
     if write:
         write_run_marker(path, row)
@@ -653,7 +655,7 @@ def claim_job(path: str | Path, key: str, ok_rows_from: int = 0, ttl_s: float = 
         table = read_table(path)
         for r in table.rows[ok_rows_from:] if table else []:
             row = dict(zip(table.header, r))
-            if row.get("status") == "ok" and row.get("job_key") == key:
+            if row.get("status") == "ok" and row.get("job_key") == key and not code_identity.changed_plugins(row):
                 return False, f"done by another process (ok record {row.get('run_id')})"
         claims = _read_claims(path)
         me, note = _this_process(), ""

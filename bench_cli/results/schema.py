@@ -59,12 +59,22 @@ COLUMNS += TIMING_COLUMNS
 # an Optuna sweep's trial (bench_cli/commands/study.py): the study's name and the trial's number in it;
 # empty for every other run
 STUDY_COLUMNS = ["study", "trial"]
+# a confirmation run of an Optuna sweep (tuning.confirm_top): the trial whose setting it reruns with another seed
+STUDY_COLUMNS += ["confirms_trial"]
 COLUMNS += STUDY_COLUMNS
+# the code that made the record (bench_cli/results/code_identity.py): {module: sha256 of its source} of the
+# plugins, the attention's and the task's modules, as JSON; a sweep reruns a job whose plugin changed since
+CODE_COLUMNS = ["code_hashes"]
+COLUMNS += CODE_COLUMNS
+# how many test samples' outputs (prediction, target, loss) samples.npz of the run folder holds
+# (bench_cli/results/samples.py; empty: none kept), for paired comparisons of two models
+SAMPLE_COLUMNS = ["test_samples"]
+COLUMNS += SAMPLE_COLUMNS
 # Fewer epochs (or inference batches) than this do not judge the spread: one slow epoch (the first
 # one's warm-up) moves the IQR of four.
 SPREAD_MIN_N = 5
 IDENTITY = ("run_id", "time", "status", "error", "task")  # the first columns of every record file
-STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted")
+STATUSES = ("ok", "failed", "nan", "oom", "timeout", "interrupted", "pruned")
 
 
 from bench_cli.core.protocols import PROTOCOL_SPLITS as PROTOCOLS, Protocol  # noqa: E402  (the task contract's, torch-free)
@@ -146,7 +156,7 @@ def measurement_columns(measured: dict) -> dict:
 
 def ending(error: BaseException | None) -> dict:
     """``status`` and ``error`` of a run that ended with ``error`` (None: ok)."""
-    from bench_cli.core.errors import DivergedError, interruption_name
+    from bench_cli.core.errors import DivergedError, PrunedError, interruption_name
     from bench_cli.core.errors import is_oom
 
     if error is None:
@@ -155,7 +165,8 @@ def ending(error: BaseException | None) -> dict:
         return {"status": "interrupted", "error": f"interrupted ({interruption_name(error)})"}
     if isinstance(error, SystemExit):  # sys.exit inside the run: a launcher's signal handler (submitit's requeue)
         return {"status": "interrupted", "error": f"interrupted ({getattr(error, 'signal_name', f'exit {error.code}')})"}
-    status = "nan" if isinstance(error, DivergedError) else "oom" if is_oom(error) else "failed"
+    status = ("nan" if isinstance(error, DivergedError) else "pruned" if isinstance(error, PrunedError)
+              else "oom" if is_oom(error) else "failed")
     return {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0][:500]}
 
 

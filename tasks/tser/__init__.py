@@ -85,6 +85,11 @@ class TSERRegression(TimeSeriesTask):
     def loss(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
         return F.mse_loss(output.squeeze(-1), batch["y"])  # mvts_transformer: MSE on raw targets
 
+    def sample_outputs(self, output: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
+        """Per sample: the prediction, the target and the squared error (the loss above, unreduced)."""
+        prediction = output.squeeze(-1).float()
+        return {"prediction": prediction, "target": batch["y"], "loss": (prediction - batch["y"]) ** 2}
+
     def describe(self) -> dict:
         out = super().describe()
         if self.splits:

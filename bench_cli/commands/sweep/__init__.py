@@ -48,7 +48,7 @@ from bench_cli.commands.sweep.summary import print_lacking, print_plan, summariz
 from bench_cli.config import compose
 from bench_cli.config.args import parse
 from bench_cli.core.errors import UserError, exit_code_of, interruption_name
-from bench_cli.results import records
+from bench_cli.results import code_identity, records
 
 __all__ = [  # what the CLI, the Optuna search (study.py) and the tests use
     "USAGE", "MAX_EXIT", "plan_command", "run_grid", "run_sweep",
@@ -149,6 +149,8 @@ def plan_command(args: list[str]) -> tuple[Sweep, bool, bool] | None:
 def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     """The planned grid's jobs without an ok record (every job with ``force``), or with ``dry_run``
     the plan printed; exits with the number of failed jobs (at most MAX_EXIT)."""
+    from rich.markup import escape
+
     from bench_cli.core.ui import console
 
     jobs = sweep.jobs
@@ -156,6 +158,8 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     done = {}
     for path in paths:
         done.update(done_keys(path))
+    stale = code_identity.stale_jobs([done[j.key] for j in jobs if j.key in done])  # a plugin changed since: to run
+    done = {k: r for k, r in done.items() if k not in stale}
     n_done = sum(j.key in done for j in jobs)
     todo = jobs if force else [j for j in jobs if j.key not in done]
     # the jobs that will run (a done job needs neither its data nor its model built: a resumed
@@ -167,11 +171,13 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
                   + (" (rerun: --force)" if force and n_done else "")
                   + f", {len(todo)} to run; records: {', '.join(sorted(paths))}", soft_wrap=True)
     print_lacking(lacking_here(todo), len(todo))
+    for reason in dict.fromkeys(stale.values()):
+        console.print(f"{sum(r == reason for r in stale.values())} jobs to run again: {escape(reason)}", soft_wrap=True)
     if dry_run:
         claimed = {}
         for path in paths:
             claimed.update(records.claimed_jobs(path, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
-        print_plan(jobs, done, force, missing, claimed)
+        print_plan(jobs, done, force, missing, claimed, stale)
         return
     if not todo:
         console.print("[green]nothing to do[/]: every job has an ok record (use --force to rerun)")

@@ -11,7 +11,8 @@ from bench_cli.commands.sweep.plan import Job
 from bench_cli.results import records
 
 
-def print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str]) -> None:
+def print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str],
+               stale: dict[str, str]) -> None:
     """The dry run's table: every job, whether it is done or claimed by another process (``claimed``:
     job_key -> running where, or a stale claim), and whether its data is here (``missing``: job_key
     -> what is missing); then each missing dataset once, with how to get it."""
@@ -25,6 +26,8 @@ def print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str]
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        if j.key in stale:  # its ok record was made by a plugin that has changed since (code_identity)
+            status = f"to run: {escape(stale[j.key])}"
         if j.key in claimed and (force or j.key not in done):
             status = escape(claimed[j.key])
         if j.key in missing:

@@ -11,10 +11,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_cli.config import compose as C
-from bench_cli.results import records
+from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.spread import NOISY_NOTE
-from bench_cli.results.report import render, select, spec, stats
+from bench_cli.results.report import latex, render, select, spec, stats
 from bench_cli.results.report.common import direction_note, higher_is_better, made_by, records_line, rerun_command, wall_clock
 from bench_cli.results.report.paper import load_paper
 from bench_cli.core.ui import mean_pm
@@ -343,6 +343,10 @@ def notes(report: Report) -> list[str]:
     if shown:
         out.append(f"Paper's printed average over all its datasets (Table {report.settings['paper_tables'][0]}): {shown}.")
     out += average_notes(report)
+    out.append(f"Three questions, kept apart: the paper's interval (|Δ| ≤ max(2σ, {report.floor:g}): within or "
+               "OUTSIDE); Welch's test of the two means (differs when p < 0.05, else no evidence of a difference: "
+               "absence of evidence, not a match); the equivalence test (TOST, two one-sided Welch tests with the "
+               "same margin max(2σ, floor)): matches only when p < 0.05.")
     missing = [f"{r['dataset']}/{r['model']}" for r in headline.rows if r["n"] == 0]
     if missing:
         out.append(f"Gaps (no ok run): {', '.join(missing)}.")
@@ -388,6 +392,7 @@ def report_experiment(names: list[str], overrides: list[str], opts: dict) -> Non
 
         return write_study_report(name, cfg, path, sources.rows, opts, overrides, out_dir, found=sources.found)
     report = build(name, cfg, path, sources.all_records, sources.rows, opts["all"], sources.committed)
+    render.print_lines(screen, code_identity.refuse_mixed(report.tables[0].cells.values(), opts.get("mixed_code", False)))
     report.command = rerun_command(name, None if sources.found else path, out_dir, opts, overrides)
     report.formats = tuple(opts["formats"])
     header, title = header_lines(report), str(report.settings.get("title") or name)
@@ -429,11 +434,13 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
         render.write_csv(written[-1], table.rows, table.average, report.labels, table.columns, bool(report.committed))
     if "latex" in formats:
         headline = report.tables[0]
-        seeds = len({r.get("seed") for r in report.used})
-        caption = f"{title}. {headline.column.column}, mean ± std over {seeds} seeds"
         written.append(out.with_suffix(".tex"))
-        write_atomically(written[-1], render.latex(caption, report.datasets, report.labels, headline.cells,
-                                                   headline.average, higher_is_better(report.used, report.settings)))
+        write_atomically(written[-1], latex.table(
+            title=title, name=report.name, metric=headline.column.column.replace("_", " "), datasets=report.datasets,
+            labels=report.labels, cells=headline.cells, paper_of=report.paper_lookup(headline.column)[0],
+            avg=headline.average, higher_is_better=higher_is_better(report.used, report.settings),
+            display={label: report.settings.get("display_names", {}).get(report.paper_model(label))
+                     or latex.display_name(report.paper_model(label)) for label in report.labels}))
     render.print_lines(console, [f"wrote {', '.join(map(str, written))}"])
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench_cli.config import compose as C
-from bench_cli.results import records
+from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
-from bench_cli.results.report import render, select, trials
+from bench_cli.results.report import confirmed, latex, paired, render, select, trials
 from bench_cli.results.report.common import direction_note, made_by, overrides_of, records_line, rerun_command, wall_clock
 from bench_cli.core.ui import DASH, csv_value, fixed, mean_pm
 from bench_cli.core.files import write_atomically
@@ -127,8 +127,14 @@ def report_records(overrides: list[str], opts: dict) -> None:
     rows, dropped = select.one_row_per_job(records.read_records(path))
     if not rows:
         raise UserError(f"{path} has no records; run `attnbench sweep ...` or `attnbench run ...` first")
+    experiment = single_experiment(rows)
+    if opts["format"] and experiment:  # a paper's table: the experiment's report of these records
+        from bench_cli.results.report.experiment import report_experiment
+
+        return report_experiment([experiment], overrides, {**opts, "records": str(path)})
     axis_names, shared = axes(rows)
     cells = select.aggregate(rows, SCORE, label_of(axis_names))
+    render.print_lines(console, code_identity.refuse_mixed(cells.values(), opts.get("mixed_code", False)))
     table = group_rows(cells, axis_names)
     used = [r for c in cells.values() for r in c.rows]
     out_dir = Path(opts["out"] or path.parent / "reproduced")
@@ -138,16 +144,52 @@ def report_records(overrides: list[str], opts: dict) -> None:
     screen = render.sized(console, opts["width"])
     render.print_table(screen, title, lines, display(table, axis_names), notes(cells, dropped), cols)
     best = trials.best_trials(rows)  # rows of an Optuna sweep: its studies' best trials below
-    sections = [(trials.SECTION, trials.display(best), trials.COLUMNS)] if best else []
-    for subtitle, shown, section_cols in sections:
-        render.print_table(screen, f"{title}: {subtitle}", [], shown, trials.notes(best), section_cols)
+    sections = [(trials.SECTION, trials.display(best), trials.COLUMNS,
+                 trials.notes(best) + [confirmed.selection_line(confirmed.confirmations(rows))])] if best else []
+    if best and (confirmations := confirmed.confirmations(rows)):  # the best settings rerun over seeds
+        sections.append((confirmed.SECTION, confirmed.display(confirmations), confirmed.COLUMNS, []))
+    if opts.get("pair"):  # two models on the same test samples (bench_cli/results/report/paired.py)
+        found = paired.pairs(rows, None, *opts["pair"])
+        sections.append((paired.title(*opts["pair"]), paired.display(found), paired.COLUMNS,
+                         paired.notes(found, *opts["pair"])))
+    for subtitle, shown, section_cols, section_notes in sections:
+        render.print_table(screen, f"{title}: {subtitle}", [], shown, section_notes, section_cols)
+    sections = [section[:3] for section in sections]
     if opts["write"]:
         # named after the whole file name: table1.records.csv -> table1.records.md, never table1.md
-        md, csv = out_dir / f"{path.stem}.md", out_dir / f"{path.stem}.csv"
+        md, csv, tex = (out_dir / f"{path.stem}.{suffix}" for suffix in ("md", "csv", "tex"))
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols,
-                                             sections))
-        columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
-                   "time_per_epoch_s_std", "timing_noisy"]
-        records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
-        render.print_lines(screen, [f"wrote {md}, {csv}"])
+        written = []
+        if "markdown" in opts["formats"]:
+            written.append(md)
+            write_atomically(md, render.markdown(title, lines, display(table, axis_names), notes(cells, dropped), cols,
+                                                 sections))
+        if "csv" in opts["formats"]:
+            written.append(csv)
+            columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
+                       "time_per_epoch_s_std", "timing_noisy"]
+            records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
+        if "latex" in opts["formats"]:
+            written.append(tex)
+            write_atomically(tex, latex_of(path, rows, used))
+        render.print_lines(screen, [f"wrote {', '.join(map(str, written))}"])
+
+
+def single_experiment(rows: list[dict]) -> str | None:
+    """The experiment every record names, when they name one and it is known here."""
+    names = {r.get("experiment") or "" for r in rows}
+    name = names.pop() if len(names) == 1 else ""
+    return name if name and name in C.group_options("experiment") else None
+
+
+def latex_of(path: Path, rows: list[dict], used: list[dict]) -> str:
+    """The paper's table of records that name no experiment: a row per model, a column per dataset
+    (no paper numbers to put beside them)."""
+    cells = select.aggregate(rows, SCORE)
+    datasets = list(dict.fromkeys(d for d, _ in cells))
+    labels = list(dict.fromkeys(m for _, m in cells))
+    higher = {str(r.get("higher_is_better", "")).lower() for r in used} - {""}
+    metric = metric_name(used or rows)
+    return latex.table(title=f"{path.name}: test {metric}", name=path.stem, metric=f"test {metric}",
+                       datasets=datasets, labels=labels, cells=cells, paper_of=lambda d, m: None, avg=None,
+                       higher_is_better=higher.pop() == "true" if len(higher) == 1 else None)

@@ -7,39 +7,52 @@ import textwrap
 from pathlib import Path
 
 from bench_cli.results.report.spec import EFFICIENCY, TIMED_COLUMNS
+from bench_cli.results.report.stats import ALPHA
 from bench_cli.core.ui import DASH, csv_value, fixed, mean_pm, signed
 
 # The width of a report printed to a pipe or a file with COLUMNS unset (and no --width): the
 # conventional terminal width, rich's and shutil.get_terminal_size's own fallback, so a log reads
 # unwrapped in a pager, a mail or a diff; a wider table prints one block per row.
 DEFAULT_WIDTH = 80
-HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "within max(2σ, 1)",
-           "matches paper (Welch p ≥ 0.05)"]
+# Three questions kept apart (stats.py): is the mean inside the paper's interval (mean ± the
+# tolerance), does Welch's test show a difference, and does TOST show equivalence within that margin.
+HEADERS = ["dataset", "model", "n", "reproduced", "paper", "Δ", "paper's interval ±max(2σ, 1)",
+           "Welch vs paper", "equivalent ±max(2σ, 1) (TOST)"]
 # Beside them when the report compares the runs with the committed reproduction (results/reproduced).
-COMMITTED_HEADERS = ["committed", "matches committed (Welch p ≥ 0.05)"]
+COMMITTED_HEADERS = ["committed", "Welch vs committed"]
 COMMITTED_CSV = ["committed_n", "committed_mean", "committed_std", "committed_welch_p", "matches_committed"]
 CSV_COLUMNS = ["dataset", "model", "paper_model", "n", "n_failed", "seeds", "epochs", "mean", "std", "paper_mean",
                "paper_std", "paper_table", "diff", "tolerance", "within_tolerance", "welch_t", "welch_p",
-               "within_spread"]
+               "within_spread", "tost_p", "equivalent"]
 
 
 def headers(floor: float = 1.0, columns=EFFICIENCY, committed: bool = False) -> list[str]:
     """The table's headers: the comparison, the committed reproduction's (``committed``: the runs
     shown are then "yours"), then one per spec column (``label (paper)`` when it has paper values)."""
-    shown = [f"within max(2σ, {floor:g})" if h.startswith("within") else h for h in HEADERS]
+    shown = [h.replace("max(2σ, 1)", f"max(2σ, {floor:g})") for h in HEADERS]
     if committed:
         shown = [("yours" if h == "reproduced" else h) for h in shown] + COMMITTED_HEADERS
     return shown + [c.header for c in columns]
 
 
-def _matches(p, yes: bool | None) -> str:
-    return DASH if p is None else f"{'yes' if yes else 'no'} (p={p:.2f})"
+def _welch_cell(p) -> str:
+    """Welch's verdict: a difference, or none shown (absence of evidence, not a match)."""
+    return DASH if p is None else f"differs (p={p:.2f})" if p < ALPHA else f"no evidence of a difference (p={p:.2f})"
+
+
+def _tost_cell(p) -> str:
+    """The equivalence test's verdict: the one cell that may say "matches"."""
+    return DASH if p is None else f"matches (p={p:.2f})" if p < ALPHA else f"not shown (p={p:.2f})"
+
+
+def _interval_cell(within: bool | None) -> str:
+    return DASH if within is None else "within" if within else "OUTSIDE"
 
 
 def _committed_cells(r: dict) -> list[str]:
     n = r.get("committed_n") or 0
     return [mean_pm(r.get("committed_mean"), r.get("committed_std")) + (f" (n {n})" if n else ""),
-            _matches(r.get("committed_welch_p"), r.get("matches_committed"))]
+            _welch_cell(r.get("committed_welch_p"))]
 
 
 def column_cell(row: dict, column) -> str:
@@ -58,10 +71,10 @@ def _average_rows(avg: dict | None, labels: list[str], columns, committed: bool 
     for m in labels if avg else []:
         a = avg["models"][m]
         diff = None if a["paper_mean"] is None else a["mean"] - a["paper_mean"]
-        within = DASH if diff is None else ("yes" if abs(diff) <= a["tolerance"] else "NO")
+        within = _interval_cell(None if diff is None else abs(diff) <= a["tolerance"])
         out.append([f"Average ({len(avg['datasets'])} sets)", m, str(a["n"]), mean_pm(a["mean"], a["std"]),
                     mean_pm(a["paper_mean"], a["paper_std"]) + (" [same sets]" if a["paper_mean"] is not None else ""),
-                    signed(diff), within, DASH, *([DASH, DASH] if committed else []), *("" for _ in columns)])
+                    signed(diff), within, DASH, DASH, *([DASH, DASH] if committed else []), *("" for _ in columns)])
     return out
 
 
@@ -71,11 +84,10 @@ def display_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=
     out = []
     for r in rows:
         n = str(r["n"]) + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
-        within = DASH if r.get("within_tolerance") is None else ("yes" if r["within_tolerance"] else "NO")
-        spread = _matches(r.get("welch_p"), r.get("within_spread"))
         paper = mean_pm(r["paper_mean"], r["paper_std"]) + (f" [T{r['paper_table']}]" if r["paper_table"] else "")
-        out.append([r["dataset"], r["model"], n, mean_pm(r["mean"], r["std"]), paper, signed(r.get("diff")), within,
-                    spread, *(_committed_cells(r) if committed else []), *(column_cell(r, c) for c in columns)])
+        out.append([r["dataset"], r["model"], n, mean_pm(r["mean"], r["std"]), paper, signed(r.get("diff")),
+                    _interval_cell(r.get("within_tolerance")), _welch_cell(r.get("welch_p")), _tost_cell(r.get("tost_p")),
+                    *(_committed_cells(r) if committed else []), *(column_cell(r, c) for c in columns)])
     return out + _average_rows(avg, labels, columns, committed)
 
 
@@ -125,38 +137,6 @@ def latex_escape(text: str) -> str:
     characters as spaces (a blank line inside a cell ends the paragraph: an error), ± as math."""
     shown = "".join(LATEX_SPECIALS.get(c, " " if c < " " or c == "\x7f" else c) for c in str(text))
     return shown.replace("±", r"$\pm$")
-
-
-def _latex_cell(mean, std, bold: bool) -> str:
-    if mean is None:
-        return "--"
-    shown = mean_pm(mean, std).replace(" ± ", r" \pm ")
-    return f"$\\mathbf{{{shown}}}$" if bold else f"${shown}$"
-
-
-def latex(caption: str, datasets: list[str], labels: list[str], cells: dict, avg: dict | None,
-          higher_is_better: bool | None) -> str:
-    """The table for a paper (booktabs): a row per model, a column per dataset (and the average over
-    the datasets every model has), mean ± std over seeds, the best of each column in bold (none
-    when the metric's direction is unknown)."""
-    columns = [(d, {m: cells.get((d, m)) for m in labels}) for d in datasets]
-    means = [{m: (c.mean, c.std) if c and c.n else (None, None) for m, c in col.items()} for _, col in columns]
-    heads = [latex_escape(d) for d in datasets]
-    if avg:
-        means.append({m: (avg["models"][m]["mean"], avg["models"][m]["std"]) for m in labels})
-        heads.append(f"Average ({len(avg['datasets'])} sets)")
-    best = []
-    for column in means:
-        values = [v for v, _ in column.values() if v is not None]
-        best.append(None if higher_is_better is None or not values else (max if higher_is_better else min)(values))
-    rows = [" & ".join([latex_escape(m), *(_latex_cell(*column[m], column[m][0] is not None and column[m][0] == b)
-                                           for column, b in zip(means, best))]) + r" \\" for m in labels]
-    return "\n".join([
-        "% needs \\usepackage{booktabs}; mean $\\pm$ sample std over seeds, the best per column in bold",
-        r"\begin{table}[t]", r"\centering", f"\\caption{{{latex_escape(caption)}}}",
-        r"\begin{tabular}{l" + "c" * len(heads) + "}", r"\toprule",
-        " & ".join(["Model", *heads]) + r" \\", r"\midrule", *rows, r"\bottomrule", r"\end{tabular}",
-        r"\end{table}"]) + "\n"
 
 
 def csv_columns(columns=EFFICIENCY, committed: bool = False) -> list[str]:

@@ -1,7 +1,8 @@
 """The comparison with the paper: mean and sample std over seeds, the difference, the tolerance
-max(2 x paper std, floor), Welch's t-test of the two means with their n (the gap is "within the
-paper's spread" when p >= 0.05), averages over complete datasets, and the columns beside them as
-ratios to the baseline."""
+max(2 x paper std, floor) (the paper's interval), Welch's t-test of the two means with their n
+("differs" when p < 0.05, else "no evidence of a difference": absence of evidence, never a match),
+the equivalence test (TOST) with the tolerance as its margin (the one "matches"), averages over
+complete datasets, and the columns beside them as ratios to the baseline."""
 from __future__ import annotations
 
 import math
@@ -24,6 +25,25 @@ def welch(m1, s1, n1, m2, s2, n2) -> tuple[float | None, float | None]:
 
     res = stats.ttest_ind_from_stats(m1, s1, n1, m2, s2, n2, equal_var=False)
     return float(res.statistic), float(res.pvalue)
+
+
+def tost(m1, s1, n1, m2, s2, n2, margin: float) -> float | None:
+    """The p of Schuirmann's two one-sided tests (TOST, 1987) that |m1 - m2| < ``margin``, on
+    Welch's standard error and degrees of freedom: small p is evidence of equivalence within the
+    margin (a large Welch p is only the absence of evidence of a difference). None when undefined."""
+    if None in (m1, s1, m2, s2) or n1 < 2 or n2 < 2:
+        return None
+    v1, v2 = s1 * s1 / n1, s2 * s2 / n2
+    diff = m1 - m2
+    if v1 + v2 == 0:
+        return 0.0 if abs(diff) < margin else 1.0
+    from scipy import stats
+
+    se = math.sqrt(v1 + v2)
+    df = (v1 + v2) ** 2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
+    above_lower = float(stats.t.sf((diff + margin) / se, df))  # H0: diff <= -margin
+    below_upper = float(stats.t.cdf((diff - margin) / se, df))  # H0: diff >= +margin
+    return max(above_lower, below_upper)
 
 
 def tolerance(paper_std: float | None, floor: float = 1.0) -> float:
@@ -108,8 +128,10 @@ def _comparison(mean, std, n, pv, paper_n: int, floor) -> dict:
     tol = tolerance(pv.std, floor)
     # a published single run (paper_n 1) has no spread: welch gives no test (None), never a division by zero
     t, p = welch(mean, std, n, pv.mean, pv.std, paper_n)
+    equivalence = tost(mean, std, n, pv.mean, pv.std, paper_n, tol)  # the margin: the same tolerance
     return dict(diff=mean - pv.mean, tolerance=tol, within_tolerance=abs(mean - pv.mean) <= tol,
-                welch_t=t, welch_p=p, within_spread=None if p is None else p >= ALPHA)
+                welch_t=t, welch_p=p, within_spread=None if p is None else p >= ALPHA,
+                tost_p=equivalence, equivalent=None if equivalence is None else equivalence < ALPHA)
 
 
 def _against_committed(mean, std, n, cell) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench_cli.core.ui import DASH, csv_value, fixed
 from bench_cli.results import records
-from bench_cli.results.report import render, select
+from bench_cli.results.report import confirmed, render, select
 from bench_cli.results.report.common import made_by, overrides_of, records_line, rerun_command
 
 SECTION = "best trial per study (validation selects; test reported)"
@@ -40,7 +40,7 @@ def best_trials(rows: list[dict]) -> list[dict]:
     rows, _ = select.one_row_per_job(rows)
     studies: dict[str, list[dict]] = {}
     for r in rows:
-        if r.get("study"):
+        if r.get("study") and r.get("confirms_trial") in (None, ""):  # a confirmation run is no trial
             studies.setdefault(r["study"], []).append(r)
     out = []
     for name, trials in studies.items():
@@ -69,8 +69,11 @@ def display(table: list[dict]) -> list[list[str]]:
 
 def header(path: Path, used: list[dict], table: list[dict], command: str) -> list[str]:
     metrics = sorted({f"{r['metric']} ({'higher' if r['higher_is_better'] else 'lower'} is better)" for r in table})
+    pruned = sum(r.get("status") == "pruned" for r in used)
     return [f"the best trial of each study: its validation {', '.join(metrics)} selects (val); the test score of "
             "that trial (test) is reported, never used to choose; values: what the search chose",
+            confirmed.selection_line(confirmed.confirmations(used))
+            + (f"; {pruned} trial(s) pruned by the median pruner (status pruned)" if pruned else ""),
             records_line(path, used), f"report: `{command}`" + made_by()]
 
 
@@ -96,10 +99,15 @@ def write_study_report(name: str, cfg, path: Path, rows: list[dict], opts: dict,
     title = str(cfg.report.get("title") or name)
     lines = header(path, [r for r in rows if r.get("study")], table, rerun_command(name, None if found else path, out_dir, opts, overrides))
     render.print_table(screen, title, lines, display(table), notes(table), COLUMNS)
+    confirmations = confirmed.confirmations(rows)
+    sections = [(confirmed.SECTION, confirmed.display(confirmations), confirmed.COLUMNS)] if confirmations else []
+    for subtitle, shown, section_cols in sections:
+        render.print_table(screen, f"{title}: {subtitle}", [], shown, [], section_cols)
     if opts["write"]:
         out = out_dir / name
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(out.with_suffix(".md"), render.markdown(title, lines, display(table), notes(table), COLUMNS))
+        write_atomically(out.with_suffix(".md"), render.markdown(title, lines, display(table), notes(table), COLUMNS,
+                                                                 sections))
         records.write_rows(out.with_suffix(".csv"), [{k: csv_value(r[k]) for k in CSV_COLUMNS} for r in table],
                            CSV_COLUMNS, append=False)
         render.print_lines(screen, [f"wrote {out.with_suffix('.md')}, {out.with_suffix('.csv')}"])
