@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from bench_cli.results.report.render import latex, latex_escape, markdown, markdown_cell, markdown_table
+from bench_cli.results.report.latex import table as latex_table
+from bench_cli.results.report.render import latex_escape, markdown, markdown_cell, markdown_table
 
 # every character TeX gives a meaning in running text, and the OT1 glyph swaps
 LATEX_HOSTILE = ["\\input /etc/passwd", "^^5cinput", "~", "{", "}", "$x$", "a & b", "#1", "100%", "snake_case",
@@ -39,10 +40,12 @@ def test_latex_escape_prints_the_text_back():
 def test_a_latex_table_of_hostile_names_holds_them_as_text():
     class Cell:
         def __init__(self, mean):
-            self.mean, self.std, self.n = mean, 0.1, 2
+            self.mean, self.std, self.n, self.values = mean, 0.1, 2, [0, 1]
 
     names = ["\\input /etc/passwd", "x^y~z"]
-    tex = latex("caption \\def", ["set_1 & \\x"], names, {("set_1 & \\x", n): Cell(0.5) for n in names}, None, True)
+    tex = latex_table(title="caption \\def", name="hostile", metric="accuracy", datasets=["set_1 & \\x"],
+                      labels=names, cells={("set_1 & \\x", n): Cell(0.5) for n in names},
+                      paper_of=lambda dataset, model: None, avg=None, higher_is_better=True)
     assert "\\input" not in tex and "\\def" not in tex and "\\x" not in tex.replace("\\textbackslash{}x", "")
     assert "\\textbackslash{}input /etc/passwd" in tex and "x\\textasciicircum{}y\\textasciitilde{}z" in tex
 

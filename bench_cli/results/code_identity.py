@@ -87,12 +87,9 @@ def run_modules(cfg) -> list[str]:
 
 
 def _attention_owner(name: str) -> str | None:
-    from models.attention.registry import UnknownAttentionError, attention_spec
+    from models.attention.registry import ATTENTIONS
 
-    try:
-        return attention_spec(name).owner
-    except UnknownAttentionError:
-        return None
+    return ATTENTIONS.owner(name) if name in ATTENTIONS else None
 
 
 def _task_module(name: str) -> str | None:
