@@ -28,7 +28,7 @@ def edit_plugin(folder, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
     sys.modules.pop("mymod", None)
     plugins._LOADED.pop("mymod", None)
-    registry._REGISTRY.pop("elu_linear", None)
+    registry.ATTENTIONS.forget("elu_linear")
 
 
 @pytest.mark.usefixtures("uea_fixture")

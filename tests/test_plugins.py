@@ -256,7 +256,7 @@ def test_evaluate_imports_no_module_a_checkpoint_names_and_asks_for_the_plugin_i
     assert torch.load(path, weights_only=True)["meta"]["plugins"] == ["mymod"]
     # a later process, without the plugin
     monkeypatch.delenv(plugins.PLUGINS_ENV)
-    registry._REGISTRY.pop("elu_linear")
+    registry.ATTENTIONS.forget("elu_linear")
     plugins._LOADED.clear()
     sys.modules.pop("mymod")
     capsys.readouterr()

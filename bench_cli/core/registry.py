@@ -102,6 +102,11 @@ class Registry(Generic[Entry]):
     def __contains__(self, name: object) -> bool:
         return name in self._names
 
+    def forget(self, name: str) -> None:
+        """Drop ``name`` if registered: its module is to be imported again, as by a new process
+        (a plugin edited between two in-process commands; the tests of code identity)."""
+        self._names.pop(name, None)
+
     @contextmanager
     def restoring(self) -> Iterator[Registry[Entry]]:
         """Names registered inside the block are forgotten when it ends (tests, and in-process
