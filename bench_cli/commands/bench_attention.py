@@ -234,7 +234,7 @@ def main(argv=None) -> list[tuple]:
         names = ["softmax"] + [n for n in names if n in args.variants and n != "softmax"]
     from bench_cli.engine.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
 
-    conditions = Conditions.now()
+    conditions = Conditions.now(one_thread="--threads 1")
     rows, results, spreads = [], [], []
     for n in args.seq_lens:
         timed = time_length(["softmax"] + [v for v in names if v != "softmax"], n, args)

@@ -242,7 +242,7 @@ def _time_and_show(names: list[str], args) -> list[dict]:
     from bench_cli.engine.measure import NOISY_NOTE, Conditions, Spread, ratio_spread
     from bench_cli.core.ui import console, show_table
 
-    conditions = Conditions.now()
+    conditions = Conditions.now(one_thread="--threads 1")
     rows, results, notes, spreads = [], [], [], []
     untimed = [name for name in names if name in PACKAGE_REFERENCES]
     if untimed and import_transformers() is not None:
