@@ -28,7 +28,7 @@ zoo-report: install ## Rewrite the zoo's report from its records and profile: re
 	$(BIN)/attnbench report zoo/offline --records $(ZOO_DIR)/zoo.records.csv --out $(ZOO_DIR)
 
 reproduce-zoo: zoo-data ## The attention zoo: every attention x every offline task x 3 seeds (REDUCED budgets), the LRA-length profile, the report in results/reproduced/zoo/ (58 min on a slow 2-core host); JOBS=2
-	@status=0; export ATTNBENCH_MADE_BY="make $@"; \
+	@status=0; export ATTNBENCH_MADE_BY="$(strip make $@ $(call user_variables,JOBS LAUNCHER ZOO_DIR ARGS))"; \
 	$(BIN)/attnbench sweep experiment=zoo/offline results.path=$(ZOO_DIR)/zoo.records.csv $(LAUNCHER) $(ARGS) \
 	  || status=$$?; \
 	$(BIN)/attnbench profile $(ZOO_PROFILE) || status=$$?; \
