@@ -1,4 +1,4 @@
-# The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/results/report/zoo.py): every model preset
+# The attention zoo (conf/experiment/zoo/, bench_cli/results/report/zoo.py): every model preset
 # (`attnbench ls models`: the three papers' attentions and the baselines) on every offline task
 # (UEA JapaneseVowels and BasicMotions, TSER Covid3Month, generated short ListOps, ViT mnist5k),
 # 3 seeds at REDUCED budgets (conf/experiment/zoo/_case/*.yaml), JOBS=2 jobs of one thread; then

@@ -20,8 +20,8 @@ from bench_cli.core.errors import (DataNotFoundError, UserError, catch_terminati
 from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.core.ui import HELP_WIDTH, console, err_console, fail, print_summary, progress_bar, show_table, usage_text
 
-# Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
-# (issue 21); the commands that train, validate or list datasets import them where they need them.
+# Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once;
+# the commands that train, validate or list datasets import them where they need them.
 
 RUN_ID_ENV = "ATTNBENCH_RUN_ID"
 
@@ -74,7 +74,8 @@ commands:
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions
 model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
-`attnbench run --cfg job` prints the composed config.
+`attnbench run --cfg job` prints the composed config; `attnbench --version` the
+installed version.
 """
 
 
@@ -476,7 +477,7 @@ COMMANDS = {"run": cmd_run, "validate": cmd_validate, "ls": cmd_ls, "data": cmd_
             "bench": lazy("bench_cli.commands.bench_attention:main"),
             "check-attention": lazy("bench_cli.commands.check_attention:cmd_check_attention"),
             "bench-cli": lazy("bench_cli.commands.profile.cli_speed:main"),
-            "bench-overhead": lazy("bench_cli.commands.profile.overhead:main"),  # a job against a bare loop (issue 21)
+            "bench-overhead": lazy("bench_cli.commands.profile.overhead:main"),  # a job against a bare loop
             "smoke": lazy("bench_cli.commands.smoke:cmd_smoke"),  # GPU smoke check of every family
             "evaluate": lazy("bench_cli.commands.evaluate:cmd_evaluate")}
 
@@ -543,6 +544,11 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage_text(USAGE))
+        return
+    if args[0] in ("--version", "-V"):
+        from bench_cli import __version__
+
+        print(f"attnbench {__version__}")
         return
     cmd, rest = args[0], args[1:]
     PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)

@@ -50,7 +50,7 @@ COLUMNS = [
     # folder and its size when the run ended (an ok job's is then removed unless keep_final)
     "resumed_from", "sittings", "checkpoint_dir", "checkpoint_bytes",
 ]
-# timing (bench_cli.engine.measure, issue 39): the per-epoch time's quartiles over the epochs (its median is
+# timing (bench_cli.engine.measure): the per-epoch time's quartiles over the epochs (its median is
 # time_per_epoch_s) and the inference batches', the 1-minute load average before and after the run,
 # torch's threads, and why the run's times are not to be trusted ('' when they are)
 TIMING_COLUMNS = ["time_per_epoch_s_q1", "time_per_epoch_s_q3", "infer_time_per_batch_s_q1",

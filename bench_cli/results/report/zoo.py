@@ -1,4 +1,4 @@
-"""`attnbench report zoo/offline`: the attention zoo (issue 19), every model preset on every offline
+"""`attnbench report zoo/offline`: the attention zoo, every model preset on every offline
 task of the experiment, as a leaderboard per task.
 
 The zoo's grid is (case x model x seed): a case is one option of the experiment's case group
