@@ -59,6 +59,7 @@ from bench_cli.config import compose as C
 from bench_cli.config import plugins
 from bench_cli.results import records
 from bench_cli.config.args import parse
+from bench_cli.commands import sweep_resume, sweep_stop
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 from bench_cli.core.files import write_atomically
 
@@ -521,6 +522,8 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     import torch
 
     die_with_sweep(plan.sweep_pid)
+    if sweep_stop.stopping(plan.sweep_pid):  # the sweep was interrupted before this job started
+        return "not started"
     catch_termination()  # a worker process SIGTERMed (Slurm, joblib) records its job as interrupted
     plugins.import_plugins()  # the sweep's plugins in this process too (joblib worker, Slurm job): once each
     plugins.import_configured(cfg)
@@ -796,7 +799,9 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     started = time.perf_counter()
     start_launching()
     try:
-        with SweepProgress([(j.key, j.records_path) for j in todo], before, records.claim_ttl(todo[0].cfg)) as progress:
+        ttl = records.claim_ttl(todo[0].cfg)
+        with SweepProgress([(j.key, j.records_path) for j in todo], before, ttl) as progress, \
+                sweep_stop.stopping_jobs_with_the_sweep(paths, [j.key for j in todo], ttl, console.print):
             returns = launch(sweep, todo, before if force else None, live_line=progress.live)
     except KeyboardInterrupt as e:
         summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)
@@ -825,6 +830,7 @@ def _print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        status += sweep_resume.resume_note(j) if force or j.key not in done else ""
         if j.key in claimed and (force or j.key not in done):
             status = escape(claimed[j.key])
         if j.key in missing:
@@ -915,6 +921,8 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
                       (r or {}).get("output_dir", ""))
         wide(console, 160).print(t)
         _print_checkpoints([r for _, _, r in bad if r])
+    for line in sweep_resume.resumed_lines(res):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     style = "red" if bad else "green"
     console.print(f"[{style}]sweep done[/] in {seconds:.0f} s: {len(jobs)} jobs: {parts}", soft_wrap=True)
     _print_offline_runs([r["output_dir"] for _, s, r in res if s != "skipped" and (r or {}).get("output_dir")])

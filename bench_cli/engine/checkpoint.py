@@ -190,6 +190,7 @@ class Checkpoints:
         self.started = started  # perf_counter at the start of this sitting
         self.dist = dist  # this process's place in a distributed run: rank 0 writes, every process reads
         self.resumed_from, self.sittings, self.earlier_wall_s = "", 1, 0.0
+        self.resumed_position: dict = {}  # the checkpoint's epoch and optimiser step this sitting started at
         self.sequence = 0  # number of the last checkpoint written
 
     @classmethod
@@ -266,8 +267,7 @@ class Checkpoints:
             self.adopt(path, state)
             written = state.get("meta", {}).get("git_commit")
             differs = f" (written by commit {written}, this is {self.meta.get('git_commit')})" if written != self.meta.get("git_commit") else ""
-            say(f"resuming from {path}: epoch {state['position']['epoch']}, step {state['position']['step']}, "
-                f"sitting {self.sittings}{differs}")
+            say(f"resuming from {path}: {position_text(state['position'])}, sitting {self.sittings}{differs}")
             return state
         if self.settings.resume == "must":
             raise UserError(f"trainer.resume=must: no checkpoint of job {self.job_key} in {self.folder}")
@@ -276,6 +276,7 @@ class Checkpoints:
     def adopt(self, path: Path, state: dict) -> None:
         """Continue the job from ``path`` (``state``, read): its number, sittings and wall time."""
         self.resumed_from = str(path)
+        self.resumed_position = {k: state["position"].get(k) for k in ("epoch", "step")}
         self.sittings = int(state.get("sittings", 1)) + 1
         self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
         self.sequence = _number(path)
@@ -310,8 +311,30 @@ class Checkpoints:
 
     def columns(self) -> dict:
         """The record's resume columns (bench_cli.results.schema)."""
-        return {"resumed_from": self.resumed_from, "sittings": self.sittings, "checkpoint_dir": str(self.folder),
-                "checkpoint_bytes": folder_bytes(self.folder)}
+        return {"resumed_from": self.resumed_from, "resumed_epoch": self.resumed_position.get("epoch"),
+                "resumed_step": self.resumed_position.get("step"), "sittings": self.sittings,
+                "checkpoint_dir": str(self.folder), "checkpoint_bytes": folder_bytes(self.folder)}
+
+
+def resume_point(cfg, job_key: str) -> str:
+    """Where the job's next run continues: 'epoch 3, step 15' of its newest readable checkpoint,
+    '' when it starts from the beginning (no checkpoint, checkpoints off, trainer.resume=false)."""
+    s = settings(cfg.trainer)
+    if s is None or s.resume == "false":
+        return ""
+    folder = folder_of(cfg, job_key)
+    for path in sorted(folder.glob("ckpt-*.pt"), key=_number, reverse=True) if folder.is_dir() else []:
+        try:
+            position = read(path)["position"]
+        except CheckpointError:
+            continue
+        return position_text(position)
+    return ""
+
+
+def position_text(position: dict) -> str:
+    """'epoch 3, step 15': a checkpoint's place in the fit, as the resume line and the sweep say it."""
+    return f"epoch {position.get('epoch')}, step {position.get('step')}"
 
 
 def _number(path: Path) -> int:
