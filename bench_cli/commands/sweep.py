@@ -917,7 +917,7 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
         for col in ("job", "status", "error", "run folder"):
             t.add_column(col, overflow="fold")
         for j, s, r in bad:
-            t.add_row(j.label, s, escape((r or {}).get("error") or "no record (killed, or the launcher failed)"),
+            t.add_row(j.label, s, escape((r or {}).get("error") or "no record (not started, killed, or the launcher failed)"),
                       (r or {}).get("output_dir", ""))
         wide(console, 160).print(t)
         _print_checkpoints([r for _, _, r in bad if r])
