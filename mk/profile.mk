@@ -13,7 +13,7 @@ PBA_REFERENCE ?= $(firstword $(wildcard results/paper/pay_better_attention.csv .
 profile: install ## Profile model vs baseline on synthetic inputs; ARGS="model=... baseline=... task=... profile.seq_lens=[...]"
 	$(BIN)/attnbench profile $(ARGS)
 
-bench-cli: install ## Time --help, ls, ls models|tasks|..., a misspelt override and validate next to `python -c "import torch"` (issue 21); ARGS="--repeat N"
+bench-cli: install ## Time --help, ls, ls models|tasks|..., a misspelt override and validate next to `python -c "import torch"`; ARGS="--repeat N"
 	$(BIN)/attnbench bench-cli $(ARGS)
 
 reproduce-figure1: install ## Primal-dual Figure 1 (BN+SH vs softmax, LRA retrieval): results/reproduced/figure1.{csv,png} (~6 min on 2 CPU cores)

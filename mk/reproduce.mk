@@ -42,6 +42,12 @@ ARGS ?=
 RECORDS ?= results/local
 COMMITTED := results/reproduced
 
+# The variables of $(1) that the command line or the environment set, as VAR=value (quoted when the
+# value holds a space): a report's "made by" line names them all (ARGS: overrides of every job), so
+# that the line run as printed reruns the same jobs into the same records.
+space := $(subst ,, )
+user_variables = $(foreach v,$(1),$(if $(filter command line environment,$(origin $(v))),$(v)=$(if $(findstring $(space),$($(v))),'$($(v))',$($(v)))))
+
 # `--committed <its records>` for the report of experiment $(1), unless RECORDS is the committed folder.
 committed_option = $(if $(filter-out $(COMMITTED),$(patsubst %/,%,$(RECORDS))),$(if $(wildcard $(COMMITTED)/$(1).records.csv),--committed $(COMMITTED)/$(1).records.csv))
 
@@ -53,7 +59,8 @@ committed_option = $(if $(filter-out $(COMMITTED),$(patsubst %/,%,$(RECORDS))),$
 # reproduction's records when RECORDS is not results/reproduced itself. The sweep's exit status
 # (number of failed jobs) is the target's, after the report has been written with whatever finished.
 define sweep_and_report
-	@status=0; export ATTNBENCH_MADE_BY="make $@$(if $(DATASETS), DATASETS=$(DATASETS))$(if $(2), $(2)=$($(2)))"; \
+	@status=0; export ATTNBENCH_MADE_BY="$(strip make $@ $(call user_variables,DATASETS) $(if $(2),$(2)=$($(2))) \
+	  $(call user_variables,JOBS LAUNCHER RECORDS ARGS))"; \
 	$(BIN)/attnbench sweep experiment=$(1) $(or $(3),$(if $(DATASETS),task.dataset=$(DATASETS))) \
 	  $(if $(2),$(if $($(2)),trainer.step_budget=$($(2)))) results.path=$(RECORDS)/$(1).records.csv $(4) $(ARGS) \
 	  || status=$$?; \

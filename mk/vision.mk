@@ -26,11 +26,11 @@ reproduce-pba-mnist5k: install ## Pay-better-attention Table 5 (h=4) on mnist5k 
 # The paper averages five runs except on ImageNet (one run): MNIST and CIFAR-100 over the grid's
 # seeds, then ImageNet with seed 0, into one records file; then the report. $(1): the experiment.
 define sweeps_imagenet_once
-	@status=0; export ATTNBENCH_MADE_BY="make $@"; \
+	@status=0; export ATTNBENCH_MADE_BY="$(strip make $@ $(call user_variables,VISION_LAUNCHER RECORDS ARGS))"; \
 	records=$(RECORDS)/$(1).records.csv; \
-	$(BIN)/attnbench sweep experiment=$(1) task.dataset=mnist,cifar100 results.path=$$$$records $(VISION_LAUNCHER) $(ARGS) || status=$$$$?; \
-	$(BIN)/attnbench sweep experiment=$(1) task.dataset=imagenet seed=0 results.path=$$$$records $(VISION_LAUNCHER) $(ARGS) || status=$$$$?; \
-	$(BIN)/attnbench report $(1) --records $$$$records --out $(RECORDS) $(call committed_option,$(1)) || exit $$$$?; exit $$$$status
+	$(BIN)/attnbench sweep experiment=$(1) task.dataset=mnist,cifar100 results.path=$$records $(VISION_LAUNCHER) $(ARGS) || status=$$?; \
+	$(BIN)/attnbench sweep experiment=$(1) task.dataset=imagenet seed=0 results.path=$$records $(VISION_LAUNCHER) $(ARGS) || status=$$?; \
+	$(BIN)/attnbench report $(1) --records $$records --out $(RECORDS) $(call committed_option,$(1)) || exit $$?; exit $$status
 endef
 
 reproduce-pba-table1: install ## Pay-better-attention Table 1 (MNIST, CIFAR-100 x 5 seeds; ImageNet x 1): sweeps + report (GPUs)

@@ -1,4 +1,4 @@
-# The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/results/report/zoo.py): every model preset
+# The attention zoo (conf/experiment/zoo/, bench_cli/results/report/zoo.py): every model preset
 # (`attnbench ls models`: the three papers' attentions and the baselines) on every offline task
 # (UEA JapaneseVowels and BasicMotions, TSER Covid3Month, generated short ListOps, ViT mnist5k),
 # 3 seeds at REDUCED budgets (conf/experiment/zoo/_case/*.yaml), JOBS=2 jobs of one thread; then
@@ -28,7 +28,7 @@ zoo-report: install ## Rewrite the zoo's report from its records and profile: re
 	$(BIN)/attnbench report zoo/offline --records $(ZOO_DIR)/zoo.records.csv --out $(ZOO_DIR)
 
 reproduce-zoo: zoo-data ## The attention zoo: every attention x every offline task x 3 seeds (REDUCED budgets), the LRA-length profile, the report in results/reproduced/zoo/ (58 min on a slow 2-core host); JOBS=2
-	@status=0; export ATTNBENCH_MADE_BY="make $@"; \
+	@status=0; export ATTNBENCH_MADE_BY="$(strip make $@ $(call user_variables,JOBS LAUNCHER ZOO_DIR ARGS))"; \
 	$(BIN)/attnbench sweep experiment=zoo/offline results.path=$(ZOO_DIR)/zoo.records.csv $(LAUNCHER) $(ARGS) \
 	  || status=$$?; \
 	$(BIN)/attnbench profile $(ZOO_PROFILE) || status=$$?; \

@@ -37,10 +37,13 @@ def pytest_collection_finish(session):
 
 
 def pytest_configure(config):
-    """The limit on one test's time and the per-test CPU record (tests/durations.py)."""
-    from durations import install
+    """The limit on one test's time and the per-test CPU record (tests/durations.py); an interrupted
+    run stops its workers and what they started (tests/interruption.py)."""
+    import durations
+    import interruption
 
-    install(config)
+    durations.install(config)
+    interruption.install(config)
 
 
 ATTNBENCH = Path(sys.executable).with_name("attnbench")  # the console script, as a user runs it

@@ -38,8 +38,8 @@ LISTOPS = ["task=lra_listops", "task.dataset=listops_generated", "task.max_len=6
 from bench_cli.results.schema import TIMING_COLUMNS  # noqa: E402
 
 SITTING = {"run_id", "time", "wall_time_s", "train_time_s", "time_per_epoch_s", "measure_time_s", "peak_rss_bytes",
-           "output_dir", "config_path", "overrides", "command", "resumed_from", "sittings", "checkpoint_dir",
-           "checkpoint_bytes", "git_dirty", "metrics_json", *TIMING_COLUMNS}  # times and the machine's load
+           "output_dir", "config_path", "overrides", "command", "resumed_from", "resumed_epoch", "resumed_step",
+           "sittings", "checkpoint_dir", "checkpoint_bytes", "git_dirty", "metrics_json", *TIMING_COLUMNS}  # times and the machine's load
 
 
 def interrupt_at(monkeypatch, step: int, how: str) -> None:

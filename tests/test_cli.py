@@ -188,6 +188,14 @@ def test_unknown_command(capsys):
     assert "did you mean 'run'" in fail_line(capsys, "rn")
 
 
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_the_installed_version(capsys, flag):
+    from bench_cli import __version__
+
+    main([flag])
+    assert capsys.readouterr().out == f"attnbench {__version__}\n"
+
+
 def test_validate_prints_config_and_builds_model(capsys, workdir):
     main(["validate", "task=uea", "model=softmax"])
     out = capsys.readouterr().out

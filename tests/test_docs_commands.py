@@ -383,3 +383,18 @@ def test_every_relative_link_of_the_manual_points_at_a_file_and_heading():
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 broken.append(f"{path.name}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def test_nothing_a_user_reads_cites_an_issue_number():
+    """The manual, the committed reports, the make help and the configs say why, not which issue:
+    a user has no issue tracker to look the number up in."""
+    import re
+    import subprocess
+
+    issue = re.compile(r"\bissues? \d+", re.I)
+    read = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "docs").glob("*.md"), *(ROOT / "mk").glob("*.mk"),
+            *(ROOT / "conf").rglob("*.yaml"), *(ROOT / "results").rglob("*.md")]
+    cited = [f"{p.relative_to(ROOT)}: {m.group()}" for p in read for m in issue.finditer(p.read_text())]
+    assert not cited, cited
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    assert out and not issue.search(out)

@@ -140,6 +140,19 @@ def test_entry_point_of_an_installed_package(isolated, workdir, capsys):
     assert plugins.describe() == "myplug==1.2 (module mymod)"
 
 
+def test_a_profile_of_a_plugin_attention_is_named_after_it(isolated, workdir, capsys):
+    """Its rows and title name the plugin's attention, not the preset it was swapped into."""
+    import csv
+
+    main(["profile", "plugins=[mymod]", "model.attention.name=elu_linear", "baseline=softmax", "profile.seq_lens=[8]",
+          "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1", "task.backbone.d_ff=32",
+          "profile.output=p.csv", "profile.plot=null", "profile.timing.enabled=false", "profile.flops=off",
+          "profile.memory=off", "profile.memory_budget_gb=null", "trainer.progress=false"])
+    assert "profile: elu_linear vs softmax on uea" in " ".join(capsys.readouterr().out.split())
+    (row,) = csv.DictReader(open(workdir / "p.csv", newline=""))
+    assert row["model"] == row["attention"] == "elu_linear"
+
+
 @pytest.mark.usefixtures("uea_fixture")
 def test_joblib_sweep_workers_import_the_configured_plugin(plugin_dir, workdir):
     paths = [f"paths.data_root={workdir / 'data'}", f"paths.output_dir={workdir / 'outputs'}",

@@ -602,3 +602,50 @@ def test_latex_table_booktabs_paper_beside_ours_bold_only_where_welch_separates(
     with pytest.raises(SystemExit) as e:
         main(["report", EXP, "--records", str(workdir / "runs.csv"), "--format", "pdf"])
     assert e.value.code == 2
+
+
+def test_the_sweep_line_names_every_command_that_made_the_records(workdir, monkeypatch):
+    """Records made by a sweep, then its rerun with more seeds: the report prints both commands,
+    each runnable as printed, not one rebuilt without the seeds and the launcher."""
+    first = "attnbench sweep experiment=primal_dual/table1 seed=0 hydra/launcher=joblib_cpu trainer.max_epochs=100"
+    second = first.replace("seed=0", "seed=0,1")
+    for s, command in ((0, first), (1, second)):
+        for m in ("softmax", "attention_bn"):
+            append_record(workdir / "runs.csv", rec("JapaneseVowels", m, s, 99.0 + s, command=command))
+    monkeypatch.setenv("ATTNBENCH_MADE_BY", "make reproduce-table1 ARGS='seed=0,1 trainer.max_epochs=100'")
+    main(["report", EXP, "--records", str(workdir / "runs.csv"), "--out", str(workdir / "rep")])
+    (line,) = [x for x in (workdir / "rep" / EXP).with_suffix(".md").read_text().splitlines() if x.startswith("- sweep:")]
+    assert line.startswith(f"- sweep: `{first}`, then `{second}`; report: `attnbench report {EXP} ")
+    assert line.endswith("; made by `make reproduce-table1 ARGS='seed=0,1 trainer.max_epochs=100'`")
+
+
+MAKE_VARIABLES = ("DATASETS", "STEPS", "JOBS", "LAUNCHER", "ARGS", "RECORDS")  # mk/reproduce.mk's
+
+
+def test_make_says_every_variable_it_was_given_so_the_made_by_line_reruns_the_same_sweep():
+    """mk/reproduce.mk's "made by" line (ATTNBENCH_MADE_BY), run as printed, runs the same sweep:
+    ARGS (the jobs' overrides), JOBS, RECORDS and the budget included, quoted where they hold a space."""
+    import os
+    import re
+    import shlex
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[1]
+
+    def recipe(*argv: str) -> tuple[str, str]:
+        out = subprocess.run(["make", "-n", *argv], cwd=root, capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}).stdout
+        made_by = re.search(r'ATTNBENCH_MADE_BY="([^"]*)"', out).group(1)
+        sweep = next(line for line in out.split(";") if "attnbench sweep" in line)
+        return made_by, sweep.split("||")[0].strip()
+
+    made_by, sweep = recipe("reproduce-table1", "DATASETS=JapaneseVowels", "ARGS=seed=0 trainer.max_epochs=2",
+                            "JOBS=1", "RECORDS=elsewhere")
+    assert made_by == ("make reproduce-table1 DATASETS=JapaneseVowels STEPS=300 JOBS=1 RECORDS=elsewhere "
+                       "ARGS='seed=0 trainer.max_epochs=2'")
+    assert sweep.endswith("seed=0 trainer.max_epochs=2") and "hydra.launcher.n_jobs=1" in sweep
+    assert recipe(*shlex.split(made_by)[1:]) == (made_by, sweep)
+    assert recipe("reproduce-table1")[0] == "make reproduce-table1 STEPS=300"  # the defaults said once: the budget

@@ -505,3 +505,73 @@ def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_an_interrupted_jobs_dry_run_and_rerun_say_where_it_resumes(uea_fixture, workdir, monkeypatch, capsys):
+    """A sweep's job stopped by SIGTERM after step 6: the dry run says where the job will resume, the
+    rerun's summary that it resumed, from the epoch and step of its checkpoint."""
+    from bench_cli.engine.checkpoint import position_text, read
+    from test_checkpoint import UEA, interrupt_at
+
+    args = [*UEA, f"paths.output_dir={workdir / 'outputs'}", f"results.path={workdir / 'res.csv'}"]
+    with monkeypatch.context() as m:
+        interrupt_at(m, 6, "SIGTERM")
+        assert sweep(*args) == 143  # 128 + SIGTERM: the sweep stops with its job
+    (first,) = read_records(workdir / "res.csv")
+    assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGTERM)"
+    (checkpoint,) = Path(first["checkpoint_dir"]).glob("ckpt-*.pt")
+    where = position_text(read(checkpoint)["position"])
+    capsys.readouterr()
+    assert sweep("--dry-run", *args) == 0
+    assert f"to run, resumes at {where}" in " ".join(capsys.readouterr().out.split())
+    assert sweep(*args) == 0
+    out = capsys.readouterr().out
+    resumed = read_records(workdir / "res.csv")[-1]
+    assert resumed["status"] == "ok" and position_text({"epoch": resumed["resumed_epoch"],
+                                                        "step": resumed["resumed_step"]}) == where
+    assert "resumed from their checkpoints (1 jobs):" in out and f"seed=0: {where}, sitting 2 (ok)" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_fixture, workdir):
+    """The sweep hands the signal to its two running jobs, which record themselves interrupted with
+    it (not 'missing: no record', killed by joblib's teardown) and release their claims. (That a
+    job stopped by a signal keeps its checkpoint and resumes from it: the test above.)"""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import ATTNBENCH
+
+    args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
+    proc = subprocess.Popen([str(ATTNBENCH), "sweep", *args, "trainer.max_epochs=5000", "seed=0,1",
+                             "hydra/launcher=joblib_cpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(workdir.glob("outputs/multirun/**/run.json"))) < 2:  # both jobs' runs have started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143 and "2 jobs: 2 interrupted" in out and "Traceback" not in out, out
+    rows = read_records(workdir / "res.csv")
+    assert sorted((r["seed"], r["status"], r["error"]) for r in rows) == [
+        ("0", "interrupted", "interrupted (SIGTERM)"), ("1", "interrupted", "interrupted (SIGTERM)")]
+    assert not json_claims(workdir / "res.csv.claims")  # each job released its claim
+
+
+def json_claims(path: Path) -> dict:
+    """The claims file of a records file (job_key -> the process that runs it); {} before the first."""
+    import json
+
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return {}

@@ -113,6 +113,38 @@ def test_a_timing_session_gives_one_verdict_and_a_row_its_own(monkeypatch):
     assert session.columns()["timing_noisy"] == "" and wide["load_before"] == 0.2
 
 
+def test_the_noisy_line_says_which_key_gives_one_thread(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 7.0, 7.0))
+    two = Conditions(7.0, 2, 2, 7.0)
+    assert two.noise() == f"{NOISY_NOTE} or with trainer.num_threads=1 (2 threads; load 7.0 on 2 cores)"
+    bench = Conditions(7.0, 2, 2, 7.0, one_thread="--threads 1")
+    assert "or with --threads 1 (2 threads;" in bench.noise()
+    one = Conditions(7.0, 1, 2, 7.0)
+    assert one.noise() == f"{NOISY_NOTE} (load 7.0 on 2 cores)"  # nothing to change but the machine
+    assert Conditions(0.1, 2, 2, 2.1).noise() == ""  # several threads alone are not noise
+
+
+def test_a_run_uses_one_thread_unless_told_otherwise():
+    """The default run's model is small: on a shared 2-core machine two threads made it 6-30x slower."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from bench_cli.config.compose import option_data
+    from bench_cli.engine.env import prepare_environment
+
+    trainer = {**option_data("trainer", "default"), "device": "cpu"}
+    before = torch.get_num_threads()
+    try:
+        for asked, used in ((None, 1), (2, 2)):
+            torch.set_num_threads(3)
+            overrides = {} if asked is None else {"num_threads": asked}
+            prepare_environment(OmegaConf.create({"seed": 0, "trainer": {**trainer, **overrides}}))
+            assert torch.get_num_threads() == used
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("load", [0.0, 50.0])
 def test_bench_says_noisy_under_a_high_load(monkeypatch, capsys, load):
     from bench_cli.commands.bench_attention import main

@@ -234,7 +234,7 @@ def main(argv=None) -> list[tuple]:
         names = ["softmax"] + [n for n in names if n in args.variants and n != "softmax"]
     from bench_cli.engine.timing import NOISY_NOTE, Spread, TimingSession, ratio_spread
 
-    session = TimingSession()
+    session = TimingSession(one_thread="--threads 1")
     rows, results = [], []
     for n in args.seq_lens:
         timed = time_length(["softmax"] + [v for v in names if v != "softmax"], n, args)

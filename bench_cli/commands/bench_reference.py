@@ -242,7 +242,7 @@ def _time_and_show(names: list[str], args) -> list[dict]:
     from bench_cli.engine.timing import NOISY_NOTE, Spread, TimingSession, ratio_spread
     from bench_cli.core.ui import console, show_table
 
-    session = TimingSession()
+    session = TimingSession(one_thread="--threads 1")
     rows, results, notes = [], [], []
     untimed = [name for name in names if name in PACKAGE_REFERENCES]
     if untimed and import_transformers() is not None:

@@ -22,8 +22,8 @@ from bench_cli.core.phases import PHASES, process_age_s
 from bench_cli.core.registry import Registry
 from bench_cli.core.ui import HELP_WIDTH, console, err_console, fail, print_summary, progress_bar, show_table, usage_text
 
-# Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once
-# (issue 21); the commands that train, validate or list datasets import them where they need them.
+# Nothing above imports torch or Hydra: `--help`, `ls` and a misspelt override answer at once;
+# the commands that train, validate or list datasets import them where they need them.
 
 RUN_ID_ENV = "ATTNBENCH_RUN_ID"
 
@@ -76,7 +76,8 @@ commands:
 
 overrides use Hydra's syntax: task=uea task.dataset=BasicMotions
 model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
-`attnbench run --cfg job` prints the composed config.
+`attnbench run --cfg job` prints the composed config; `attnbench --version` the
+installed version.
 """
 
 
@@ -565,6 +566,11 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage_text(USAGE))
+        return
+    if args[0] in ("--version", "-V"):
+        from bench_cli import __version__
+
+        print(f"attnbench {__version__}")
         return
     cmd, rest = args[0], args[1:]
     PHASES.mark("startup", process_age_s())  # the interpreter and the imports so far (bench-overhead)

@@ -1,5 +1,5 @@
 """The built-in attentions and tasks as data, readable without importing torch, so that `attnbench
-ls` answers at once (issue 21): the registries live in torch modules (``register_attention`` on
+ls` answers at once: the registries live in torch modules (``register_attention`` on
 ``nn.Module`` classes, ``register_task`` on task classes), and importing them costs seconds.
 
 ``bench_cli/config/catalog_table.py`` holds what the live registries say about the built-ins; it is

@@ -110,6 +110,11 @@ TERMINATION_SIGNALS = ("SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGHUP")  # 
 _deferring = [False]
 _pending: list[int] = []
 _previous: dict[int, object] = {}  # signal -> the handler a launcher had installed (submitit's requeue)
+# One signal that arrives twice at once is one: a sweep hands the signal it receives to its jobs'
+# processes (bench_cli/commands/sweep/stop.py), which may have had it already (`timeout` and a
+# closed terminal signal the whole process group); only a later one means "stop at once".
+SAME_SIGNAL_S = 1.0
+_last_signal: list = [0, float("-inf")]  # [signum, time.monotonic()] of the last one received
 
 
 def catch_termination() -> None:
@@ -117,14 +122,20 @@ def catch_termination() -> None:
     where Python cannot install handlers). While ``signals_deferred`` holds (a training loop),
     the first one is only noted, for the loop to stop at its next step boundary after writing a
     checkpoint (``pending_signal``), then hand it on to the handler installed before
-    (``hand_on``: submitit requeues the job there); a second one stops at once."""
+    (``hand_on``: submitit requeues the job there); a second one stops at once (the same signal
+    again within ``SAME_SIGNAL_S`` is the same one)."""
     import signal
     import threading
+    import time
 
     if threading.current_thread() is not threading.main_thread():
         return
 
     def handler(signum, frame):
+        now = time.monotonic()
+        if _last_signal[0] == signum and now - _last_signal[1] < SAME_SIGNAL_S:
+            return
+        _last_signal[:] = [signum, now]
         if _deferring[0] and not _pending:
             _pending.append(signum)
             return

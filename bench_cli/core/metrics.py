@@ -10,7 +10,7 @@ never keeps predictions around and a distributed run can sum them across ranks; 
 turns the sums into the number. Statistic names are prefixed with the metric's name, so several
 metrics share one dict of sums.
 
-Statistics read from a batch's tensors stay on the device as 0-dim float64 tensors (issue 21: a
+Statistics read from a batch's tensors stay on the device as 0-dim float64 tensors (a
 ``float()`` per batch is a host-device sync per training step on CUDA) and are summed there
 (``accumulate``); ``compute``/``compute_all`` read them to the host once (``host_values``).
 Counts the host already knows (``numel``) and values that live on the host (BLEU's n-gram counts

@@ -1,5 +1,5 @@
 """The evaluation protocols (holdout, paper) as data, without torch: the records' schema and
-`attnbench ls runs` read them in processes that never train (issue 21). Part of the task contract
+`attnbench ls runs` read them in processes that never train. Part of the task contract
 (bench_cli/core/task.py re-exports them)."""
 from __future__ import annotations
 

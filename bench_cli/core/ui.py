@@ -167,7 +167,7 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
     for k, v in fields:
         t.add_row(k, str(v))
     console.print(t)
-    # Paths below the table, never folded inside a cell, so they can be copied (issue 22).
+    # Paths below the table, never folded inside a cell, so they can be copied.
     print_path(f"record (run_id {row['run_id']})", records_path or "-")
     print_path("run folder", str(row.get("output_dir", "-")))
     if row.get("checkpoint_dir"):  # bench_cli/engine/checkpoint.py

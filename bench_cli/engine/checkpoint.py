@@ -245,6 +245,7 @@ class Checkpoints:
         self.started = started  # perf_counter at the start of this sitting
         self.dist = dist  # this process's place in a distributed run: rank 0 writes, every process reads
         self.resumed_from, self.sittings, self.earlier_wall_s = "", 1, 0.0
+        self.resumed_position: dict = {}  # the checkpoint's epoch and optimiser step this sitting started at
         self.sequence = 0  # number of the last checkpoint written, or the highest of the folder's files
         self.verdicts: dict[Path, bool] = {}  # file -> whether it is one of this job's checkpoints (read once)
 
@@ -350,8 +351,7 @@ class Checkpoints:
             self.adopt(path, state)
             written = state.get("meta", {}).get("git_commit")
             differs = f" (written by commit {written}, this is {self.meta.get('git_commit')})" if written != self.meta.get("git_commit") else ""
-            say(f"resuming from {path}: epoch {state['position'].get('epoch')}, step {state['position'].get('step')}, "
-                f"sitting {self.sittings}{differs}")
+            say(f"resuming from {path}: {position_text(state['position'])}, sitting {self.sittings}{differs}")
             return state
         if self.settings.resume == "must":
             raise UserError(f"trainer.resume=must: no checkpoint of job {self.job_key} in {self.folder}")
@@ -360,6 +360,7 @@ class Checkpoints:
     def adopt(self, path: Path, state: dict) -> None:
         """Continue the job from ``path`` (``state``, read): its number, sittings and wall time."""
         self.resumed_from = str(path)
+        self.resumed_position = {k: state["position"].get(k) for k in ("epoch", "step")}
         self.sittings = int(state.get("sittings", 1)) + 1
         self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
         self.sequence = max(self.sequence, _number(path))
@@ -409,8 +410,22 @@ class Checkpoints:
     def columns(self) -> dict:
         """The record's resume columns (bench_cli.results.schema)."""
         own = sum(p.stat().st_size for p in self.own_files() if p.is_file())
-        return {"resumed_from": self.resumed_from, "sittings": self.sittings, "checkpoint_dir": str(self.folder),
-                "checkpoint_bytes": own}
+        return {"resumed_from": self.resumed_from, "resumed_epoch": self.resumed_position.get("epoch"),
+                "resumed_step": self.resumed_position.get("step"), "sittings": self.sittings,
+                "checkpoint_dir": str(self.folder), "checkpoint_bytes": own}
+
+
+def resume_point(cfg, job_key: str) -> str:
+    """Where the job's next run continues: 'epoch 3, step 15' of the checkpoint the same command
+    would resume from (``resumable_from``: the newest readable one of this job), '' when it starts
+    from the beginning (no checkpoint, checkpoints off, trainer.resume=false)."""
+    path = resumable_from(cfg, job_key)
+    return position_text(job_checkpoint(path, job_key)["position"]) if path is not None else ""
+
+
+def position_text(position: dict) -> str:
+    """'epoch 3, step 15': a checkpoint's place in the fit, as the resume line and the sweep say it."""
+    return f"epoch {position.get('epoch')}, step {position.get('step')}"
 
 
 def _number(path: Path) -> int:

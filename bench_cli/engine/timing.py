@@ -140,10 +140,11 @@ class Conditions:
     threads: int
     cores: int
     load_after: float | None = None
+    one_thread: str = "trainer.num_threads=1"  # how the command's user asks for one thread (the noisy line says it)
 
     @classmethod
-    def now(cls) -> "Conditions":
-        return cls(load_average(), torch.get_num_threads(), os.cpu_count() or 1)
+    def now(cls, one_thread: str = "trainer.num_threads=1") -> "Conditions":
+        return cls(load_average(), torch.get_num_threads(), os.cpu_count() or 1, one_thread=one_thread)
 
     def done(self) -> "Conditions":
         self.load_after = load_average()
@@ -158,14 +159,20 @@ class Conditions:
         return max(before, after) > self.cores
 
     def noise(self, spreads: list[Spread] = ()) -> str:
-        """'' when the timing can be trusted, else why not, ending with NOISY_NOTE."""
+        """'' when the timing can be trusted, else NOISY_NOTE, what else to change, and why: with
+        several threads, one thread per process (threads that wait for a descheduled one made the
+        default run 6-30x slower on a shared 2-core machine: conf/trainer/default.yaml)."""
         reasons = []
         if self.overloaded:
             reasons.append(f"load {max(self.load_before or 0, self.load_after or 0):.1f} on {self.cores} cores")
         wide = [s for s in spreads if s.noisy]
         if wide:
             reasons.append(f"{len(wide)} time(s) with IQR > {NOISY_SPREAD:.0%} of the median")
-        return f"{NOISY_NOTE} ({'; '.join(reasons)})" if reasons else ""
+        if not reasons:
+            return ""
+        if self.threads > 1:
+            return f"{NOISY_NOTE} or with {self.one_thread} ({self.threads} threads; {'; '.join(reasons)})"
+        return f"{NOISY_NOTE} ({'; '.join(reasons)})"
 
     def columns(self) -> dict:
         """The record's columns of the conditions (bench_cli.results.schema.TIMING_COLUMNS)."""
@@ -186,8 +193,8 @@ class TimingSession:
     ``timing_noisy`` (that reason string, empty when trusted: the one meaning of the column in a
     run's record, a profile row and a bench row)."""
 
-    def __init__(self):
-        self.conditions = Conditions.now()
+    def __init__(self, one_thread: str = "trainer.num_threads=1"):
+        self.conditions = Conditions.now(one_thread)
         self.spreads: list[Spread] = []
         self.noise = ""
 

@@ -46,9 +46,9 @@ COLUMNS = [
     # 'best test' or 'last test' (the paper protocol as the reference code: task.paper_selection)
     "selection",
     # checkpoints and resume (bench_cli/engine/checkpoint.py): the checkpoint the run continued from (empty:
-    # from the start), in how many sittings it ran (time columns add them up), the job's checkpoint
-    # folder and its size when the run ended (an ok job's is then removed unless keep_final)
-    "resumed_from", "sittings", "checkpoint_dir", "checkpoint_bytes",
+    # from the start) and its epoch and optimiser step, in how many sittings it ran (time columns add them
+    # up), the job's checkpoint folder and its size when the run ended (an ok job's is then removed unless keep_final)
+    "resumed_from", "resumed_epoch", "resumed_step", "sittings", "checkpoint_dir", "checkpoint_bytes",
 ]
 # timing (bench_cli.engine.timing): the per-epoch time's quartiles over the epochs (its median is
 # time_per_epoch_s) and the inference batches', the 1-minute load average before and after the run,

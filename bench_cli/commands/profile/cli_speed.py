@@ -1,5 +1,5 @@
 """`attnbench bench-cli` (`make bench-cli`): how long the commands that must answer at once take,
-next to ``python -c "import torch"`` measured in the same run (issue 21: `--help`, `ls`, the
+next to ``python -c "import torch"`` measured in the same run (`--help`, `ls`, the
 listings and a misspelt override at most 0.4x of it; `validate` of the default config at most
 1.5 s more than it). A benchmark, not a test: it prints the table and exits 0.
 

@@ -321,13 +321,14 @@ def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, de
     import torch
 
     from bench_cli.engine.timing import timer_name
+    from bench_cli.results.schema import model_name
 
     p = cfg.profile
     b = pcfg.task.backbone
     t = p.timing
     row = {
         "run_id": run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "profile": str(p.name), "task": str(cfg.task.name), "model": str(model.model_cfg.name),
+        "profile": str(p.name), "task": str(cfg.task.name), "model": model_name(_with_model(cfg, model.model_cfg)),
         "attention": str(model.model_cfg.attention.name),
         "baseline": str(cfg.baseline) if baseline is not None else "",
         "baseline_attention": str(baseline.model_cfg.attention.name) if baseline is not None else "",

@@ -1,4 +1,4 @@
-"""`attnbench bench-overhead` (`make bench-overhead`): what the harness adds to a job (issues 21, 34).
+"""`attnbench bench-overhead` (`make bench-overhead`): what the harness adds to a job.
 
 For each case (UEA BasicMotions and JapaneseVowels as primal-dual Table 1 runs them, generated LRA
 ListOps, the mnist5k ViT; small budgets; and, with ``--cases``, a whole Table 1 job) one invocation
@@ -48,7 +48,7 @@ CASES = {
                     "task.subset.train=1024"],
 }
 # Opt-in (`--cases`): a whole job as the reproduction runs it (primal-dual Table 1, BasicMotions,
-# softmax: its full step budget), the case issue 34's targets name (~40 s a process here).
+# softmax: its full step budget), the case the overhead targets name (~40 s a process here).
 FULL_CASES = {"uea BasicMotions (Table 1 job)": ["experiment=primal_dual/table1", "task.dataset=BasicMotions",
                                                  "model=softmax"]}
 COMMON = ["seed=0", "trainer.num_threads=1"]

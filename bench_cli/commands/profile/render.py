@@ -13,8 +13,12 @@ def label(name: str) -> str:
 
 
 def model_names(cfg: DictConfig) -> list[str]:
-    """The measured models: ``profile.models`` or ``model``."""
-    return [str(m) for m in cfg.profile.get("models") or [cfg.model.name]]
+    """The measured models as their rows, titles and files name them: ``profile.models``, or
+    ``model`` named after what runs (``model=softmax model.attention.name=elu_linear`` is elu_linear,
+    a plugin's attention its own name: bench_cli.results.schema.model_name)."""
+    from bench_cli.results.schema import model_name
+
+    return [str(m) for m in cfg.profile.get("models") or [model_name(cfg)]]
 
 
 def precision(cfg: DictConfig) -> str:

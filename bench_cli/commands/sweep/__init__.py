@@ -44,6 +44,7 @@ from bench_cli.commands.sweep.job import JobPlan, PlanMismatchError, job_line_he
 from bench_cli.commands.sweep.launch import error_of, launch, start_launching
 from bench_cli.commands.sweep.plan import (Job, Sweep, done_keys, expand_grid, is_search, job_overrides, plan_job,
                                            plan_sweep, split_search, sweep_lines)
+from bench_cli.commands.sweep import stop
 from bench_cli.commands.sweep.summary import print_lacking, print_plan, summarize
 from bench_cli.config import compose
 from bench_cli.config.args import parse
@@ -204,7 +205,9 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     started = time.perf_counter()
     start_launching()
     try:
-        with SweepProgress([(j.key, j.records_path) for j in todo], before, records.claim_ttl(todo[0].cfg)) as progress:
+        ttl = records.claim_ttl(todo[0].cfg)
+        with SweepProgress([(j.key, j.records_path) for j in todo], before, ttl) as progress, \
+                stop.stopping_jobs_with_the_sweep(paths, [j.key for j in todo], ttl, console.print):
             returns = launch(sweep, todo, before if force else None, live_line=progress.live)
     except KeyboardInterrupt as e:
         summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)

@@ -21,6 +21,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from bench_cli.commands.sweep import stop
 from bench_cli.commands.sweep.plan import job_label
 from bench_cli.config import plugins
 from bench_cli.core.errors import UserError, catch_termination, interruption_name
@@ -102,6 +103,8 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
     import torch
 
     die_with_sweep(plan.sweep_pid)
+    if stop.stopping(plan.sweep_pid):  # the sweep was interrupted before this job started
+        return "not started"
     catch_termination()  # a worker process SIGTERMed (Slurm, joblib) records its job as interrupted
     plugins.import_plugins()  # the sweep's plugins in this process too (joblib worker, Slurm job): once each
     plugins.import_configured(cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench_cli.commands.sweep import resume
 from bench_cli.commands.sweep.plan import Job
 from bench_cli.results import records
 
@@ -26,6 +27,7 @@ def print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str]
         t.add_column(col)
     for i, j in enumerate(jobs, 1):
         status = ("[yellow]rerun[/]" if force else "[dim]done, skip[/]") if j.key in done else "to run"
+        status += resume.resume_note(j) if force or j.key not in done else ""
         if j.key in stale:  # its ok record was made by a plugin that has changed since (code_identity)
             status = f"to run: {escape(stale[j.key])}"
         if j.key in claimed and (force or j.key not in done):
@@ -116,10 +118,12 @@ def summarize(jobs, paths, before, done_before, seconds: float) -> int:
         for col in ("job", "status", "error", "run folder"):
             t.add_column(col, overflow="fold")
         for j, s, r in bad:
-            t.add_row(j.label, s, escape((r or {}).get("error") or "no record (killed, or the launcher failed)"),
+            t.add_row(j.label, s, escape((r or {}).get("error") or "no record (not started, killed, or the launcher failed)"),
                       (r or {}).get("output_dir", ""))
         wide(console, 160).print(t)
         _print_checkpoints([r for _, _, r in bad if r])
+    for line in resume.resumed_lines(res):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     style = "red" if bad else "green"
     console.print(f"[{style}]sweep done[/] in {seconds:.0f} s: {len(jobs)} jobs: {parts}", soft_wrap=True)
     _print_offline_runs([r["output_dir"] for _, s, r in res if s != "skipped" and (r or {}).get("output_dir")])

@@ -75,6 +75,14 @@ def records_line(path: Path, used: list[dict]) -> str:
             f"torch {', '.join(sorted({r.get('torch_version', '') for r in used})) or '—'})")
 
 
+def commands_text(rows: list[dict], fallback: str) -> str:
+    """The commands that made the records, each once, in the order they first wrote one (a sweep
+    rerun with more seeds, another dataset, other overrides): run as printed they remake the
+    records; ``fallback`` only for records that name no command."""
+    commands = list(dict.fromkeys(str(r["command"]) for r in rows if r.get("command")))
+    return ", then ".join(f"`{c}`" for c in commands) if commands else f"`{fallback}`"
+
+
 def made_by() -> str:
     """'; made by `make ...`' when a make target ran the report (ATTNBENCH_MADE_BY, mk/reproduce.mk)."""
     return f"; made by `{os.environ['ATTNBENCH_MADE_BY']}`" if os.environ.get("ATTNBENCH_MADE_BY") else ""

@@ -15,7 +15,7 @@ from bench_cli.results import code_identity, records
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.results.report import latex, render, select, spec, stats
-from bench_cli.results.report.common import direction_note, higher_is_better, made_by, records_line, rerun_command, wall_clock
+from bench_cli.results.report.common import commands_text, direction_note, higher_is_better, made_by, records_line, rerun_command, wall_clock
 from bench_cli.results.report.paper import load_paper
 from bench_cli.core.ui import mean_pm
 from bench_cli.core.files import write_atomically
@@ -297,13 +297,11 @@ def header_lines(report: Report) -> list[str]:
 def sweep_line(report: Report, axes_keys) -> str:
     """The sweep that made the records (the command typed, launcher options included) and the report's."""
     used, name = report.used, report.name
-    commands = {r.get("command") for r in used} - {None, ""}
     grid_ds = report.grid_datasets
-    sweep_cmd = (commands.pop() if len(commands) == 1 else
-                 " ".join(["attnbench sweep", f"experiment={name}", *select.common_overrides(used, axes_keys)]
-                          + ([f"task.dataset={','.join(report.datasets)}"]
-                             if grid_ds and set(report.datasets) != set(grid_ds) else [])))
-    return f"sweep: `{sweep_cmd}`; report: `{report.command}`" + made_by()
+    fallback = " ".join(["attnbench sweep", f"experiment={name}", *select.common_overrides(used, axes_keys)]
+                        + ([f"task.dataset={','.join(report.datasets)}"]
+                           if grid_ds and set(report.datasets) != set(grid_ds) else []))
+    return f"sweep: {commands_text(used, fallback)}; report: `{report.command}`" + made_by()
 
 
 def inline_note(report: Report, column: spec.Column) -> str:

@@ -1,4 +1,4 @@
-"""`attnbench report zoo/offline`: the attention zoo (issue 19), every model preset on every offline
+"""`attnbench report zoo/offline`: the attention zoo, every model preset on every offline
 task of the experiment, as a leaderboard per task.
 
 The zoo's grid is (case x model x seed): a case is one option of the experiment's case group
@@ -242,7 +242,7 @@ def profile_headers() -> list[str]:
 
 # --- the report -----------------------------------------------------------------------------------
 def header_lines(plan: ZooPlan, cfg, rows: list[dict], path: Path, profile_path: Path | None) -> list[str]:
-    from bench_cli.results.report.common import made_by, records_line, wall_clock
+    from bench_cli.results.report.common import commands_text, made_by, records_line, wall_clock
 
     seeds = sorted({str(r.get("seed")) for r in rows}, key=lambda s: (len(s), s))
     baseline = str(cfg.report.get("baseline") or "softmax")
@@ -258,9 +258,8 @@ def header_lines(plan: ZooPlan, cfg, rows: list[dict], path: Path, profile_path:
     if profile_path:
         lines.append(f"profile: {profile_path} (`attnbench profile` on synthetic LRA ListOps batches)")
     name = str(OmegaConf.select(cfg, "experiment_name", default="zoo"))
-    commands = sorted({r.get("command") for r in rows} - {None, ""})
-    sweep = commands[0] if len(commands) == 1 else f"attnbench sweep experiment={name}"
-    return lines + [f"sweep: `{sweep}`; report: `attnbench report {name} --records {path}`" + made_by()]
+    sweep = commands_text(rows, f"attnbench sweep experiment={name}")
+    return lines + [f"sweep: {sweep}; report: `attnbench report {name} --records {path}`" + made_by()]
 
 
 def skipped_notes(plan: ZooPlan, rows: list[dict]) -> list[str]:
