@@ -13,29 +13,17 @@ TEST_ENV := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONDONT
 COMPILE := $(BIN)/python -m compileall -q -j 0 bench_cli tasks models tests tools
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-durations bench clean
+.PHONY: help install run test test-durations lint bench clean
 
 help: ## Show this help
 	@awk -f mk/help.awk -v width=$$([ -t 1 ] && tput cols 2>/dev/null || echo 80) -v color=$$([ -t 1 ] && echo 1 || echo 0) $(filter-out %.awk,$(MAKEFILE_LIST))
 
 install: $(STAMP) ## Create .venv and install attnbench with every extra (torch 2.13.0 CPU build first)
 
-# -qq: errors only (the machines' pip config lists local indexes that warn once per package).
-# Every extra (every family) and the test tools; constraints.txt holds this machine's CPU builds.
-# With uv where it installs (a minute less than pip here: it links files from its cache and
-# compiles no bytecode; the first process to import a module writes it), from the sources pip's
-# own configuration names (tools/pip_sources.py); else pip, without compiling every file at install.
-$(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	@$(BIN)/pip install -qq uv 2>/dev/null || echo "uv could not be installed: installing with pip"
-	@if [ -x $(BIN)/uv ]; then \
-	  eval "$$($(BIN)/python tools/pip_sources.py)" && set -x && \
-	  $(BIN)/uv pip install -q --python $(BIN)/python torch==2.13.0 && \
-	  $(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[all,bench,test]'; \
-	else set -x && \
-	  $(BIN)/pip install -qq --no-compile torch==2.13.0 && \
-	  $(BIN)/pip install -qq --no-compile -c constraints.txt -e '.[all,bench,test]'; \
-	fi
+# Every extra (every family) and the test tools; constraints.txt holds this machine's CPU builds;
+# with uv where it installs, else pip (tools/install_venv.sh says why).
+$(STAMP): pyproject.toml constraints.txt tools/install_venv.sh
+	PYTHON=$(PYTHON) bash tools/install_venv.sh $(VENV) '.[all,bench,test]'
 	@touch $(STAMP)
 
 run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 min); ARGS="..." adds overrides
@@ -46,6 +34,9 @@ TEST_WORKERS ?= auto
 test: install ## Run the test suite (offline, one worker per core)
 	@$(COMPILE)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
+
+lint: install ## ruff check with the project's configuration (pyproject.toml); the suite runs it too
+	$(BIN)/ruff check .
 
 bench: install ## Time every attention variant against softmax at N=1024 and 4096
 	$(BIN)/python -m bench_cli.commands.bench_attention $(ARGS)

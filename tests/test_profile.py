@@ -441,12 +441,12 @@ def test_an_overridden_attention_names_the_rows_title_and_figure(workdir, capsys
     from bench_cli.commands.profile import render
 
     overridden = config.load_config(["model.attention.name=linear", "baseline=softmax"])
-    assert render.title(overridden, "cpu") == "profile: linear vs softmax on uea (cpu)"
+    assert render.title(overridden, "cpu") == "profile: linear vs softmax on uea (cpu, float32)"
     assert render.figure_titles(overridden, "linear", [])[0].startswith("linear / softmax")
     run_profile("model.attention.name=linear", "baseline=softmax", "profile.seq_lens=[8]", "profile.output=o.csv",
                 "profile.plot=auto", "profile.timing.enabled=false", *NO_FLOPS, *NO_MEMORY)
     out = " ".join(capsys.readouterr().out.split())
     (row,) = read_csv(workdir / "o.csv")
     assert row["model"] == row["attention"] == "linear" and row["baseline"] == "softmax"
-    assert "profile: linear vs softmax on uea (cpu)" in out
+    assert "profile: linear vs softmax on uea (cpu, float32)" in out
     assert [p.name for p in workdir.glob("*.png")] == ["o_uea_linear_vs_softmax.png"]
