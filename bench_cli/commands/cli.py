@@ -90,17 +90,18 @@ def _run_job(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     try:
         with progress_bar(bool(cfg.trainer.progress)) as progress:
-            row = run_experiment(cfg, Path(hc.runtime.output_dir), progress, overrides=list(hc.overrides.task),
-                                 run_id=os.environ.get(RUN_ID_ENV))
+            outcome = run_experiment(cfg, Path(hc.runtime.output_dir), progress, overrides=list(hc.overrides.task),
+                                     run_id=os.environ.get(RUN_ID_ENV))
     except UserError as e:
         fail(str(e))
-    if row.get("_rank"):  # another process of a distributed run: rank 0 reports
+    row = outcome.record
+    if outcome.rank:  # another process of a distributed run: rank 0 reports
         if row["status"] != "ok":
             raise SystemExit(1)
         return
-    print_summary(row, str(cfg.results.path))
-    if row.get("_append_error"):
-        err_console.print(f"[bold red]error:[/] {escape(row['_append_error'])}", highlight=False, soft_wrap=True)
+    print_summary(row, str(cfg.results.path), outcome.logged)
+    if outcome.append_error:
+        err_console.print(f"[bold red]error:[/] {escape(outcome.append_error)}", highlight=False, soft_wrap=True)
         raise SystemExit(1)
     if row["status"] != "ok":
         console.print(f"[red]run {row['status']}[/]: {escape(row.get('error') or '')}  (details: {row['output_dir']})",
@@ -209,7 +210,7 @@ def cmd_run(args: list[str]) -> None:
     with PHASES("compose"):
         cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
-    from bench_cli.results.records import new_run_id
+    from bench_cli.results.run_folder import new_run_id
     from bench_cli.commands.validate import check_config
 
     with PHASES("validate"):
@@ -385,7 +386,7 @@ def _ls_models() -> None:
 
 
 def _ls_runs(output_dir: Path, every: bool) -> None:
-    from bench_cli.results.records import run_folders, run_state
+    from bench_cli.results.run_folder import run_folders, run_state
 
     states = [st for st in (run_state(d) for d in run_folders(output_dir)) if st]
     shown = states if every else states[-20:]
@@ -528,12 +529,11 @@ _TYPED: list[str] = []  # the command line as typed, before Hydra rewrites sys.a
 
 
 def note_invocation() -> None:
-    """Put the typed command in the environment for the records (``records.invocation``; a
-    sweep's workers inherit it). Called by the commands that record, once their config is checked:
-    the records module imports torch, which a mistake's one line must not wait for."""
+    """Put the typed command in the environment for the records (``provenance.invocation``; a
+    sweep's workers inherit it). Called by the commands that record, once their config is checked."""
     import shlex
 
-    from bench_cli.results.records import COMMAND_ENV
+    from bench_cli.results.provenance import COMMAND_ENV
 
     if _TYPED:
         os.environ[COMMAND_ENV] = shlex.join(_TYPED)

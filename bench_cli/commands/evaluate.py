@@ -58,7 +58,7 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
 
     from bench_cli.config import plugins
 
-    from bench_cli.results import records
+    from bench_cli.results.provenance import provenance
     from bench_cli.engine.checkpoint import read
     from bench_cli.core.errors import UserError
     from bench_cli.config.taskfit import build_task
@@ -75,7 +75,7 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
             raise UserError(f"evaluate takes only paths.* and trainer.* overrides (the run's config is the checkpoint's): {override}")
         OmegaConf.update(cfg, key, yaml.safe_load(value))
     plugins.import_configured(cfg)
-    here = {k: str(v) for k, v in records.provenance().items() if k in state["meta"]}
+    here = {k: str(v) for k, v in provenance().items() if k in state["meta"]}
     differs = [f"{k} {state['meta'][k]} (here {here[k]})" for k in ("git_commit", "attnbench_version", "torch_version")
                if k in here and state["meta"].get(k) != here[k]]
     note = f"note: the checkpoint was written by another version: {', '.join(differs)}" if differs else ""

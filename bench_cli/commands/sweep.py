@@ -9,7 +9,7 @@ expanded by Hydra's ``BasicSweeper.split_arguments``, and each job's config is w
 per distinct combination of config choices, its value overrides applied as Hydra applies them
 (``compose.JobComposer``: a grid of seeds costs a millisecond a job). That config is what is
 checked (a mistake in any job's config, a missing dataset or an impossible (task, model) pair is
-one line, exit 2), listed by ``--dry-run``, and keyed by ``records.job_key``. What a job asks of
+one line, exit 2), listed by ``--dry-run``, and keyed by ``job_keys.job_key``. What a job asks of
 the machine it runs on (a GPU: trainer.device=cuda, trainer.precision=fp16; engine/env.py
 ``check_hardware``) is not checked by the plan, which may be made on a login node without one:
 each job checks it where its launcher runs it, and a job that lacks it is recorded as failed with
@@ -24,7 +24,7 @@ another process); the job checks that its config has the planned ``job_key`` bef
 a mismatch is an error that names both keys.
 
 Two sweeps of one records file at once: each job is claimed in the records file under its lock
-before it runs (``records.claim_job``); a job another live process has claimed, or that got an
+before it runs (``claims.claim_job``); a job another live process has claimed, or that got an
 ``ok`` record since the plan, is skipped with one line (``skipped, running in pid N``), and the
 claim of a process that is gone (kill -9) is taken over. A dry run lists every job, marking those
 whose data is missing (of those to run: a finished job needs neither its data nor its model built);
@@ -57,7 +57,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.config import compose as C
 from bench_cli.config import plugins
-from bench_cli.results import records
+from bench_cli.results import claims, csv_store, job_keys
+from bench_cli.results.job_records import latest_ok_per_job
 from bench_cli.config.args import parse
 from bench_cli.core.errors import DataNotFoundError, UserError, catch_termination, exit_code_of, interruption_name
 from bench_cli.core.files import write_atomically
@@ -156,7 +157,7 @@ class JobPlan:
         if overrides not in self.keys:
             raise PlanMismatchError(f"job '{' '.join(overrides)}' is not in the sweep's plan; nothing was run")
         position, planned = self.keys[overrides]
-        key = records.job_key(cfg)
+        key = job_keys.job_key(cfg)
         if key != planned:
             raise PlanMismatchError(f"job '{' '.join(overrides)}': the launcher composed a config with job_key {key}, "
                                     f"the plan has {planned}: conf/ or the environment differs between the sweep "
@@ -263,7 +264,7 @@ def plan_job(composer: C.JobComposer, overrides: list[str]) -> Job:
     composer.check(overrides)
     with composer.applied(overrides) as cfg:
         try:
-            key = records.job_key(composer.resolved(cfg, overrides))
+            key = job_keys.job_key(composer.resolved(cfg, overrides))
             label, records_path, variant = job_label(cfg), str(cfg.results.path), _checked_as(cfg)
         except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
             raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
@@ -472,7 +473,7 @@ def skip_incapable(jobs: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
 
 def done_keys(path) -> dict[str, dict]:
     """job_key -> latest ok record."""
-    return {r["job_key"]: r for r in records.read_records(path) if r.get("status") == "ok" and r.get("job_key")}
+    return latest_ok_per_job(csv_store.read_records(path))
 
 
 # --- the job, run by the launcher -------------------------------------------------------------
@@ -540,7 +541,7 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
         columns = plan.columns.get(key)
         if not claimed:  # a job of several processes: not claimed
             return _run_job(cfg, hc, position, plan.total, head, label, say, columns)
-        with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
+        with claims.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
             return _run_job(cfg, hc, position, plan.total, head, label, say, columns)
     except KeyboardInterrupt as e:  # recorded by the runner; in the sweep's own process it stops the sweep
         if os.getpid() == plan.sweep_pid:
@@ -550,7 +551,7 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
         return "interrupted"
     finally:
         if claimed:
-            records.release_job(str(cfg.results.path), key)
+            claims.release_job(str(cfg.results.path), key)
 
 
 def _job_printer(plan: JobPlan):
@@ -572,7 +573,7 @@ def _job_printer(plan: JobPlan):
 
 
 def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str, say) -> bool | None:
-    """Claim the job in its records file before it runs (records.claim_job), so that another sweep
+    """Claim the job in its records file before it runs (claims.claim_job), so that another sweep
     of the same file skips it: False when another process ran it or runs it now (said in one
     line), None for a job of several processes (torchrun, Slurm tasks: each runs it; not claimed)."""
     from rich.markup import escape
@@ -583,7 +584,7 @@ def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str, say) 
     if env is not None and env.world_size > 1:
         return None
     path = str(cfg.results.path)
-    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0), records.claim_ttl(cfg))
+    claimed, note = claims.claim_job(path, key, plan.ok_rows_from.get(path, 0), claims.claim_ttl(cfg))
     if not claimed:
         say(f"{head} [yellow]skipped[/], {escape(note)}: {label}")
     elif note:
@@ -602,12 +603,13 @@ def _run_job(cfg: DictConfig, hc, position: int, total: int, head: str, label: s
     say(f"{head} [cyan]start[/]   {label}")
     t0 = time.perf_counter()
     try:
-        row = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
-                             line_prefix=f"[sweep {position + 1}/{total}] {label}: ", columns=columns)
+        outcome = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
+                                 line_prefix=f"[sweep {position + 1}/{total}] {label}: ", columns=columns)
     except UserError as e:  # recorded by the runner; the sweep goes on
         say(f"{head} [red]failed[/]  {label}: {escape(str(e))}")
         return "failed"
-    if row.get("_rank"):  # another process of a distributed job: rank 0 reports
+    row = outcome.record
+    if outcome.rank:  # another process of a distributed job: rank 0 reports
         return row["status"]
     value = row.get("test_score")
     shown = (f"test {row['metric']} {float(value):.{metric_digits(value)}f}" if isinstance(value, (int, float))
@@ -747,7 +749,7 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     if dry_run:
         claimed = {}
         for path in paths:
-            claimed.update(records.claimed_jobs(path, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
+            claimed.update(claims.claimed_jobs(path, [j.key for j in jobs], claims.claim_ttl(jobs[0].cfg)))
         _print_plan(jobs, done, force, missing, claimed)
         return
     if not todo:
@@ -778,7 +780,7 @@ def check_launcher_reachable(master: DictConfig) -> None:
 def start_launching() -> None:
     """Before a sweep launches its first job: the sweep's folder (hydra.sweep.dir) is named by a new
     run id, and the workers it starts import the same plugins."""
-    from bench_cli.results.records import new_run_id
+    from bench_cli.results.run_folder import new_run_id
 
     os.environ["ATTNBENCH_RUN_ID"] = new_run_id()
     plugins.export_to_environment()
@@ -792,11 +794,11 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     from bench_cli.commands.sweep_progress import SweepProgress
     from bench_cli.core.ui import console
 
-    before = {p: len(records.read_records(p)) for p in paths}
+    before = {p: len(csv_store.read_records(p)) for p in paths}
     started = time.perf_counter()
     start_launching()
     try:
-        with SweepProgress([(j.key, j.records_path) for j in todo], before, records.claim_ttl(todo[0].cfg)) as progress:
+        with SweepProgress([(j.key, j.records_path) for j in todo], before, claims.claim_ttl(todo[0].cfg)) as progress:
             returns = launch(sweep, todo, before if force else None, live_line=progress.live)
     except KeyboardInterrupt as e:
         summarize(sweep.jobs, paths, before, done_before, time.perf_counter() - started)
@@ -876,11 +878,11 @@ def outcomes(jobs: list[Job], paths, before: dict[str, int], done_before: dict) 
     ok: dict[str, dict] = dict(done_before)
     running: dict[str, str] = {}
     for p in paths:
-        rows = records.read_records(p)
+        rows = csv_store.read_records(p)
         for r in rows[before.get(p, 0):]:
             new[r.get("job_key", "")] = r
-        ok.update({r["job_key"]: r for r in rows if r.get("status") == "ok" and r.get("job_key")})
-        running.update(records.running_elsewhere(p, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
+        ok.update(latest_ok_per_job(rows))
+        running.update(claims.running_elsewhere(p, [j.key for j in jobs], claims.claim_ttl(jobs[0].cfg)))
     out = []
     for j in jobs:
         if j.key in new:

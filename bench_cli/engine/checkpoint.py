@@ -1,6 +1,6 @@
 """Checkpoints of a fit, and the exact resume of an interrupted job (DESIGN.md: no work is lost).
 
-A job's checkpoints live in one folder keyed by its ``job_key`` (bench_cli.results.records):
+A job's checkpoints live in one folder keyed by its ``job_key`` (bench_cli.results.job_keys):
 ``<trainer.checkpoint.root or the records file's folder/checkpoints>/<job_key>/ckpt-<n>.pt``, so a
 rerun of the same job with the same records file finds them from any working folder. A checkpoint
 holds everything the rest of the fit depends on (bench_cli.engine.trainer ``_Loop.state``): weights,
@@ -13,7 +13,7 @@ and renamed (a crash mid-write leaves the previous one), and read with
 (random states are stored as tensors and lists for that reason).
 
 Settings (``trainer.checkpoint``, ``trainer.resume``) change where and how often a fit is saved,
-never its result: they are not part of the job key (records.NON_SEMANTIC_KEYS).
+never its result: they are not part of the job key (job_keys.NON_SEMANTIC_KEYS).
 
 A distributed run (``trainer.strategy=ddp``) writes the same one file, from rank 0: the weights,
 optimiser and selection are the same on every process (DDP averages the gradients, evaluations sum
