@@ -88,6 +88,26 @@ def test_claims_skip_live_processes_and_take_over_dead_ones(tmp_path, sleeper):
     assert claims.claim_job(path, "k2", ok_rows_from=1)[0]  # --force: rows from before the sweep are rerun
 
 
+def test_a_heartbeat_ahead_of_this_clock_is_trusted_only_within_the_time_to_live(tmp_path):
+    """Another host's clock may be wrong: a heartbeat a little ahead of this host's clock is a live
+    claim (said as ahead, not as a negative age); one further ahead than the time-to-live (a clock
+    set to 2099) is not trusted, so it cannot claim its job for ever: it is taken over and the line
+    that says so names the skew."""
+    path = tmp_path / "runs.csv"
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=ago(-30))
+    claimed, why = claims.claim_job(path, "k1")
+    assert not claimed and re.search(r"\(heartbeat (29|30) s ahead of this host's clock\)$", why), why
+    future = "2099-01-01T00:00:00+00:00"
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=future)
+    held = json.loads(path.with_name("runs.csv.claims").read_text())["k1"]
+    assert not claims.claim_alive(held) and claims.claim_state(held).startswith("stale claim of pid 4242")
+    claimed, note = claims.claim_job(path, "k1")
+    assert claimed and note.startswith(f"taking over the claim of pid 4242 on another-node (since 2025-01-01T00:00:00+00:00), "
+                                       f"last heartbeat {future}, ")
+    assert note.endswith(" ahead of this host's clock: a clock skew over the 10 min time-to-live, not trusted")
+    assert len(note.splitlines()) == 1
+
+
 def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,
                                                                      capsys):
     args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
@@ -173,3 +193,4 @@ def test_a_requeued_slurm_job_takes_over_its_own_earlier_claim(tmp_path, monkeyp
     monkeypatch.setenv("SLURM_JOB_ID", "778")
     claimed, note = claims.claim_job(path, "k1")
     assert claimed and note.endswith("the same Slurm job 778, requeued") and "pid 4242 on node07" in note
+

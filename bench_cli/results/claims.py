@@ -9,6 +9,11 @@ the claiming process), and released when its record is written. A claim whose pr
 heartbeat (refreshed every HEARTBEAT_S by the running job: :func:`heartbeat`) is younger than the
 time-to-live (``results.claim_ttl_s``, CLAIM_TTL_S by default: a dead node or an OOM-killed job
 anywhere frees its jobs after that long).
+
+A heartbeat is another host's clock reading: it is trusted only within the time-to-live on either
+side of this host's clock. A heartbeat further ahead than that (a clock set wrong, a claim file
+edited by hand) would otherwise keep its job claimed for ever; it is taken for stale, and the line
+that says so names the skew.
 """
 from __future__ import annotations
 
@@ -72,7 +77,8 @@ def _is_mine(claim: dict, me: dict) -> bool:
 
 def heartbeat_age(claim: dict) -> float | None:
     """Seconds since the claim's last heartbeat (its ``since`` for a claim written before
-    heartbeats); None when it has neither."""
+    heartbeats), by this host's clock: negative when the heartbeat is ahead of it (the claiming
+    host's clock is ahead); None when it has neither."""
     try:
         beat = datetime.fromisoformat(str(claim.get("heartbeat") or claim["since"]))
     except (KeyError, ValueError):
@@ -84,10 +90,12 @@ def heartbeat_age(claim: dict) -> float | None:
 
 def claim_alive(claim: dict, ttl_s: float = CLAIM_TTL_S) -> bool:
     """Whether the process that holds ``claim`` still runs: on this host, that process exists;
-    on another host, its heartbeat is younger than ``ttl_s``."""
+    on another host, its heartbeat is younger than ``ttl_s`` and not more than ``ttl_s`` ahead of
+    this host's clock (beyond that the other clock is not trusted: a dead claim frees its job at
+    most ``2 * ttl_s`` after its last heartbeat, whatever that clock said)."""
     if claim.get("host") != this_host():
         age = heartbeat_age(claim)
-        return age is not None and age < ttl_s
+        return age is not None and -ttl_s <= age < ttl_s
     return process_alive(claim.get("pid"), claim.get("process_start"))
 
 
@@ -95,7 +103,14 @@ def _holder_text(claim: dict) -> str:
     if claim.get("host") == this_host():
         return f"running in pid {claim.get('pid')} since {claim.get('since', '?')}"
     return (f"running in pid {claim.get('pid')} on {claim.get('host')} since {claim.get('since', '?')} "
-            f"(heartbeat {duration_text(heartbeat_age(claim))} ago)")
+            f"(heartbeat {_heartbeat_text(heartbeat_age(claim))})")
+
+
+def _heartbeat_text(age: float | None) -> str:
+    """How long ago a heartbeat was, or how far ahead of this host's clock it is."""
+    if age is not None and age < 0:
+        return f"{duration_text(-age)} ahead of this host's clock"
+    return f"{duration_text(age)} ago"
 
 
 def claim_state(claim: dict, ttl_s: float = CLAIM_TTL_S) -> str:
@@ -108,8 +123,12 @@ def claim_state(claim: dict, ttl_s: float = CLAIM_TTL_S) -> str:
 def _dead_reason(claim: dict, ttl_s: float) -> str:
     if claim.get("host") == this_host():
         return "no longer running"
-    return (f"last heartbeat {claim.get('heartbeat') or claim.get('since', '?')}, "
-            f"{duration_text(heartbeat_age(claim))} ago, over the {duration_text(ttl_s)} time-to-live")
+    age = heartbeat_age(claim)
+    beat = claim.get("heartbeat") or claim.get("since", "?")
+    if age is not None and age < 0:
+        return (f"last heartbeat {beat}, {duration_text(-age)} ahead of this host's clock: a clock skew over the "
+                f"{duration_text(ttl_s)} time-to-live, not trusted")
+    return f"last heartbeat {beat}, {_heartbeat_text(age)}, over the {duration_text(ttl_s)} time-to-live"
 
 
 def claim_job(path: str | Path, key: str, ok_rows_from: int | None = 0,
