@@ -194,3 +194,29 @@ def test_a_requeued_slurm_job_takes_over_its_own_earlier_claim(tmp_path, monkeyp
     claimed, note = claims.claim_job(path, "k1")
     assert claimed and note.endswith("the same Slurm job 778, requeued") and "pid 4242 on node07" in note
 
+
+def test_a_second_run_of_a_running_job_is_refused_naming_the_first(uea_fixture, workdir, sleeper, capsys):
+    """Two identical `attnbench run` at once would train into one checkpoint folder: while one
+    holds the job's claim (here a live process of this host), the second is refused in one line
+    naming it and how to go on, before anything is created; without checkpoints nothing is shared
+    and it runs. A run releases its own claim when it ends."""
+    from bench_cli.commands.cli import main
+    from test_faults import TINY
+
+    args = ["run", *TINY, "trainer.max_epochs=1", "results.path=res.csv"]
+    main(args)
+    (first,) = csv_store.read_records(workdir / "res.csv")
+    assert first["status"] == "ok" and not (workdir / "res.csv.claims").exists()
+    hold_claim(workdir / "res.csv", first["job_key"], sleeper.pid, process_start=start_time(sleeper.pid))
+    folders = sorted((workdir / "outputs").glob("runs/*/*"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"job_key {first['job_key']}) is already running in pid {sleeper.pid} since " in err
+    assert "trainer.checkpoint.enabled=false" in err
+    assert sorted((workdir / "outputs").glob("runs/*/*")) == folders and len(csv_store.read_records(workdir / "res.csv")) == 1
+    main([*args, "trainer.checkpoint.enabled=false"])
+    assert [r["status"] for r in csv_store.read_records(workdir / "res.csv")] == ["ok", "ok"]
+    assert json.loads((workdir / "res.csv.claims").read_text())[first["job_key"]]["pid"] == sleeper.pid  # left alone

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -226,12 +227,45 @@ def cmd_run(args: list[str]) -> None:
         run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
     os.environ[RUN_ID_ENV] = run_id
     try:
-        C.run_job(cfg, _run_job)
+        with job_claimed(cfg):
+            C.run_job(cfg, _run_job)
     except KeyboardInterrupt as e:
         resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
                    != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
         fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
              code=exit_code_of(e))
+
+
+@contextmanager
+def job_claimed(cfg: DictConfig):
+    """While `attnbench run` trains, its job is claimed in the records file as a sweep's jobs are
+    (bench_cli.results.claims): two identical runs at once would train into one checkpoint folder,
+    so the second is refused in one line naming the first, before anything is created. Not for a
+    job without checkpoints (the runs share nothing: each writes its own folder and record) nor of
+    several processes (every rank runs it: a launch's ranks share the folder by design)."""
+    if (str(cfg.trainer.get("strategy", "none")) != "none"
+            or not OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False)):
+        yield
+        return
+    from rich.markup import escape
+
+    from bench_cli.results import claims
+    from bench_cli.results.job_keys import job_key
+
+    path = str(cfg.results.path)
+    key = job_key(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))  # the key its record gets
+    claimed, note = claims.claim_job(path, key, ok_rows_from=None, ttl_s=claims.claim_ttl(cfg))
+    if not claimed:
+        raise UserError(f"this job (job_key {key}) is already {note}, recorded in {path}: two runs of one job would "
+                        f"train into one checkpoint folder; wait for it to end, or run this one without checkpoints "
+                        f"(trainer.checkpoint.enabled=false)")
+    if note:  # the claim of a process that is gone
+        console.print(escape(note), highlight=False, soft_wrap=True)
+    try:
+        with claims.heartbeat(path, key):  # fresh however long the run takes (a run on another host sees it)
+            yield
+    finally:
+        claims.release_job(path, key)
 
 
 # --- validate -------------------------------------------------------------------------------
