@@ -80,8 +80,9 @@ model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
 
 
 # --- run ------------------------------------------------------------------------------------
-def _run_job(cfg: DictConfig) -> None:
-    """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job)."""
+def _run_job(cfg: DictConfig, resolved: dict) -> None:
+    """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job).
+    ``resolved``: its config resolved, once (:func:`resolved_job_config`)."""
     from hydra.core.hydra_config import HydraConfig
 
     from bench_cli.engine.runner import run_experiment
@@ -92,7 +93,7 @@ def _run_job(cfg: DictConfig) -> None:
     try:
         with progress_bar(bool(cfg.trainer.progress)) as progress:
             outcome = run_experiment(cfg, Path(hc.runtime.output_dir), progress, overrides=list(hc.overrides.task),
-                                     run_id=os.environ.get(RUN_ID_ENV))
+                                     run_id=os.environ.get(RUN_ID_ENV), resolved=resolved)
     except UserError as e:
         fail(str(e))
     row = outcome.record
@@ -226,9 +227,14 @@ def cmd_run(args: list[str]) -> None:
         env = D.setup(str(cfg.trainer.strategy), str(cfg.trainer.device))
         run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
     os.environ[RUN_ID_ENV] = run_id
+    resolved = resolved_job_config(cfg)
+
+    def job(job_cfg: DictConfig) -> None:
+        _run_job(job_cfg, resolved)
+
     try:
-        with job_claimed(cfg):
-            C.run_job(cfg, _run_job)
+        with job_claimed(cfg, resolved):
+            C.run_job(cfg, job)
     except KeyboardInterrupt as e:
         resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
                    != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
@@ -236,13 +242,21 @@ def cmd_run(args: list[str]) -> None:
              code=exit_code_of(e))
 
 
+def resolved_job_config(cfg: DictConfig) -> dict:
+    """The job's config (``cfg`` without its hydra node, as Hydra hands it to the job) resolved:
+    the one resolution of a run (most of a config's cost), for the job key of its claim, then
+    config.yaml, the record's keys and the loggers (bench_cli.results.run_folder.start_run)."""
+    return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+
+
 @contextmanager
-def job_claimed(cfg: DictConfig):
+def job_claimed(cfg: DictConfig, resolved: dict):
     """While `attnbench run` trains, its job is claimed in the records file as a sweep's jobs are
     (bench_cli.results.claims): two identical runs at once would train into one checkpoint folder,
     so the second is refused in one line naming the first, before anything is created. Not for a
     job without checkpoints (the runs share nothing: each writes its own folder and record) nor of
-    several processes (every rank runs it: a launch's ranks share the folder by design)."""
+    several processes (every rank runs it: a launch's ranks share the folder by design).
+    ``resolved``: the job's config resolved (:func:`resolved_job_config`)."""
     if (str(cfg.trainer.get("strategy", "none")) != "none"
             or not OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False)):
         yield
@@ -253,7 +267,7 @@ def job_claimed(cfg: DictConfig):
     from bench_cli.results.job_keys import job_key
 
     path = str(cfg.results.path)
-    key = job_key(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))  # the key its record gets
+    key = job_key(resolved)  # the key its record gets
     claimed, note = claims.claim_job(path, key, ok_rows_from=None, ttl_s=claims.claim_ttl(cfg))
     if not claimed:
         raise UserError(f"this job (job_key {key}) is already {note}, recorded in {path}: two runs of one job would "

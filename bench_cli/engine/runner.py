@@ -44,7 +44,8 @@ class RunOutcome:
 
 
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
-                   run_id: str | None = None, line_prefix: str = "", columns: dict | None = None) -> RunOutcome:
+                   run_id: str | None = None, line_prefix: str = "", columns: dict | None = None,
+                   resolved: dict | None = None) -> RunOutcome:
     """Train and evaluate one configuration (checked beforehand: bench_cli.commands.validate); append its
     record and return it with how the run ended.
 
@@ -53,7 +54,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     was killed (``attnbench ls runs``). The record is written to the run folder first, then
     appended to ``results.path``; if that append fails (full disk, read-only filesystem) the run
     folder still holds it and the message says where. ``columns``: what the caller knows of the
-    run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS)."""
+    run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS);
+    ``resolved``: ``cfg`` resolved, when the caller has resolved it already (resolved once)."""
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
     # trainer.strategy=ddp: every process trains its shard; rank 0 alone measures, logs and records.
@@ -62,7 +64,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     except UserError as e:  # this machine lacks what the job asks (env.check_hardware): a failed record
         record_refusal(cfg, e, run_dir, run_id, overrides, columns, started)
         raise
-    run = start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
+    run = start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns, resolved=resolved)
     row = run.row
     row["device"] = env.description
     checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}

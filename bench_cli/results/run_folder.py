@@ -46,18 +46,19 @@ class RunFolder:
 
 
 def start_run(cfg: DictConfig, run_dir: Path | None, run_id: str | None, overrides, write: bool,
-              columns: dict | None = None) -> RunFolder:
+              columns: dict | None = None, resolved: dict | None = None) -> RunFolder:
     """The run folder (``paths.output_dir``/runs/<run id> unless given) with, when ``write`` (rank 0),
     ``config.yaml`` and ``run.json``; the record's identity columns (``overrides``: the run's
     command-line overrides, None: this process's), with ``columns`` (what the caller knows of the
-    run that its config does not say)."""
+    run that its config does not say; ``resolved``: ``cfg`` resolved, when the caller has it)."""
     from datetime import datetime, timezone
 
     run_id = run_id or new_run_id()
     path = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     path.mkdir(parents=True, exist_ok=True)
     # resolved once (most of the config's cost): config.yaml, the record's keys and the logger read it
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if resolved is None:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
     if write:
         save_resolved(resolved, path / "config.yaml")
     row = identity(cfg, run_id=run_id, time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
