@@ -6,10 +6,10 @@ configuration is composed and checked first so mistakes become one line and exit
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -82,7 +82,7 @@ model=attention_bn_sh trainer.max_epochs=50 seed=3 +key=value;
 # --- run ------------------------------------------------------------------------------------
 def _run_job(cfg: DictConfig, resolved: dict) -> None:
     """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job).
-    ``resolved``: its config resolved, once (:func:`resolved_job_config`)."""
+    ``resolved``: its config resolved, once (run_claim.resolved_job_config)."""
     from hydra.core.hydra_config import HydraConfig
 
     from bench_cli.engine.runner import run_experiment
@@ -213,6 +213,7 @@ def cmd_run(args: list[str]) -> None:
         cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
     from bench_cli.results.run_folder import new_run_id
+    from bench_cli.commands.run_claim import job_claimed, resolved_job_config
     from bench_cli.commands.validate import check_config
 
     with PHASES("validate"):
@@ -228,58 +229,14 @@ def cmd_run(args: list[str]) -> None:
         run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
     os.environ[RUN_ID_ENV] = run_id
     resolved = resolved_job_config(cfg)
-
-    def job(job_cfg: DictConfig) -> None:
-        _run_job(job_cfg, resolved)
-
     try:
         with job_claimed(cfg, resolved):
-            C.run_job(cfg, job)
+            C.run_job(cfg, functools.partial(_run_job, resolved=resolved))
     except KeyboardInterrupt as e:
         resumes = ("; the same command resumes from its checkpoint" if str(OmegaConf.select(cfg, "trainer.resume"))
                    != "false" and OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False) else "")
         fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resumes}",
              code=exit_code_of(e))
-
-
-def resolved_job_config(cfg: DictConfig) -> dict:
-    """The job's config (``cfg`` without its hydra node, as Hydra hands it to the job) resolved:
-    the one resolution of a run (most of a config's cost), for the job key of its claim, then
-    config.yaml, the record's keys and the loggers (bench_cli.results.run_folder.start_run)."""
-    return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-
-
-@contextmanager
-def job_claimed(cfg: DictConfig, resolved: dict):
-    """While `attnbench run` trains, its job is claimed in the records file as a sweep's jobs are
-    (bench_cli.results.claims): two identical runs at once would train into one checkpoint folder,
-    so the second is refused in one line naming the first, before anything is created. Not for a
-    job without checkpoints (the runs share nothing: each writes its own folder and record) nor of
-    several processes (every rank runs it: a launch's ranks share the folder by design).
-    ``resolved``: the job's config resolved (:func:`resolved_job_config`)."""
-    if (str(cfg.trainer.get("strategy", "none")) != "none"
-            or not OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False)):
-        yield
-        return
-    from rich.markup import escape
-
-    from bench_cli.results import claims
-    from bench_cli.results.job_keys import job_key
-
-    path = str(cfg.results.path)
-    key = job_key(resolved)  # the key its record gets
-    claimed, note = claims.claim_job(path, key, ok_rows_from=None, ttl_s=claims.claim_ttl(cfg))
-    if not claimed:
-        raise UserError(f"this job (job_key {key}) is already {note}, recorded in {path}: two runs of one job would "
-                        f"train into one checkpoint folder; wait for it to end, or run this one without checkpoints "
-                        f"(trainer.checkpoint.enabled=false)")
-    if note:  # the claim of a process that is gone
-        console.print(escape(note), highlight=False, soft_wrap=True)
-    try:
-        with claims.heartbeat(path, key):  # fresh however long the run takes (a run on another host sees it)
-            yield
-    finally:
-        claims.release_job(path, key)
 
 
 # --- validate -------------------------------------------------------------------------------
