@@ -19,7 +19,7 @@ import torch
 
 from bench_cli.engine.checkpoint import CheckpointError, read
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from bench_cli.engine.trainer import _Loop
 from conftest import ATTNBENCH, attnbench
 from test_lra import write_listops

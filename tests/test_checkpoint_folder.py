@@ -17,7 +17,7 @@ import torch
 
 from bench_cli.commands.cli import main
 from bench_cli.engine import checkpoint as CK
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from test_checkpoint import UEA, interrupt_at, run
 
 SETTINGS = CK.Settings(every=0, keep=1, keep_final=False, resume="true")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import COLUMNS, read_records
+from bench_cli.results.csv_store import read_records
+from bench_cli.results.schema import COLUMNS
 from conftest import attnbench
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",

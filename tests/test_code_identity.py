@@ -12,7 +12,7 @@ import pytest
 from bench_cli.commands.cli import main
 from bench_cli.config import plugins
 from bench_cli.results import code_identity
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from test_plugins import isolated, plugin_dir  # noqa: F401  (fixtures)
 from test_sweep import sweep, tiny
 
@@ -64,7 +64,7 @@ def record(seed: int, plugin_hash: str) -> dict:
 
 
 def test_the_report_refuses_to_average_records_made_by_different_code(workdir, capsys):
-    from bench_cli.results.records import write_rows
+    from bench_cli.results.csv_store import write_rows
 
     write_rows(workdir / "res.csv", [record(0, "aaaa1111"), record(1, "bbbb2222"), record(2, "bbbb2222")])
     with pytest.raises(SystemExit) as e:

@@ -13,7 +13,7 @@ import torch
 
 from bench_cli.commands.cli import main
 from bench_cli.config.compose import compose
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from conftest import causal_models
 from tasks import task_class
 from tasks.fetch import fetcher

@@ -18,7 +18,7 @@ import pytest
 
 from bench_cli.commands.cli import main
 from bench_cli.engine.checkpoint import read
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from ddp_processes import as_one_process, run_ranks
 from test_checkpoint import UEA, assert_same_result
 

@@ -294,7 +294,7 @@ def manual_env(isolated, tmp_path, monkeypatch):  # noqa: F811 - the imported fi
     monkeypatch.setenv("ATTNBENCH_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("ATTNBENCH_OUTPUT", str(tmp_path / "outputs"))
     monkeypatch.setenv("COLUMNS", "200")
-    from bench_cli.results.records import COMMAND_ENV
+    from bench_cli.results.provenance import COMMAND_ENV
 
     monkeypatch.delenv(COMMAND_ENV, raising=False)  # a sweep notes its command line there: restored afterwards
     return tmp_path

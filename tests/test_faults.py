@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from conftest import attnbench
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
@@ -30,12 +30,12 @@ def exit_line(capsys, *args: str, code: int = 2) -> str:
 
 # --- results are never lost -------------------------------------------------------------------------
 def test_unwritable_results_path_is_refused_before_training(uea_fixture, workdir, capsys, monkeypatch):
-    import bench_cli.results.records as records
+    import bench_cli.results.csv_store as csv_store
 
     ro = workdir / "ro"  # a read-only filesystem, as os.access reports it (root may write anywhere else)
     ro.mkdir()
     real_access = os.access
-    monkeypatch.setattr(records.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
+    monkeypatch.setattr(csv_store.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
     err = exit_line(capsys, "run", *TINY, f"results.path={ro / 'runs.csv'}")
     assert "cannot write" in err and not list((workdir / "outputs").glob("runs/*/*"))
     (workdir / "afile").write_text("x")  # a results folder that is a file
@@ -43,12 +43,12 @@ def test_unwritable_results_path_is_refused_before_training(uea_fixture, workdir
 
 
 def test_failed_append_keeps_the_record_in_the_run_folder(uea_fixture, workdir, capsys, monkeypatch):
-    import bench_cli.results.records as records
+    import bench_cli.results.csv_store as csv_store
 
     def full_disk(path, row):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(records, "append_record", full_disk)
+    monkeypatch.setattr(csv_store, "append_record", full_disk)
     with pytest.raises(SystemExit) as e:
         main(["run", *TINY, "results.path=res.csv"])
     assert e.value.code == 1
@@ -175,7 +175,7 @@ def test_redirected_run_prints_a_line_per_evaluation_and_names_csv_and_folder(ue
 
 
 def test_report_writes_beside_its_records(workdir, capsys):
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     scratch = workdir / "scratch" / "runs.csv"
     for seed in (0, 1):
@@ -235,7 +235,7 @@ def test_a_symlinked_results_file_is_written_through_and_stays_a_link(uea_fixtur
 
 def test_report_on_a_corrupt_records_file_is_one_line_naming_the_line(workdir, capsys):
     """Issue 22 item 6: an unterminated quote is exit 2 and one line, not rows absorbed as gaps."""
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     path = workdir / "runs.csv"
     for seed in range(3):
@@ -251,7 +251,7 @@ def test_report_on_a_corrupt_records_file_is_one_line_naming_the_line(workdir, c
 
 def test_a_run_refuses_a_records_file_with_rows_wider_than_its_header(uea_fixture, workdir, capsys):
     """Issue 22 item 4: refused before training, one line naming the file and the row."""
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     path = workdir / "res.csv"
     append_record(path, {"run_id": "r0", "status": "ok"})
@@ -332,7 +332,7 @@ def test_every_file_is_written_through_the_one_atomic_writer():
     root = Path(__file__).resolve().parents[1]
     in_place = re.compile(r"\.write_text\(|\.write_bytes\(|\bopen\([^)]*['\"][wa]b?['\"]|\.savefig\((?!f,)|"
                           r"OmegaConf\.save\(|torch\.save\((?!\{|state, f\))|json\.dump\(|\.to_csv\(|shutil\.(copy2?|copyfile|move)\(")
-    allowed = {"bench_cli/core/files.py", "bench_cli/results/records.py:lock", "bench_cli/commands/profile/harness.py:/proc",
+    allowed = {"bench_cli/core/files.py", "bench_cli/results/csv_store.py:lock", "bench_cli/commands/profile/harness.py:/proc",
                "tasks/lra/listops_generator.py:part", "tasks/data.py:part"}  # .part files renamed whole
     found = []
     for source in [*root.glob("bench_cli/**/*.py"), *root.glob("tasks/**/*.py"), *root.glob("models/**/*.py")]:
@@ -417,7 +417,7 @@ def test_an_unusable_output_folder_is_one_line_before_anything_runs(uea_fixture,
 
 def test_os_errors_on_paths_the_user_gave_are_one_line_naming_the_path(uea_fixture, workdir, capsys, monkeypatch):
     """report --out under a file, a name too long, `data` into a root it cannot write."""
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     (workdir / "afile").write_text("x")
     append_record(workdir / "runs.csv", {"run_id": "r0", "status": "ok", "task": "uea", "dataset": "Fixture",
@@ -478,7 +478,7 @@ def test_a_seed_numpy_cannot_take_is_refused(uea_fixture, workdir, capsys, seed)
 # --- files that cannot be trusted (issue 38 cases 5 and 6) ------------------------------------------------
 def test_a_records_file_with_a_byte_order_mark_is_read_and_kept_alike(uea_fixture, workdir, capsys):
     """Case 5: `run` and `report` read a BOM alike (a spreadsheet's export); the BOM stays."""
-    from bench_cli.results.records import BOM, append_record
+    from bench_cli.results.csv_store import BOM, append_record
 
     path = workdir / "res.csv"
     append_record(path, {"run_id": "r0", "status": "ok", "task": "uea", "dataset": "Fixture", "model": "softmax",
@@ -500,7 +500,7 @@ def test_cells_that_would_run_as_formulas_are_escaped_and_read_back(workdir):
     every value reads back as written; numbers, negative ones too, stay numbers."""
     import csv
 
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     path = workdir / "runs.csv"
     append_record(path, {"run_id": "r0", "status": "ok", "seed": -1, "test_score": -0.5, "test_loss": float("-inf"),
@@ -515,7 +515,7 @@ def test_cells_that_would_run_as_formulas_are_escaped_and_read_back(workdir):
 def test_a_report_csv_escapes_formulas_too(workdir, capsys):
     import csv
 
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     path = workdir / "runs.csv"
     for seed, dataset in enumerate(("=1+2", "@SUM(1+1)")):  # two datasets: a column of the report
@@ -530,7 +530,7 @@ def test_a_report_csv_escapes_formulas_too(workdir, capsys):
 @pytest.mark.parametrize("name", [[], ["primal_dual/table1"]])
 def test_a_report_over_nan_or_inf_scores_shows_them_and_leaves_them_out_of_means(workdir, capsys, name):
     """Case 9: no traceback from statistics; such a seed is named in a note, the mean is of the rest."""
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     path = workdir / "runs.csv"
     for seed, score in enumerate((98.0, float("nan"), float("inf"), 96.0)):

@@ -10,7 +10,7 @@ import pytest
 
 from bench_cli.commands.cli import main
 from bench_cli.results import plots
-from bench_cli.results.records import write_rows
+from bench_cli.results.csv_store import write_rows
 
 
 def ratio_rows(timed: bool = False) -> list[dict]:
@@ -163,7 +163,8 @@ def test_profile_replot_without_its_csv_is_one_line_and_exit_2(workdir, capsys):
 
 
 def test_profile_replot_of_the_pba_preset_draws_its_three_figures_from_the_committed_csv(workdir, capsys):
-    from bench_cli.results.records import PROJECT_ROOT, read_records
+    from bench_cli.results.csv_store import read_records
+    from bench_cli.results.provenance import PROJECT_ROOT
 
     committed = read_records(PROJECT_ROOT / "results" / "reproduced" / "pba_flops.csv")
     small = [r for r in committed if r["heads"] in ("1", "2") and r["d_model"] in ("32", "64")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench_cli.engine import distributed as D
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from test_sweep import sweep, tiny
 
 

@@ -217,7 +217,7 @@ def test_the_layer_check_refuses_a_planted_upward_import(importer, target):
 
 def test_the_layer_check_lets_downward_imports_pass():
     assert upward_imports({"bench_cli.commands.cli": {"bench_cli.engine.runner", "tasks"},
-                           "bench_cli.engine.runner": {"bench_cli.results.records", "models"},
+                           "bench_cli.engine.runner": {"bench_cli.results.run_folder", "models"},
                            "tasks.lra.tasks": {"bench_cli.core.task"}}) == []
 
 

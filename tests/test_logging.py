@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from conftest import attnbench
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]

@@ -17,7 +17,8 @@ from PIL import Image
 from bench_cli.commands.cli import main
 from bench_cli.config.compose import compose
 from bench_cli.core.errors import DataNotFoundError, UserError
-from bench_cli.results.records import read_records, semantic_config
+from bench_cli.results.csv_store import read_records
+from bench_cli.results.job_keys import semantic_config
 from tasks import task_class
 from tasks.fetch import fetcher
 from image_data import write_cifar10

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from test_sweep import sweep, tiny
 
 
@@ -83,17 +83,17 @@ def scored_runs(monkeypatch):
     learning rate and its test score falls with it (a test split that would select the opposite
     trial); lr above 0.05 diverges (nan), below 2e-4 crashes (failed)."""
     from bench_cli.engine import runner
-    from bench_cli.results import records
+    from bench_cli.results import csv_store, job_keys
 
     def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix="", columns=None):
         lr = float(cfg.trainer.optimizer.lr)
         status = "nan" if lr > 0.05 else "failed" if lr < 2e-4 else "ok"
-        row = {"run_id": f"fake{columns['trial']}", "status": status, "job_key": records.job_key(cfg),
+        row = {"run_id": f"fake{columns['trial']}", "status": status, "job_key": job_keys.job_key(cfg),
                "experiment": cfg.get("experiment_name") or "", "model": cfg.model.name, "dataset": cfg.task.dataset,
                "metric": "accuracy", "higher_is_better": True, "overrides": " ".join(overrides or ()),
                **({"val_score": 1000 * lr, "test_score": -1000 * lr} if status == "ok" else {}), **columns}
-        records.append_record(cfg.results.path, row)
-        return row
+        csv_store.append_record(cfg.results.path, row)
+        return runner.RunOutcome(row)
 
     monkeypatch.setattr(runner, "run_experiment", run_experiment)
 
@@ -201,7 +201,7 @@ def test_committed_records_without_study_columns_still_load_and_gain_blank_ones(
     import shutil
     from pathlib import Path
 
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
     from bench_cli.results.report.trials import best_trials
 
     committed = Path(__file__).resolve().parents[1] / "results" / "reproduced" / "primal_dual" / "table1.records.csv"

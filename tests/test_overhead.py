@@ -192,7 +192,7 @@ def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages
 
     from bench_cli.commands.cli import main
     from bench_cli.commands.profile import overhead as O
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     overrides = [*TINY, "seed=0", "results.path=res.csv"]
     main(["run", *overrides])

@@ -13,7 +13,8 @@ import pytest
 from bench_cli.config import compose as C
 from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
-from bench_cli.results.records import job_key, read_records
+from bench_cli.results.csv_store import read_records
+from bench_cli.results.job_keys import job_key
 from conftest import attnbench
 
 MODELS_DOC = Path(__file__).resolve().parents[1] / "docs" / "models.md"

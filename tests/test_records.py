@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from bench_cli.results.records import git_state
+from bench_cli.results.provenance import git_state
 
 
 def test_dirty_ignores_generated_results_but_not_code(tmp_path):
@@ -34,7 +34,7 @@ def test_job_keys_survive_added_config_keys():
     """Records written before a config key existed still count as done: the default run's job key
     is the one of the first release, and a key added later at its neutral value changes nothing."""
     from bench_cli.config.compose import compose
-    from bench_cli.results.records import ADDED_KEYS, job_key
+    from bench_cli.results.job_keys import ADDED_KEYS, job_key
 
     cfg = compose([])
     assert job_key(cfg) == "ffc7a36c4e882a6a"  # `attnbench run` (UEA JapaneseVowels, softmax), since 6c2e6b7
@@ -52,8 +52,8 @@ def test_a_run_resolves_its_config_once_with_the_same_keys_and_config_file(tmp_p
     from omegaconf import OmegaConf
 
     from bench_cli.config.compose import compose
-    from bench_cli.results.records import config_hash, job_key, run_keys, variant_key
-    from bench_cli.results.records import save_resolved
+    from bench_cli.results.job_keys import config_hash, job_key, run_keys, variant_key
+    from bench_cli.results.run_folder import save_resolved
 
     for overrides in ([], ["experiment=primal_dual/table1", "task.dataset=JapaneseVowels", "model=attention_bn",
                            "seed=3"]):
@@ -73,7 +73,9 @@ def test_one_writer_for_records_and_profile_rows(tmp_path):
     append keeps the rows, append=False replaces them; append_record is the records' use of it."""
     import csv
 
-    from bench_cli.results.records import COLUMNS, append_record, write_rows
+    from bench_cli.results.csv_store import append_record, write_rows
+
+    from bench_cli.results.schema import COLUMNS
 
     def read(path):
         with open(path, newline="") as f:
@@ -98,7 +100,7 @@ def test_append_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
     import os
     import stat
 
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     old = os.umask(0o022)
     try:
@@ -119,23 +121,23 @@ def test_a_held_lock_is_announced_then_the_record_is_written(tmp_path, monkeypat
     import fcntl
     import threading
 
-    from bench_cli.results import records
+    from bench_cli.results import csv_store
 
-    monkeypatch.setattr(records, "LOCK_NOTICE_AFTER_S", 0.1)
+    monkeypatch.setattr(csv_store, "LOCK_NOTICE_AFTER_S", 0.1)
     path = tmp_path / "runs.csv"
     holder = open(path.with_name(path.name + ".lock"), "w")
     fcntl.flock(holder, fcntl.LOCK_EX)
     threading.Timer(0.5, lambda: (fcntl.flock(holder, fcntl.LOCK_UN), holder.close())).start()
-    records.append_record(path, {"run_id": "a"})
+    csv_store.append_record(path, {"run_id": "a"})
     err = capsys.readouterr().err
     assert err.count("waiting for") == 1 and "runs.csv.lock" in err
-    assert [r["run_id"] for r in records.read_records(path)] == ["a"]
+    assert [r["run_id"] for r in csv_store.read_records(path)] == ["a"]
 
 
 # --- issue 22 items 4-6: every reader reads strictly, no row is reshaped --------------------------
 def records_file(path, n: int) -> str:
     """``n`` rows as runs write them (a quoted JSON field each); the file's text."""
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     for i in range(n):
         append_record(path, {"run_id": f"r{i}", "status": "ok", "job_key": f"k{i}", "metrics_json": {"history": [i]}})
@@ -147,7 +149,7 @@ def test_a_corrupt_row_is_an_error_naming_the_file_and_line(tmp_path):
     silently absorbed into one field; appending refuses too and leaves the file as it was."""
     import pytest
 
-    from bench_cli.results.records import RecordsFileError, append_record, read_records
+    from bench_cli.results.csv_store import RecordsFileError, append_record, read_records
 
     path = tmp_path / "runs.csv"
     lines = records_file(path, 3).splitlines(keepends=True)
@@ -162,7 +164,7 @@ def test_a_corrupt_row_is_an_error_naming_the_file_and_line(tmp_path):
 
 
 def test_a_truncated_last_row_is_kept_as_it_is_with_one_warning(tmp_path, capsys):
-    from bench_cli.results.records import append_record, read_records
+    from bench_cli.results.csv_store import append_record, read_records
 
     path = tmp_path / "runs.csv"
     cut = records_file(path, 2) + "r2,2025-01-01T00:00:00+00:00,ok,,uea,Fix"  # half-written, no newline
@@ -183,7 +185,7 @@ def test_a_row_wider_than_the_header_is_never_reshaped(tmp_path):
     file is refused for appends (and for runs, before they train), unchanged."""
     import pytest
 
-    from bench_cli.results.records import RecordsFileError, append_record, check_results_path, read_records
+    from bench_cli.results.csv_store import RecordsFileError, append_record, check_results_path, read_records
 
     path = tmp_path / "runs.csv"
     text = records_file(path, 2)
@@ -197,13 +199,17 @@ def test_a_row_wider_than_the_header_is_never_reshaped(tmp_path):
     assert path.read_text() == text
 
 
-def test_read_job_records_counts_each_job_once(tmp_path):
-    """For reports: of a job_key's ok rows the latest stays; other rows stay; the keys run twice."""
-    from bench_cli.results.records import append_record, read_job_records
+def test_each_job_counts_with_its_latest_ok_row(tmp_path):
+    """A sweep's resume, a claim and every report take a job's latest ok row; a report keeps every
+    other row and says how many ok rows of a counted job it dropped."""
+    from bench_cli.results.csv_store import append_record, read_records
+    from bench_cli.results.job_records import latest_ok_per_job, one_row_per_job
 
     path = tmp_path / "runs.csv"
     for run_id, status, key in (("a", "ok", "k1"), ("b", "failed", "k2"), ("c", "ok", "k1"), ("d", "ok", "k2"),
-                                ("e", "ok", "k3"), ("f", "ok", "k1")):
+                                ("e", "ok", "k3"), ("f", "ok", "k1"), ("g", "failed", "k4")):
         append_record(path, {"run_id": run_id, "status": status, "job_key": key})
-    rows, duplicates = read_job_records(path)
-    assert [r["run_id"] for r in rows] == ["b", "d", "e", "f"] and duplicates == ["k1"]
+    rows = read_records(path)
+    assert {k: r["run_id"] for k, r in latest_ok_per_job(rows).items()} == {"k1": "f", "k2": "d", "k3": "e"}
+    kept, dropped = one_row_per_job(rows)
+    assert [r["run_id"] for r in kept] == ["b", "d", "e", "f", "g"] and dropped == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.results import records
+from bench_cli.results import claims, csv_store
 from bench_cli.commands import sweep as S
 from conftest import ATTNBENCH
 from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture)
@@ -40,13 +40,13 @@ def ago(seconds: float) -> str:
 
 def test_a_running_job_refreshes_its_claim_in_the_background(tmp_path):
     path = tmp_path / "runs.csv"
-    assert records.claim_job(path, "k1")[0]
-    claims = path.with_name("runs.csv.claims")
-    old = {"k1": {**json.loads(claims.read_text())["k1"], "heartbeat": ago(300)}}
-    claims.write_text(json.dumps(old))
-    with records.heartbeat(path, "k1", every_s=0.05):
+    assert claims.claim_job(path, "k1")[0]
+    claims_file = path.with_name("runs.csv.claims")
+    old = {"k1": {**json.loads(claims_file.read_text())["k1"], "heartbeat": ago(300)}}
+    claims_file.write_text(json.dumps(old))
+    with claims.heartbeat(path, "k1", every_s=0.05):
         time.sleep(0.5)  # no epoch boundary here: the thread beats on its own
-    assert records.heartbeat_age(json.loads(claims.read_text())["k1"]) < 5
+    assert claims.heartbeat_age(json.loads(claims_file.read_text())["k1"]) < 5
 
 
 @pytest.fixture
@@ -61,31 +61,51 @@ def sleeper():
 def test_claims_skip_live_processes_and_take_over_dead_ones(tmp_path, sleeper):
     path = tmp_path / "runs.csv"
     hold_claim(path, "k1", sleeper.pid, process_start=start_time(sleeper.pid))
-    assert records.claim_job(path, "k1") == (False, f"running in pid {sleeper.pid} since 2025-01-01T00:00:00+00:00")
+    assert claims.claim_job(path, "k1") == (False, f"running in pid {sleeper.pid} since 2025-01-01T00:00:00+00:00")
     fresh = ago(60)  # another host's claim lives while its heartbeat is younger than the time-to-live
     hold_claim(path, "k1", 4242, host="another-node", heartbeat=fresh)
-    claimed, why = records.claim_job(path, "k1")
+    claimed, why = claims.claim_job(path, "k1")
     assert not claimed and "running in pid 4242 on another-node" in why and re.search(r"\(heartbeat 6[0-2] s ago\)$", why)
     stale = ago(11 * 60)
     hold_claim(path, "k1", 4242, host="another-node", heartbeat=stale)
-    claimed, note = records.claim_job(path, "k1")
+    claimed, note = claims.claim_job(path, "k1")
     assert claimed and note == (f"taking over the claim of pid 4242 on another-node (since 2025-01-01T00:00:00+00:00), "
                                 f"last heartbeat {stale}, 11 min ago, over the 10 min time-to-live")
     hold_claim(path, "k1", 4242, host="another-node", heartbeat=fresh)
-    assert records.claim_job(path, "k1", ttl_s=30)[0]  # results.claim_ttl_s
+    assert claims.claim_job(path, "k1", ttl_s=30)[0]  # results.claim_ttl_s
 
     sleeper.kill()
     sleeper.wait()
     hold_claim(path, "k1", sleeper.pid)
-    claimed, note = records.claim_job(path, "k1")  # kill -9 left its claim behind
+    claimed, note = claims.claim_job(path, "k1")  # kill -9 left its claim behind
     assert claimed and f"taking over the claim of pid {sleeper.pid}" in note
-    assert records.claim_job(path, "k1") == (True, "")  # this process's own claim
-    records.release_job(path, "k1")
+    assert claims.claim_job(path, "k1") == (True, "")  # this process's own claim
+    claims.release_job(path, "k1")
     assert not path.with_name("runs.csv.claims").exists()
 
-    records.append_record(path, {"run_id": "r1", "status": "ok", "job_key": "k2"})
-    assert records.claim_job(path, "k2") == (False, "done by another process (ok record r1)")
-    assert records.claim_job(path, "k2", ok_rows_from=1)[0]  # --force: rows from before the sweep are rerun
+    csv_store.append_record(path, {"run_id": "r1", "status": "ok", "job_key": "k2"})
+    assert claims.claim_job(path, "k2") == (False, "done by another process (ok record r1)")
+    assert claims.claim_job(path, "k2", ok_rows_from=1)[0]  # --force: rows from before the sweep are rerun
+
+
+def test_a_heartbeat_ahead_of_this_clock_is_trusted_only_within_the_time_to_live(tmp_path):
+    """Another host's clock may be wrong: a heartbeat a little ahead of this host's clock is a live
+    claim (said as ahead, not as a negative age); one further ahead than the time-to-live (a clock
+    set to 2099) is not trusted, so it cannot claim its job for ever: it is taken over and the line
+    that says so names the skew."""
+    path = tmp_path / "runs.csv"
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=ago(-30))
+    claimed, why = claims.claim_job(path, "k1")
+    assert not claimed and re.search(r"\(heartbeat (29|30) s ahead of this host's clock\)$", why), why
+    future = "2099-01-01T00:00:00+00:00"
+    hold_claim(path, "k1", 4242, host="another-node", heartbeat=future)
+    held = json.loads(path.with_name("runs.csv.claims").read_text())["k1"]
+    assert not claims.claim_alive(held) and claims.claim_state(held).startswith("stale claim of pid 4242")
+    claimed, note = claims.claim_job(path, "k1")
+    assert claimed and note.startswith(f"taking over the claim of pid 4242 on another-node (since 2025-01-01T00:00:00+00:00), "
+                                       f"last heartbeat {future}, ")
+    assert note.endswith(" ahead of this host's clock: a clock skew over the 10 min time-to-live, not trusted")
+    assert len(note.splitlines()) == 1
 
 
 def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,
@@ -106,7 +126,7 @@ def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture
     out = capsys.readouterr().out
     assert [c.seed for c in fake_runs] == [0, 2, 1] and f"taking over the claim of pid {sleeper.pid}" in out
     assert sweep(*args) == 0 and "nothing to do" in capsys.readouterr().out
-    assert sorted(r["job_key"] for r in records.read_records(res)) == sorted(j.key for j in jobs)
+    assert sorted(r["job_key"] for r in csv_store.read_records(res)) == sorted(j.key for j in jobs)
     assert not res.with_name("res.csv.claims").exists()
 
 
@@ -128,7 +148,7 @@ def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
             p.kill()
     texts = [log.read_text() for log in logs]
     assert codes == [0, 0], texts
-    rows = records.read_records(workdir / "res.csv")
+    rows = csv_store.read_records(workdir / "res.csv")
     keys = [r["job_key"] for r in rows]
     assert len(keys) == 3 and len(set(keys)) == 3, texts
     assert {r["status"] for r in rows} == {"ok"}
@@ -169,7 +189,34 @@ def test_a_requeued_slurm_job_takes_over_its_own_earlier_claim(tmp_path, monkeyp
     claim = {"pid": 4242, "host": "node07", "since": ago(120), "heartbeat": ago(20), "slurm_job": "778"}
     path.with_name("runs.csv.claims").write_text(json.dumps({"k1": claim}))
     monkeypatch.setenv("SLURM_JOB_ID", "779")  # another job: the claim is live
-    assert not records.claim_job(path, "k1")[0]
+    assert not claims.claim_job(path, "k1")[0]
     monkeypatch.setenv("SLURM_JOB_ID", "778")
-    claimed, note = records.claim_job(path, "k1")
+    claimed, note = claims.claim_job(path, "k1")
     assert claimed and note.endswith("the same Slurm job 778, requeued") and "pid 4242 on node07" in note
+
+
+def test_a_second_run_of_a_running_job_is_refused_naming_the_first(uea_fixture, workdir, sleeper, capsys):
+    """Two identical `attnbench run` at once would train into one checkpoint folder: while one
+    holds the job's claim (here a live process of this host), the second is refused in one line
+    naming it and how to go on, before anything is created; without checkpoints nothing is shared
+    and it runs. A run releases its own claim when it ends."""
+    from bench_cli.commands.cli import main
+    from test_faults import TINY
+
+    args = ["run", *TINY, "trainer.max_epochs=1", "results.path=res.csv"]
+    main(args)
+    (first,) = csv_store.read_records(workdir / "res.csv")
+    assert first["status"] == "ok" and not (workdir / "res.csv.claims").exists()
+    hold_claim(workdir / "res.csv", first["job_key"], sleeper.pid, process_start=start_time(sleeper.pid))
+    folders = sorted((workdir / "outputs").glob("runs/*/*"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"job_key {first['job_key']}) is already running in pid {sleeper.pid} since " in err
+    assert "trainer.checkpoint.enabled=false" in err
+    assert sorted((workdir / "outputs").glob("runs/*/*")) == folders and len(csv_store.read_records(workdir / "res.csv")) == 1
+    main([*args, "trainer.checkpoint.enabled=false"])
+    assert [r["status"] for r in csv_store.read_records(workdir / "res.csv")] == ["ok", "ok"]
+    assert json.loads((workdir / "res.csv.claims").read_text())[first["job_key"]]["pid"] == sleeper.pid  # left alone

@@ -12,7 +12,7 @@ import pytest
 from bench_cli.results import report as R
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
-from bench_cli.results.records import append_record
+from bench_cli.results.csv_store import append_record
 
 EXP = "primal_dual/table1"
 
@@ -543,7 +543,7 @@ def committed_reports() -> list[str]:
     """Every committed report (.md) that names the report command that wrote it."""
     import subprocess
 
-    from bench_cli.results.records import PROJECT_ROOT
+    from bench_cli.results.provenance import PROJECT_ROOT
 
     tracked = subprocess.run(["git", "ls-files", "results"], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout
     return [p for p in tracked.split() if p.endswith(".md") and any(
@@ -556,7 +556,7 @@ def test_a_committed_report_regenerates_from_its_own_report_line(committed_path,
     rewrites it byte for byte, the new headers included (report code changes keep them true)."""
     import shlex
 
-    from bench_cli.results.records import PROJECT_ROOT
+    from bench_cli.results.provenance import PROJECT_ROOT
 
     committed = (PROJECT_ROOT / committed_path).read_text()
     (line,) = [line for line in committed.splitlines() if line.startswith("- sweep:")]
@@ -573,7 +573,7 @@ def test_a_committed_report_regenerates_from_its_own_report_line(committed_path,
 
 
 def test_the_table1_report_says_what_a_cell_means():
-    from bench_cli.results.records import PROJECT_ROOT
+    from bench_cli.results.provenance import PROJECT_ROOT
 
     table = (PROJECT_ROOT / "results/reproduced/primal_dual/table1.md").read_text()
     assert "| paper's interval ±max(2σ, 1) | Welch vs paper | equivalent ±max(2σ, 1) (TOST) |" in table

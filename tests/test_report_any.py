@@ -10,8 +10,8 @@ import statistics
 import pytest
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import append_record, read_records
-from bench_cli.results.report import select
+from bench_cli.results.csv_store import append_record, read_records
+from bench_cli.results.job_records import one_row_per_job
 
 SHARED = "task=uea task.dataset=Fixture trainer.max_epochs=2"
 
@@ -102,7 +102,7 @@ def test_one_row_per_job_keeps_the_latest_ok_row_and_every_failure():
             {"job_key": "a", "status": "ok", "v": 3}, {"job_key": "b", "status": "nan", "v": 4},
             {"job_key": "b", "status": "nan", "v": 5}, {"job_key": "", "status": "ok", "v": 6},
             {"job_key": "", "status": "ok", "v": 7}]
-    kept, dropped = select.one_row_per_job(rows)
+    kept, dropped = one_row_per_job(rows)
     assert [r["v"] for r in kept] == [2, 3, 4, 5, 6, 7] and dropped == 1
 
 

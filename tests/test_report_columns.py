@@ -10,7 +10,7 @@ import pytest
 
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
-from bench_cli.results.records import append_record
+from bench_cli.results.csv_store import append_record
 from bench_cli.results.report import spec
 
 EXP = "primal_dual/table1"  # carries the hand-made report settings below
@@ -48,7 +48,7 @@ def toy_report(workdir, monkeypatch):
     from omegaconf import OmegaConf
 
     import bench_cli.config.compose as C
-    import bench_cli.results.records as records
+    import bench_cli.results.csv_store as csv_store
 
     (workdir / "results" / "paper").mkdir(parents=True)
     (workdir / "results" / "paper" / "toy.csv").write_text(PAPER)
@@ -63,9 +63,9 @@ def toy_report(workdir, monkeypatch):
         return cfg
 
     written = []
-    atomic = records.write_rows
+    atomic = csv_store.write_rows
     monkeypatch.setattr(C, "compose_unchecked", compose)
-    monkeypatch.setattr(records, "write_rows", lambda path, *a, **k: written.append(path) or atomic(path, *a, **k))
+    monkeypatch.setattr(csv_store, "write_rows", lambda path, *a, **k: written.append(path) or atomic(path, *a, **k))
     for seed in (0, 1):
         append_record(workdir / "runs.csv", record("base", seed, 90.0 + seed, 99.0, 0.5, 2.0, 400))
         append_record(workdir / "runs.csv", record("fast", seed, 91.0 + seed, 97.0 + seed, 0.45, 1.0, 100))
@@ -106,7 +106,7 @@ def test_inline_columns_label_digits_and_ratios(toy_report):
 def test_csv_columns_and_the_atomic_writer(toy_report, workdir):
     _, written = toy_report
     main_csv, own_csv = workdir / "rep" / f"{EXP}.csv", workdir / "rep" / f"{EXP}.train_accuracy.csv"
-    assert written == [main_csv, own_csv]  # both through bench_cli.results.records.write_rows
+    assert written == [main_csv, own_csv]  # both through bench_cli.results.csv_store.write_rows
     with open(main_csv, newline="") as f:
         rows = {r["model"]: r for r in csv.DictReader(f) if r["dataset"] == "toy"}  # not the average rows
     fast = rows["fast"]

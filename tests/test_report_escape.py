@@ -80,7 +80,7 @@ FORMULA_CELLS = ["=1+2", "+1+cmd", "-2+3", "@SUM(A1)", "\tcell", "\rcell", "=HYP
 
 
 def test_records_and_report_csvs_never_start_a_formula_and_read_back(workdir):
-    from bench_cli.results.records import COLUMNS, read_records, write_rows
+    from bench_cli.results.csv_store import COLUMNS, read_records, write_rows
     from bench_cli.results.report.render import write_csv
 
     write_rows("res.csv", [{"model": text, "seed": "0"} for text in FORMULA_CELLS], COLUMNS, append=False)
@@ -98,7 +98,7 @@ def test_records_and_report_csvs_never_start_a_formula_and_read_back(workdir):
 
 
 def test_record_json_is_strict_json_with_non_finite_numbers(workdir):
-    from bench_cli.results.records import write_record
+    from bench_cli.results.run_folder import write_record
 
     row = {"run_id": "r", "status": "nan", "test_score": float("nan"), "val_loss": float("inf"),
            "metrics_json": {"history": [{"loss": float("-inf")}]}, "model": "\u2028</script>"}

@@ -4,7 +4,7 @@ the paper's `s` column."""
 from __future__ import annotations
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import append_record
+from bench_cli.results.csv_store import append_record
 
 
 def record(experiment, task, dataset, model, seed, metric, value, higher, overrides="", **extra):

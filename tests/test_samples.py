@@ -7,7 +7,7 @@ import pytest
 
 from bench_cli.commands.cli import main
 from bench_cli.results import samples
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from bench_cli.results.report import paired
 from test_sweep import sweep, tiny
 

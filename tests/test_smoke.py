@@ -105,7 +105,7 @@ def test_a_failed_runs_reason_is_its_recorded_error_not_the_last_line_printed(wo
     def fit(self, protocol):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    def warn_after(row, path=None):
+    def warn_after(row, *where):
         print(WARNING_SOURCE, file=sys.stderr)
 
     monkeypatch.setattr(Trainer, "fit", fit)
@@ -116,7 +116,7 @@ def test_a_failed_runs_reason_is_its_recorded_error_not_the_last_line_printed(wo
 
 
 def test_the_reason_falls_back_to_error_txt_and_to_the_error_line_printed(tmp_path):
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     folder = tmp_path / "run"
     folder.mkdir()

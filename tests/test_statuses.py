@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from conftest import ATTNBENCH
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from bench_cli.config import compose as C
 from bench_cli.commands import sweep as S
 from bench_cli.commands.sweep.plan import multirun_config
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "paper"
 
@@ -111,17 +111,17 @@ def test_grid_mistakes_are_one_line_exit_2(uea_fixture, workdir, capsys):
 def fake_runs(monkeypatch):
     """Jobs launched for real (Hydra's basic launcher, in process) that train nothing: the runner
     gets the config the launcher composed and records an ok row with its job_key."""
-    from bench_cli.results import records
+    from bench_cli.results import csv_store, job_keys
     from bench_cli.engine import runner
 
     seen = []
 
     def run_experiment(cfg, run_dir, progress=None, overrides=None, run_id=None, line_prefix="", columns=None):
         seen.append(cfg)
-        row = {"run_id": f"fake{len(seen)}", "status": "ok", "job_key": records.job_key(cfg), "metric": "accuracy",
+        row = {"run_id": f"fake{len(seen)}", "status": "ok", "job_key": job_keys.job_key(cfg), "metric": "accuracy",
                "test_score": 50.0, "overrides": " ".join(overrides or ()), "output_dir": str(run_dir)}
-        records.append_record(cfg.results.path, row)
-        return row
+        csv_store.append_record(cfg.results.path, row)
+        return runner.RunOutcome(row)
 
     monkeypatch.setattr(runner, "run_experiment", run_experiment)
     return seen
@@ -194,10 +194,10 @@ def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, work
 
 
 def test_job_key_is_computed_once_per_planned_job(uea_fixture, workdir, monkeypatch, capsys):
-    from bench_cli.results import records
+    from bench_cli.results import job_keys
 
     calls = []
-    monkeypatch.setattr(records, "job_key", lambda cfg, real=records.job_key: calls.append(1) or real(cfg))
+    monkeypatch.setattr(job_keys, "job_key", lambda cfg, real=job_keys.job_key: calls.append(1) or real(cfg))
     assert sweep(*tiny(workdir), "model=softmax,attention_sh", "seed=0,1,0", "--dry-run") == 0
     assert len(calls) == 2 * 3  # one per job of the grid (seed=0 twice: one job), none to decide what is done
     assert "4 jobs, 0 already done, 4 to run" in capsys.readouterr().out
@@ -212,7 +212,7 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
     job after job: the first 20 and the last), and the first and the last of each are composed whole."""
     from omegaconf import open_dict, read_write
 
-    from bench_cli.results import records
+    from bench_cli.results import job_keys
 
     differences = []
     with multirun_config(overrides, None) as (app, master), C.shared_config_files():
@@ -231,7 +231,7 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
                     del whole["hydra"]
                 expected = as_dict(whole)
                 differences += [f"{' '.join(job)}: {what}" for what, same in (
-                    ("job_key", planned[job].key == records.job_key(whole)), ("config in place", shared == expected),
+                    ("job_key", planned[job].key == job_keys.job_key(whole)), ("config in place", shared == expected),
                     ("config resolved in place", resolved == expected),
                     ("config of its own", as_dict(planned[job].cfg) == expected)) if not same]
     return differences
@@ -326,10 +326,10 @@ def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs,
     --force launches it again. The jobs that run get the plan's numbers ([sweep 2/3])."""
     args = [*tiny(workdir), "seed=0,1,2"]
     jobs = S.plan_sweep(args).jobs
-    from bench_cli.results import records
+    from bench_cli.results.csv_store import append_record
 
-    records.append_record(workdir / "res.csv", {"run_id": "earlier", "status": "ok", "job_key": jobs[0].key})
-    records.append_record(workdir / "res.csv", {"run_id": "crashed", "status": "failed", "job_key": jobs[1].key})
+    append_record(workdir / "res.csv", {"run_id": "earlier", "status": "ok", "job_key": jobs[0].key})
+    append_record(workdir / "res.csv", {"run_id": "crashed", "status": "failed", "job_key": jobs[1].key})
     capsys.readouterr()
     assert sweep(*args, "--dry-run") == 0
     out = capsys.readouterr().out

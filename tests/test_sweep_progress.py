@@ -15,7 +15,7 @@ from bench_cli.commands import sweep as S
 from bench_cli.commands.sweep import progress as P
 from bench_cli.commands.sweep.job import job_line_head, job_printer
 from bench_cli.core import ui
-from bench_cli.results import records
+from bench_cli.results import claims, csv_store
 from test_sweep import sweep, tiny
 
 LINE = re.compile(r"^sweep progress: (\d+) done, (\d+) failed, (\d+) running, (\d+) to go; ETA (\d+ s|\?), \d+ s elapsed$")
@@ -27,15 +27,15 @@ def progress_lines(out: str) -> list[tuple[int, int, int, int, str]]:
 
 def test_counts_come_from_the_records_and_claims_the_jobs_write(workdir, monkeypatch):
     path = str(workdir / "res.csv")
-    records.append_record(path, {"run_id": "earlier", "status": "failed", "job_key": "k1"})  # before the sweep
+    csv_store.append_record(path, {"run_id": "earlier", "status": "failed", "job_key": "k1"})  # before the sweep
     now = [100.0]
     monkeypatch.setattr(P, "time", SimpleNamespace(monotonic=lambda: now[0]))
     progress = P.SweepProgress([(k, path) for k in ("k1", "k2", "k3", "k4")], {path: 1}, ttl_s=600)
     assert progress.poll() == P.Counts(4)  # the row from before the sweep is not this sweep's outcome
-    records.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
-    records.append_record(path, {"run_id": "b", "status": "nan", "job_key": "k2"})
-    records.append_record(path, {"run_id": "c", "status": "ok", "job_key": "other"})  # not a job of this sweep
-    assert records.claim_job(path, "k3")[0]
+    csv_store.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
+    csv_store.append_record(path, {"run_id": "b", "status": "nan", "job_key": "k2"})
+    csv_store.append_record(path, {"run_id": "c", "status": "ok", "job_key": "other"})  # not a job of this sweep
+    assert claims.claim_job(path, "k3")[0]
     now[0] = 130.0  # two jobs in 30 s: 15 s a job, two left
     counts = progress.poll()
     assert (counts.done, counts.failed, counts.running, counts.to_go, counts.eta_s) == (1, 1, 1, 1, 30.0)
@@ -66,7 +66,7 @@ def test_on_a_terminal_the_progress_is_one_live_line_of_80_columns(workdir, monk
     monkeypatch.setattr(P, "POLL_S", 0.05)
     path = str(workdir / "res.csv")
     with P.SweepProgress([("k1", path), ("k2", path)], {}, ttl_s=600) as progress:
-        records.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
+        csv_store.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
         for _ in range(100):  # the background thread reads the record within a poll or two
             if progress.bar.tasks[0].completed == 1:
                 break

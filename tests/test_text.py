@@ -22,7 +22,7 @@ from bench_cli.config.compose import compose, load_option
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.engine.counting import attention_parameters, count_parameters
 from bench_cli.core.metrics import BLEU, accumulate
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from bench_cli.config.taskfit import build_task, check_model_fits_task
 from models.attention import attention_spec, available_attentions
 from tasks import task_class
@@ -599,7 +599,7 @@ def test_nmt_runs_end_to_end_and_records_bleu(data):
 
 # --- reports against the paper's tables --------------------------------------------------------------
 def test_table8_report_matches_the_papers_rows_by_heads_and_split(workdir):
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     exp = "pay_better_attention/table8"
     for model, per_layer in (("standard", 4224), ("efficient", 2112)):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import DataNotFoundError, UserError
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from tasks.tser import TSERFetcher, TSERRegression
 
 

@@ -417,7 +417,7 @@ def test_repeated_augmentation_only_across_processes():
 
 # --- training: end to end, trainer options, distributed -----------------------------------------------
 def read_rows(path: Path) -> list[dict]:
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     return read_records(path)
 
@@ -599,7 +599,7 @@ def test_report_compares_extra_columns_and_variants_by_a_paper_column(workdir):
     paper's rows by its heads column, parameters per layer next to the printed ones, epoch-time
     ratios to standard next to the paper's."""
     from bench_cli.commands.cli import main
-    from bench_cli.results.records import append_record
+    from bench_cli.results.csv_store import append_record
 
     exp = "pay_better_attention/table5"
     for model, params, time_per_epoch in (("standard", 66048, 2.0), ("super", 37184, 1.8)):

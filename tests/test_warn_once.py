@@ -21,7 +21,7 @@ def test_a_warning_is_printed_once_per_process(monkeypatch, capsys):
 
 def test_an_incomplete_records_row_is_said_once_for_every_reader(tmp_path, monkeypatch, capsys):
     from bench_cli.core import errors
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     monkeypatch.setattr(errors, "_WARNED", set())
     path = tmp_path / "runs.csv"

@@ -10,7 +10,7 @@ from bench_cli.config import compose as C
 from bench_cli.config import search_path
 from bench_cli.commands import sweep as S
 from bench_cli.commands.cli import main
-from bench_cli.results.records import read_records
+from bench_cli.results.csv_store import read_records
 from bench_cli.results.report import zoo
 
 OFFLINE = {("uea", "JapaneseVowels"), ("uea", "BasicMotions"), ("tser", "Covid3Month"),
@@ -113,7 +113,7 @@ def test_presets_that_are_the_same_model_are_named_and_a_tied_metric_alone_is_no
 
 def test_the_committed_zoo_report_reads_from_any_folder(workdir, capsys):
     """`report zoo/offline` outside the repository: the records and the profile of the project."""
-    from bench_cli.results.records import PROJECT_ROOT
+    from bench_cli.results.provenance import PROJECT_ROOT
 
     main(["report", "zoo/offline", "--no-write", "--width", "300"])
     out = capsys.readouterr().out

@@ -6,6 +6,7 @@ configuration is composed and checked first so mistakes become one line and exit
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -82,8 +83,9 @@ installed version.
 
 
 # --- run ------------------------------------------------------------------------------------
-def _train_and_print_summary(cfg: DictConfig) -> None:
-    """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job)."""
+def _train_and_print_summary(cfg: DictConfig, resolved: dict) -> None:
+    """The job of `attnbench run`: train, record, print the summary (inside Hydra's run_job).
+    ``resolved``: its config resolved, once (run_claim.resolved_job_config)."""
     from hydra.core.hydra_config import HydraConfig
 
     from bench_cli.engine.runner import run_experiment
@@ -93,17 +95,18 @@ def _train_and_print_summary(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     try:
         with progress_bar(bool(cfg.trainer.progress)) as progress:
-            row = run_experiment(cfg, Path(hc.runtime.output_dir), progress, overrides=list(hc.overrides.task),
-                                 run_id=os.environ.get(RUN_ID_ENV))
+            outcome = run_experiment(cfg, Path(hc.runtime.output_dir), progress, overrides=list(hc.overrides.task),
+                                     run_id=os.environ.get(RUN_ID_ENV), resolved=resolved)
     except UserError as e:
         fail(str(e))
-    if row.get("_rank"):  # another process of a distributed run: rank 0 reports
+    row = outcome.record
+    if outcome.rank:  # another process of a distributed run: rank 0 reports
         if row["status"] != "ok":
             raise SystemExit(1)
         return
-    print_summary(row, str(cfg.results.path))
-    if row.get("_append_error"):
-        err_console.print(f"[bold red]error:[/] {escape(row['_append_error'])}", highlight=False, soft_wrap=True)
+    print_summary(row, str(cfg.results.path), outcome.logged)
+    if outcome.append_error:
+        err_console.print(f"[bold red]error:[/] {escape(outcome.append_error)}", highlight=False, soft_wrap=True)
         raise SystemExit(1)
     if row["status"] != "ok":
         console.print(f"[red]run {row['status']}[/]: {escape(row.get('error') or '')}  (details: {row['output_dir']})",
@@ -212,7 +215,8 @@ def cmd_run(args: list[str]) -> None:
     with PHASES("compose"):
         cfg = C.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
-    from bench_cli.results.records import new_run_id
+    from bench_cli.results.run_folder import new_run_id
+    from bench_cli.commands.run_claim import job_claimed, resolved_job_config
     from bench_cli.commands.validate import check_config
 
     with PHASES("validate"):
@@ -227,8 +231,10 @@ def cmd_run(args: list[str]) -> None:
         env = D.setup(str(cfg.trainer.strategy), str(cfg.trainer.device))
         run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
     os.environ[RUN_ID_ENV] = run_id
+    resolved = resolved_job_config(cfg)
     try:
-        C.run_job(cfg, _train_and_print_summary)
+        with job_claimed(cfg, resolved):
+            C.run_job(cfg, functools.partial(_train_and_print_summary, resolved=resolved))
     except KeyboardInterrupt as e:
         fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resume_hint(cfg)}",
              code=exit_code_of(e))
@@ -238,7 +244,7 @@ def resume_hint(cfg: DictConfig) -> str:
     """What the same command does next, as the folder says it (a checkpoint of the job there),
     never what the settings alone would suggest."""
     from bench_cli.engine.checkpoint import resumable_from
-    from bench_cli.results.records import job_key
+    from bench_cli.results.job_keys import job_key
 
     if not OmegaConf.select(cfg, "trainer.checkpoint.enabled", default=False):
         return ""
@@ -403,7 +409,7 @@ def _ls_models() -> None:
 
 
 def _ls_runs(output_dir: Path, every: bool) -> None:
-    from bench_cli.results.records import run_folders, run_state
+    from bench_cli.results.run_folder import run_folders, run_state
 
     states = [st for st in (run_state(d) for d in run_folders(output_dir)) if st]
     shown = states if every else states[-20:]
@@ -538,12 +544,11 @@ _TYPED: list[str] = []  # the command line as typed, before Hydra rewrites sys.a
 
 
 def note_invocation() -> None:
-    """Put the typed command in the environment for the records (``records.invocation``; a
-    sweep's workers inherit it). Called by the commands that record, once their config is checked:
-    the records module imports torch, which a mistake's one line must not wait for."""
+    """Put the typed command in the environment for the records (``provenance.invocation``; a
+    sweep's workers inherit it). Called by the commands that record, once their config is checked."""
     import shlex
 
-    from bench_cli.results.records import COMMAND_ENV
+    from bench_cli.results.provenance import COMMAND_ENV
 
     if _TYPED:
         os.environ[COMMAND_ENV] = shlex.join(_TYPED)

@@ -68,7 +68,7 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
 
     from bench_cli.config import plugins
 
-    from bench_cli.results import records
+    from bench_cli.results.provenance import provenance
     from bench_cli.engine.checkpoint import read
     from bench_cli.core.errors import UserError
     from bench_cli.config.taskfit import build_task
@@ -89,7 +89,7 @@ def evaluate_checkpoint(path: Path, split: str, weights: str = "selected", overr
                             f"checkpoint's): {override}")
         OmegaConf.update(cfg, key, yaml.safe_load(value))
     needed = made_with(state["meta"], cfg)
-    here = {k: str(v) for k, v in records.provenance().items() if k in state["meta"]}
+    here = {k: str(v) for k, v in provenance().items() if k in state["meta"]}
     differs = [f"{k} {state['meta'][k]} (here {here[k]})" for k in ("git_commit", "attnbench_version", "torch_version")
                if k in here and state["meta"].get(k) != here[k]]
     note = f"note: the checkpoint was written by another version: {', '.join(differs)}" if differs else ""

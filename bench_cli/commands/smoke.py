@@ -274,7 +274,7 @@ def run_check(check: Check, timeout: float, execute: Execute = in_subprocess) ->
 
 
 def record_count(records: Path | None) -> int:
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     return len(read_records(records)) if records is not None else 0
 
@@ -284,7 +284,7 @@ def failure(records: Path | None, before: int, printed: str) -> str:
     ``before`` of ``records`` (else the exception line of the run folder's error.txt); a command
     that recorded nothing (a mistake found before the run, `profile`, synthetic inputs): the
     ``error:`` line it printed, else its last exception line."""
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     failed = [r for r in (read_records(records)[before:] if records is not None else []) if r.get("status") != "ok"]
     if failed:

@@ -41,7 +41,7 @@ from bench_cli.commands.study_confirm import confirm_best
 from bench_cli.core.errors import UserError, exit_code_of, interruption_name
 from bench_cli.core.extras import require
 from bench_cli.engine.pruning import PRUNING
-from bench_cli.results import records
+from bench_cli.results import csv_store
 
 EXTRA = "tune"  # pyproject.toml's extra that installs hydra-optuna-sweeper (and optuna)
 SQLITE = "sqlite:///"  # the default storage's scheme: a file beside the records
@@ -357,12 +357,12 @@ def run_trials(sweep: Sweep, study, s: Study, planned: list, n_trials: int, laun
             console.print(f"[trial {trial.number}] [red]failed[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             continue
         todo.append(job)
-    before = len(records.read_records(path))
+    before = len(csv_store.read_records(path))
     started = time.perf_counter()
     returns = launch(Sweep(sweep.master, todo, sweep.flags, total=n_trials), todo, first_job_idx=launched) if todo else []
     for e in filter(None, map(error_of, returns)):  # a job that failed outside its run
         console.print(f"[bold red]error:[/] {escape(type(e).__name__)}: {escape(str(e))}", highlight=False, soft_wrap=True)
-    new = {r.get("job_key"): r for r in records.read_records(path)[before:]}
+    new = {r.get("job_key"): r for r in csv_store.read_records(path)[before:]}
     ran = {j.key for j in todo}
     for trial, job in planned:
         row = new.get(job.key) or done.get(job.key)

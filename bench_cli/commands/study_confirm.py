@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 from bench_cli.commands import sweep as S
 from bench_cli.core.errors import UserError
-from bench_cli.results import records
+from bench_cli.results import csv_store
+from bench_cli.results.job_records import latest_ok_per_job
 
 
 def confirmation(cfg) -> tuple[int, list[int]]:
@@ -75,7 +76,7 @@ def confirm_best(sweep: S.Sweep, s, study, space: dict, launched: int) -> int:
     if todo:
         S.validate_jobs(todo)
         S.launch(S.Sweep(sweep.master, todo, sweep.flags, total=len(jobs)), todo, first_job_idx=launched)
-    latest = {r.get("job_key"): r for r in records.read_records(s.base.records_path) if r.get("status") == "ok"}
+    latest = latest_ok_per_job(csv_store.read_records(s.base.records_path))
     means = {}
     for t in trials:
         values = [float(latest[j.key]["val_score"]) for j in jobs

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.core.errors import UserError, first_line, unknown_choice
 from bench_cli.core.files import unwritable_folder
-from bench_cli.results.records import check_results_path
+from bench_cli.results.csv_store import check_results_path
 
 
 SEED_MAX = 2**32 - 1

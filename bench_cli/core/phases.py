@@ -8,6 +8,8 @@ import os
 import time
 from contextlib import contextmanager
 
+from bench_cli.core.processes import process_start
+
 
 class Phases:
     """Seconds per named stage of this process (a stage entered twice adds up)."""
@@ -38,13 +40,12 @@ class Phases:
 
 def process_age_s() -> float | None:
     """Seconds since this process was exec'd (Linux: /proc, 10 ms resolution); None elsewhere."""
+    started = process_start()  # clock ticks since boot
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
-    except (OSError, ValueError, IndexError):
+        return max(0.0, uptime - int(started) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, TypeError):
         return None
 
 

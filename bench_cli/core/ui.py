@@ -136,7 +136,19 @@ def human(n, unit="") -> str:
     return f"{n:.3g}E{unit}"
 
 
-def print_summary(row: dict, records_path: str | None = None) -> None:
+def duration_text(seconds: float | None) -> str:
+    """45 s, 12 min, 3.5 h (a claim's age, a sweep's time left)."""
+    if seconds is None:
+        return "?"
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def print_summary(row: dict, records_path: str | None = None, logged=()) -> None:
+    """A finished run's record as a table, then the paths: the records file, the run folder, the
+    checkpoints, and ``logged``: (what, where) the loggers wrote (bench_cli.results.loggers:
+    history.csv, wandb's folder and sync command)."""
     metric = row.get("metric") or "accuracy"
     direction = {"True": "↑", "False": "↓", True: "↑", False: "↓"}.get(row.get("higher_is_better"), "")
     t = Table(title=f"attnbench run {row['run_id']}  [{row['status']}]", show_header=True)
@@ -179,7 +191,7 @@ def print_summary(row: dict, records_path: str | None = None) -> None:
         else:
             state = "none written"
         print_path(f"checkpoints ({state})", row["checkpoint_dir"])
-    for label, where in row.get("_logged") or ():  # bench_cli.results.loggers: history.csv, wandb's folder and sync command
+    for label, where in logged:  # bench_cli.results.loggers: history.csv, wandb's folder and sync command
         print_path(label, where)
 
 

@@ -1,6 +1,6 @@
 """Checkpoints of a fit, and the exact resume of an interrupted job (DESIGN.md: no work is lost).
 
-A job's checkpoints live in one folder keyed by its ``job_key`` (bench_cli.results.records):
+A job's checkpoints live in one folder keyed by its ``job_key`` (bench_cli.results.job_keys):
 ``<trainer.checkpoint.root or the records file's folder/checkpoints>/<job_key>/ckpt-<n>.pt``, so a
 rerun of the same job with the same records file finds them from any working folder. A checkpoint
 holds everything the rest of the fit depends on (bench_cli.engine.trainer ``_Loop.state``): weights,
@@ -20,7 +20,7 @@ the temporary files of writes that were killed midway (bench_cli.core.files.remo
 a file no live process writes). The rest stays where it was, for its owner.
 
 Settings (``trainer.checkpoint``, ``trainer.resume``) change where and how often a fit is saved,
-never its result: they are not part of the job key (records.NON_SEMANTIC_KEYS).
+never its result: they are not part of the job key (job_keys.NON_SEMANTIC_KEYS).
 
 A distributed run (``trainer.strategy=ddp``) writes the same one file, from rank 0: the weights,
 optimiser and selection are the same on every process (DDP averages the gradients, evaluations sum

@@ -12,6 +12,7 @@ import json
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -28,21 +29,36 @@ from bench_cli.engine.timing import Conditions
 from bench_cli.engine.objective import Objective
 from bench_cli.engine.pruning import trial_pruning
 from bench_cli.engine.trainer import Trainer
-from bench_cli.results import records, samples, schema
+from bench_cli.results import samples, schema
+from bench_cli.results.run_folder import RunFolder, start_run, write_record
 from bench_cli.results.loggers import LineLogger, Loggers, run_loggers
 
 
+@dataclass
+class RunOutcome:
+    """How a run ended, for the command that started it: the record written (bench_cli.results.schema
+    names its columns) and what is not part of it."""
+
+    record: dict
+    error: BaseException | None = None  # what ended a run whose status is not ok (its one line is in the record)
+    rank: int = 0  # this process's rank in a distributed run: rank 0 reports
+    logged: list[tuple[str, str]] = field(default_factory=list)  # (what, where): history.csv, wandb's folder...
+    append_error: str | None = None  # the record could not be appended to results.path: why, and where it is
+
+
 def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, overrides=None,
-                   run_id: str | None = None, line_prefix: str = "", columns: dict | None = None) -> dict:
-    """Train and evaluate one configuration (checked beforehand: bench_cli.commands.validate); append and
-    return its record (a dict; bench_cli.results.schema names its columns).
+                   run_id: str | None = None, line_prefix: str = "", columns: dict | None = None,
+                   resolved: dict | None = None) -> RunOutcome:
+    """Train and evaluate one configuration (checked beforehand: bench_cli.commands.validate); append its
+    record and return it with how the run ended.
 
     The run folder gets ``config.yaml`` and ``run.json`` (who runs it, since when) at the start and
     ``record.json`` at the end, whatever happens; a folder without ``record.json`` is a run that
     was killed (``attnbench ls runs``). The record is written to the run folder first, then
     appended to ``results.path``; if that append fails (full disk, read-only filesystem) the run
     folder still holds it and the message says where. ``columns``: what the caller knows of the
-    run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS)."""
+    run that its config does not say (an Optuna trial's study and number: schema.STUDY_COLUMNS);
+    ``resolved``: ``cfg`` resolved, when the caller has resolved it already (resolved once)."""
     started = time.perf_counter()
     PHASES.forget(*RUN_STAGES)
     columns, pruning = trial_pruning(columns)  # an Optuna trial's pruner: not a record column
@@ -52,7 +68,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     except UserError as e:  # this machine lacks what the job asks (env.check_hardware): a failed record
         record_refusal(cfg, e, run_dir, run_id, overrides, columns, started)
         raise
-    run = records.start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
+    run = start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns, resolved=resolved)
     row = run.row
     row["device"] = env.description
     checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
@@ -80,11 +96,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     except (Exception, KeyboardInterrupt, SystemExit) as e:  # noqa: BLE001 - every ending is recorded, then re-raised
         error = e
     finally:
-        finish(cfg, row, error, env, run.path, started, logger, checkpoints)
+        outcome = finish(cfg, row, error, env, run.path, started, logger, checkpoints)
     if isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         raise error
-    row["_error"], row["_rank"] = error, env.dist.rank
-    return row
+    return outcome
 
 
 def record_refusal(cfg: DictConfig, error: UserError, run_dir: Path | None, run_id: str | None, overrides,
@@ -95,7 +110,7 @@ def record_refusal(cfg: DictConfig, error: UserError, run_dir: Path | None, run_
     launch's rank 0, so that a sweep planned on another machine (a login node without GPUs) keeps
     its answer and goes on."""
     env = unprepared_environment(cfg)
-    run = records.start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
+    run = start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns)
     finish(cfg, run.row, error, env, run.path, started, logger=None)
 
 
@@ -117,7 +132,7 @@ def build_model(cfg: DictConfig, task, env: Environment):
     return model
 
 
-def run_logger(cfg: DictConfig, env: Environment, run: records.RunFolder, task, line_prefix: str,
+def run_logger(cfg: DictConfig, env: Environment, run: RunFolder, task, line_prefix: str,
                checkpoints: Checkpoints | None) -> Loggers | None:
     """Rank 0's loggers: the tracker of ``cfg.logger``, the console's evaluation lines and the
     history CSV; a resumable fit's tracker continues the run its checkpoints name."""
@@ -165,10 +180,11 @@ def setup_frozen():
 
 
 def finish(cfg: DictConfig, row: dict, error: BaseException | None, env: Environment, run_dir: Path, started: float,
-           logger, checkpoints: Checkpoints | None = None) -> None:
+           logger, checkpoints: Checkpoints | None = None) -> RunOutcome:
     """How the run ended (status, error, error.txt), its wall time (every sitting's), then the
     record: to the run folder first, then appended to ``results.path``; an ok job's checkpoints
     removed (unless kept); the loggers' summary; the processes shut down."""
+    outcome = RunOutcome(row, error, env.dist.rank)
     row.update(schema.ending(error))
     if error is not None and not isinstance(error, (UserError, KeyboardInterrupt, SystemExit)):
         name = "error.txt" if env.is_main else f"error_rank{env.dist.rank}.txt"
@@ -181,12 +197,13 @@ def finish(cfg: DictConfig, row: dict, error: BaseException | None, env: Environ
         row.update(sittings=1)
     if env.is_main:
         with PHASES("record"):
-            records.write_record(run_dir, cfg.results.path, row)
+            outcome.append_error = write_record(run_dir, cfg.results.path, row)
         write_phases(run_dir, train_time_s=row.get("train_time_s"))
     if checkpoints is not None and env.is_main:
         checkpoints.finish(row["status"])
     if logger is not None:
         logger.log_summary({k: v for k, v in row.items() if k != "metrics_json"})
         logger.finish(row["status"])
-        row["_logged"] = logger.locations()  # the summary says where (history.csv, wandb's folder and sync command)
+        outcome.logged = logger.locations()  # the summary says where (history.csv, wandb's folder and sync command)
     env.shutdown()
+    return outcome

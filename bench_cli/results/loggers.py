@@ -1,7 +1,7 @@
 """Experiment trackers and a run's history. Every run writes ``history.csv`` in its folder (one
 row per evaluation, and the training loss every ``logger.log_every_n_steps`` optimiser steps),
 whatever the logger; ``logger=wandb`` adds Weights & Biases and ``logger=tensorboard`` TensorBoard
-scalars, of the same rows. The CSV record is written in any case (bench_cli.results.records)."""
+scalars, of the same rows. The CSV record is written in any case (bench_cli.results.run_folder)."""
 from __future__ import annotations
 
 import json

@@ -4,7 +4,7 @@ A run's row is built from four parts, each a function here: who the run is (``id
 training and evaluation gave (``fit_columns``, from the trainer's history), what was measured
 (``measurement_columns``) and how it ended (``ending``). The protocol resolves into splits here
 too (``protocol``), so the trainer, the per-evaluation lines and the record agree on which split
-selects. Columns are only ever added, never renamed (records.py writes them; report reads them).
+selects. Columns are only ever added, never renamed (csv_store.py writes them; report reads them).
 
 Protocols (recorded in every result):
 - ``holdout``: a validation split carved from TRAIN selects the evaluation (the best value of the
@@ -187,7 +187,7 @@ def model_name(cfg) -> str:
 def identity(cfg, *, run_id: str, time: str, config_path, output_dir, overrides: str, keys: tuple[str, str, str],
              command: str, provenance: dict) -> dict:
     """The columns that say which run this is: from its composed config, its keys (config hash, job
-    key, variant key: bench_cli.results.records), the command and the provenance; status failed until it ends."""
+    key, variant key: bench_cli.results.job_keys), the command and the provenance; status failed until it ends."""
     from omegaconf import OmegaConf
 
     config_hash, job_key, variant_key = keys

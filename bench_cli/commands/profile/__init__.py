@@ -50,7 +50,7 @@ path and title), ``paper_table`` (a results/paper table as ratios to the baselin
 its markdown report), ``command`` (the CLI; ``profile.tasks``: one grid per task). ``profile.models``
 measures several models against one baseline, measured once per point. What compares with the papers' printed numbers lives in
 :mod:`bench_cli.commands.reproduce`: the papers' reductions placed next to the measured ones, and the
-whole ``pba`` mode. The CSV files are written by :func:`bench_cli.results.records.write_rows`.
+whole ``pba`` mode. The CSV files are written by :func:`bench_cli.results.csv_store.write_rows`.
 """
 from bench_cli.commands.profile.command import cmd_profile
 

@@ -33,7 +33,8 @@ PROFILE_OPTIONS = {"-h": False, "--help": False, "--cfg": ("job", "hydra", "all"
 
 
 def cmd_profile(args: list[str]) -> None:
-    from bench_cli.results import records
+    from bench_cli.results.csv_store import write_rows
+    from bench_cli.results.run_folder import new_run_id
     from bench_cli.commands.profile.render import label
     from bench_cli.core.ui import console, progress_bar
 
@@ -53,7 +54,7 @@ def cmd_profile(args: list[str]) -> None:
         replot_figures(cfg, overrides)
         return
     # One id for the run folder and the rows (the layout of `attnbench run`'s folders).
-    run_id = records.new_run_id()
+    run_id = new_run_id()
     run_dir = Path(str(cfg.paths.output_dir)) / "profile" / f"{datetime.now():%Y-%m-%d}" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -65,8 +66,8 @@ def cmd_profile(args: list[str]) -> None:
 
         with progress_bar(bool(cfg.trainer.get("progress", True))) as progress:
             params, flops = pba.run_pba(cfg, progress, run_id=run_id)
-        records.write_rows(p.params_output, params, pba.PBA_PARAMS_COLUMNS, append=False)
-        records.write_rows(p.output, flops, pba.PBA_FLOPS_COLUMNS, append=bool(p.append))
+        write_rows(p.params_output, params, pba.PBA_PARAMS_COLUMNS, append=False)
+        write_rows(p.output, flops, pba.PBA_FLOPS_COLUMNS, append=bool(p.append))
         pba.print_pba_tables(params, flops)
         console.print(pba.reference_coverage(params, p.get("reference_csv")), highlight=False)
         images = plots.pba_figures(flops, p.figures, c_attn=OmegaConf.to_container(p.eqn24))
@@ -126,11 +127,11 @@ def _task_overrides(p: DictConfig) -> list[list[str]]:
 
 def _profile_task(cfg: DictConfig, output: Path, progress, command: str, run_id: str) -> tuple[list[dict], list[Path]]:
     """One task's grid: rows appended to ``output`` as measured, the table shown, one plot per model."""
-    from bench_cli.results import records
+    from bench_cli.results.csv_store import write_rows
     from bench_cli.commands.profile import render
     from bench_cli.commands.profile.grid import PROFILE_COLUMNS, run_profile
 
-    on_row = lambda row: records.write_rows(output, [row], PROFILE_COLUMNS)  # noqa: E731
+    on_row = lambda row: write_rows(output, [row], PROFILE_COLUMNS)  # noqa: E731
     rows = run_profile(cfg, on_row, progress, command=command, run_id=run_id)
     title = render.title(cfg, rows[0]["device"] if rows else "")
     render.print_task_table(rows, title)
@@ -156,7 +157,7 @@ def replot_figures(cfg: DictConfig, overrides: list[str]) -> None:
     from bench_cli.core.errors import UserError
     from bench_cli.core.ui import console
     from bench_cli.results import plots
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     p = cfg.profile
     output = Path(str(p.output))

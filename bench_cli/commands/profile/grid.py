@@ -194,7 +194,8 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     (and hand each to ``on_row`` as soon as it is complete); ``run_id``: the rows' (default: a new one)."""
     import torch
 
-    from bench_cli.results import records
+    from bench_cli.results.provenance import provenance
+    from bench_cli.results.run_folder import new_run_id
     from bench_cli.config.taskfit import build_task, check_model_fits_task
     from bench_cli.engine.counting import process_peak_rss_bytes
     from bench_cli.engine.env import check_hardware, select_device
@@ -212,8 +213,8 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     d_default = int(cfg.task.backbone.d_model) if "backbone" in cfg.task and "d_model" in cfg.task.backbone else None
     points = grid(cfg)
     bar = progress.add_task(label(p.name), total=len(points), status="") if progress else None
-    prov = records.provenance()
-    run_id = run_id or records.new_run_id()
+    prov = provenance()
+    run_id = run_id or new_run_id()
     reference = [OmegaConf.to_container(r, resolve=True) for r in (p.get("reference") or [])]
     paper = PaperRatios.of(p.get("paper"))
     rows = []

@@ -259,7 +259,7 @@ def bare(config: Path, env: dict) -> dict:
 
 
 def harness(overrides: list[str], env: dict, workdir: Path, metric: str = "test_score") -> dict:
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     records = workdir / "records.csv"
     records.unlink(missing_ok=True)

@@ -163,12 +163,13 @@ def reference_coverage(rows: list[dict], reference_csv: str | None) -> str:
 
 def run_pba(cfg: DictConfig, progress=None, run_id: str | None = None) -> tuple[list[dict], list[dict]]:
     """(params rows, FLOPs rows) for papers/002; see the module docstring."""
-    from bench_cli.results import records
+    from bench_cli.results.provenance import provenance
+    from bench_cli.results.run_folder import new_run_id
 
     p = cfg.profile
     params = pba_params_rows(p.get("params_tables") or [], p.get("reference_csv"))
-    prov = records.provenance()
-    run_id = run_id or records.new_run_id()
+    prov = provenance()
+    run_id = run_id or new_run_id()
     c_attn = OmegaConf.to_container(p.eqn24, resolve=True)
     variants = [str(v) for v in p.variants]
     seq_lens, d_models, heads = int_list(p, "seq_lens"), int_list(p, "d_models"), int_list(p, "heads")

@@ -4,7 +4,7 @@ The grid is the experiment's ``hydra.sweeper.params`` plus sweeps on the command
 (``model=softmax,attention_bn seed=0,1``); the command line wins for the same key, as in Hydra.
 This module is the command (its options, then plan, check, launch, summarise); its parts:
 
-- ``plan``: the jobs, each composed as its launcher will compose it and keyed by ``records.job_key``;
+- ``plan``: the jobs, each composed as its launcher will compose it and keyed by ``job_keys.job_key``;
 - ``checks``: what is refused before anything runs (a config mistake, missing data, an impossible
   (task, model) pair: one line, exit 2) and what is only noted (a GPU this machine lacks);
 - ``launch``: the jobs handed to the config's launcher, in batches, as Hydra's multirun does;
@@ -49,7 +49,7 @@ from bench_cli.commands.sweep.summary import print_lacking, print_plan, summariz
 from bench_cli.config import compose
 from bench_cli.config.args import parse
 from bench_cli.core.errors import UserError, exit_code_of, interruption_name
-from bench_cli.results import code_identity, records
+from bench_cli.results import claims, code_identity, csv_store, job_keys
 
 __all__ = [  # what the CLI, the Optuna search (study.py) and the tests use
     "USAGE", "MAX_EXIT", "plan_command", "run_grid", "run_sweep",
@@ -177,7 +177,7 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     if dry_run:
         claimed = {}
         for path in paths:
-            claimed.update(records.claimed_jobs(path, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
+            claimed.update(claims.claimed_jobs(path, [j.key for j in jobs], claims.claim_ttl(jobs[0].cfg)))
         print_plan(jobs, done, force, missing, claimed, stale)
         return
     if not todo:
@@ -201,11 +201,11 @@ def run_sweep(sweep: Sweep, todo: list[Job], paths: set[str], done_before: dict,
     from bench_cli.commands.sweep.progress import SweepProgress
     from bench_cli.core.ui import console
 
-    before = {p: len(records.read_records(p)) for p in paths}
+    before = {p: len(csv_store.read_records(p)) for p in paths}
     started = time.perf_counter()
     start_launching()
     try:
-        ttl = records.claim_ttl(todo[0].cfg)
+        ttl = claims.claim_ttl(todo[0].cfg)
         with SweepProgress([(j.key, j.records_path) for j in todo], before, ttl) as progress, \
                 stop.stopping_jobs_with_the_sweep(paths, [j.key for j in todo], ttl, console.print):
             returns = launch(sweep, todo, before if force else None, live_line=progress.live)

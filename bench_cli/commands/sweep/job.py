@@ -5,7 +5,7 @@ this module must stay importable as ``bench_cli.commands.sweep.job``).
 
 A launcher composes each job again where it runs it; the job checks that its config has the
 planned ``job_key`` before it runs (a mismatch is an error that names both keys), claims the job in
-its records file under its lock (``records.claim_job``: a job another live process has claimed, or
+its records file under its lock (``claims.claim_job``: a job another live process has claimed, or
 that got an ``ok`` record since the plan, is skipped with one line, ``skipped, running in pid N``;
 the claim of a process that is gone, kill -9, is taken over), trains and records it. A job that
 crashes, diverges (NaN loss) or runs out of memory is recorded by the runner with its status and
@@ -25,7 +25,7 @@ from bench_cli.commands.sweep import stop
 from bench_cli.commands.sweep.plan import job_label
 from bench_cli.config import plugins
 from bench_cli.core.errors import UserError, catch_termination, interruption_name
-from bench_cli.results import records
+from bench_cli.results import claims, job_keys
 
 
 class PlanMismatchError(RuntimeError):
@@ -50,7 +50,7 @@ class JobPlan:
         if overrides not in self.keys:
             raise PlanMismatchError(f"job '{' '.join(overrides)}' is not in the sweep's plan; nothing was run")
         position, planned = self.keys[overrides]
-        key = records.job_key(cfg)
+        key = job_keys.job_key(cfg)
         if key != planned:
             raise PlanMismatchError(f"job '{' '.join(overrides)}': the launcher composed a config with job_key {key}, "
                                     f"the plan has {planned}: conf/ or the environment differs between the sweep "
@@ -124,7 +124,7 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
         columns = plan.columns.get(key)
         if not claimed:  # a job of several processes: not claimed
             return _train_and_print_outcome(cfg, hc, position, plan.total, head, label, say, columns)
-        with records.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
+        with claims.heartbeat(str(cfg.results.path), key):  # the claim stays fresh however long the job runs
             return _train_and_print_outcome(cfg, hc, position, plan.total, head, label, say, columns)
     except KeyboardInterrupt as e:  # recorded by the runner; in the sweep's own process it stops the sweep
         if os.getpid() == plan.sweep_pid:
@@ -134,7 +134,7 @@ def run_planned_job(cfg: DictConfig, plan: JobPlan) -> str:
         return "interrupted"
     finally:
         if claimed:
-            records.release_job(str(cfg.results.path), key)
+            claims.release_job(str(cfg.results.path), key)
 
 
 def job_printer(plan: JobPlan):
@@ -156,7 +156,7 @@ def job_printer(plan: JobPlan):
 
 
 def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str, say) -> bool | None:
-    """Claim the job in its records file before it runs (records.claim_job), so that another sweep
+    """Claim the job in its records file before it runs (claims.claim_job), so that another sweep
     of the same file skips it: False when another process ran it or runs it now (said in one
     line), None for a job of several processes (torchrun, Slurm tasks: each runs it; not claimed)."""
     from rich.markup import escape
@@ -167,7 +167,7 @@ def claim(cfg: DictConfig, key: str, plan: JobPlan, head: str, label: str, say) 
     if env is not None and env.world_size > 1:
         return None
     path = str(cfg.results.path)
-    claimed, note = records.claim_job(path, key, plan.ok_rows_from.get(path, 0), records.claim_ttl(cfg))
+    claimed, note = claims.claim_job(path, key, plan.ok_rows_from.get(path, 0), claims.claim_ttl(cfg))
     if not claimed:
         say(f"{head} [yellow]skipped[/], {escape(note)}: {label}")
     elif note:
@@ -187,12 +187,13 @@ def _train_and_print_outcome(cfg: DictConfig, hc, position: int, total: int, hea
     say(f"{head} [cyan]start[/]   {label}")
     t0 = time.perf_counter()
     try:
-        row = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
-                             line_prefix=f"[sweep {position + 1}/{total}] {label}: ", columns=columns)
+        outcome = run_experiment(cfg, Path(hc.runtime.output_dir), progress=None, overrides=list(hc.overrides.task),
+                                 line_prefix=f"[sweep {position + 1}/{total}] {label}: ", columns=columns)
     except UserError as e:  # recorded by the runner; the sweep goes on
         say(f"{head} [red]failed[/]  {label}: {escape(str(e))}")
         return "failed"
-    if row.get("_rank"):  # another process of a distributed job: rank 0 reports
+    row = outcome.record
+    if outcome.rank:  # another process of a distributed job: rank 0 reports
         return row["status"]
     value = row.get("test_score")
     shown = (f"test {row['metric']} {float(value):.{metric_digits(value)}f}" if isinstance(value, (int, float))

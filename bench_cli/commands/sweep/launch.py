@@ -20,7 +20,7 @@ from bench_cli.core.files import write_atomically
 def start_launching() -> None:
     """Before a sweep launches its first job: the sweep's folder (hydra.sweep.dir) is named by a new
     run id, and the workers it starts import the same plugins."""
-    from bench_cli.results.records import new_run_id
+    from bench_cli.results.run_folder import new_run_id
 
     os.environ["ATTNBENCH_RUN_ID"] = new_run_id()
     plugins.export_to_environment()

@@ -7,7 +7,7 @@ expanded by Hydra's ``BasicSweeper.split_arguments``, and each job's config is w
 per distinct combination of config choices, its value overrides applied as Hydra applies them
 (``compose.JobComposer``: a grid of seeds costs a millisecond a job). That config is what the
 checks read (bench_cli/commands/sweep/checks.py), what ``--dry-run`` lists, and what
-``records.job_key`` keys.
+``job_keys.job_key`` keys.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.config import compose, hydra_private
 from bench_cli.core.errors import UserError
-from bench_cli.results import records
+from bench_cli.results import csv_store, job_keys
+from bench_cli.results.job_records import latest_ok_per_job
 
 JOB_NAME = "sweep"  # hydra.job.name of the jobs (their log is <job folder>/sweep.log), as @hydra.main named it
 
@@ -160,7 +161,7 @@ def plan_job(composer: compose.JobComposer, overrides: list[str]) -> Job:
     composer.check(overrides)
     with composer.applied(overrides) as cfg:
         try:
-            key = records.job_key(composer.resolved(cfg, overrides))
+            key = job_keys.job_key(composer.resolved(cfg, overrides))
             label, records_path, variant = job_label(cfg), str(cfg.results.path), variant_of(cfg)
         except Exception as e:  # noqa: BLE001 - an interpolation that does not resolve
             raise UserError(f"job '{' '.join(overrides)}': cannot resolve its config: "
@@ -243,5 +244,5 @@ def variant_of(cfg) -> tuple:
 
 def done_keys(path) -> dict[str, dict]:
     """job_key -> latest ok record."""
-    return {r["job_key"]: r for r in records.read_records(path) if r.get("status") == "ok" and r.get("job_key")}
+    return latest_ok_per_job(csv_store.read_records(path))
 

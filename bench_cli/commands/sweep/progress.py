@@ -3,7 +3,7 @@ from how long the finished jobs took (docs/progress.md).
 
 The sweep process learns it from what every job writes, whichever launcher ran it and in which
 process: its record (appended to ``results.path`` when it ends) and its
-claim (``<results.path>.claims`` while it runs: bench_cli.results.records). A background thread
+claim (``<results.path>.claims`` while it runs: bench_cli.results.claims). A background thread
 reads them once a second (a records file only when it changed); nothing here imports torch.
 
 On a terminal the sweep shows one live line under the jobs' own lines (a job in another process,
@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bench_cli.results import records
+from bench_cli.core.ui import duration_text
+from bench_cli.results import claims, csv_store
 
 POLL_S = 1.0  # how often the records and claims are read
 QUIET_LINE_S = 60.0  # off a terminal, a line at least this often while no job finishes
@@ -45,7 +46,7 @@ class Counts:
         """One line ('ETA ?' until a job has finished); beside the live bar on a narrow terminal,
         what is cut is its end: the time elapsed."""
         return (f"{self.done} done, {self.failed} failed, {self.running} running, {self.to_go} to go; "
-                f"ETA {records.duration_text(self.eta_s)}, {records.duration_text(elapsed_s)} elapsed")
+                f"ETA {duration_text(self.eta_s)}, {duration_text(elapsed_s)} elapsed")
 
 
 class SweepProgress:
@@ -76,10 +77,10 @@ class SweepProgress:
             stat = _stat(path)
             if stat != self.seen.get(path):
                 self.seen[path] = stat
-                for row in records.read_records(path)[self.before.get(path, 0):]:
+                for row in csv_store.read_records(path)[self.before.get(path, 0):]:
                     if row.get("job_key") in keys:
                         self.outcomes[row["job_key"]] = row.get("status") or "failed"
-            running += sum(k not in self.outcomes for k in records.live_claims(path, keys, self.ttl_s))
+            running += sum(k not in self.outcomes for k in claims.live_claims(path, keys, self.ttl_s))
         counts = Counts(self.total, sum(s == "ok" for s in self.outcomes.values()),
                         sum(s != "ok" for s in self.outcomes.values()), running)
         if counts.finished:
@@ -131,7 +132,7 @@ class SweepProgress:
 
 def _stat(path: str) -> tuple | None:
     try:
-        st = os.stat(records.target(path))
+        st = os.stat(csv_store.target(path))
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size

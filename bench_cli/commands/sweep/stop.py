@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench_cli.core.errors import TERMINATION_SIGNALS, Interrupted
-from bench_cli.results import records
+from bench_cli.results import claims
 
 STOP_WAIT_S = 120.0  # a job stops at its next optimiser step, then writes its checkpoint and record
 POLL_S = 0.2
@@ -60,7 +60,7 @@ def running_job_processes(paths, keys, ttl_s: float) -> dict[str, int]:
     me, host = os.getpid(), socket.gethostname()
     found = {}
     for path in paths:
-        for key, claim in records.live_claims(path, keys, ttl_s).items():
+        for key, claim in claims.live_claims(path, keys, ttl_s).items():
             pid = int(claim.get("pid") or 0)
             if claim.get("host") == host and pid != me and _parent_of(pid) == me:
                 found[key] = pid

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from bench_cli.commands.sweep import resume
 from bench_cli.commands.sweep.plan import Job
-from bench_cli.results import records
+from bench_cli.results.job_records import latest_ok_per_job
+from bench_cli.results import claims, csv_store
 
 
 def print_plan(jobs: list[Job], done: dict, force: bool, missing: dict[str, str], claimed: dict[str, str],
@@ -81,11 +82,11 @@ def outcomes(jobs: list[Job], paths, before: dict[str, int], done_before: dict) 
     ok: dict[str, dict] = dict(done_before)
     running: dict[str, str] = {}
     for p in paths:
-        rows = records.read_records(p)
+        rows = csv_store.read_records(p)
         for r in rows[before.get(p, 0):]:
             new[r.get("job_key", "")] = r
-        ok.update({r["job_key"]: r for r in rows if r.get("status") == "ok" and r.get("job_key")})
-        running.update(records.running_elsewhere(p, [j.key for j in jobs], records.claim_ttl(jobs[0].cfg)))
+        ok.update(latest_ok_per_job(rows))
+        running.update(claims.running_elsewhere(p, [j.key for j in jobs], claims.claim_ttl(jobs[0].cfg)))
     out = []
     for j in jobs:
         if j.key in new:

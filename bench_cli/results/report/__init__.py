@@ -19,7 +19,7 @@ Where things are:
   (the command line is parsed in bench_cli/commands/report.py)
 - grouped.py ``attnbench report [--records FILE]`` without NAME: any records file, grouped by the
              columns whose values differ between rows, mean and std over seeds
-Every report counts each job_key once (its latest ok row; select.one_row_per_job) and says so.
+Every report counts each job_key once (its latest ok row; bench_cli.results.job_records) and says so.
 
 The experiment config's ``report:`` (not part of a run's identity): title, paper_csv,
 paper_tables (the first listed table with a value wins), paper_n (the paper's runs per mean, for

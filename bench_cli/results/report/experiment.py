@@ -11,7 +11,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_cli.config import compose as C
-from bench_cli.results import code_identity, records
+from bench_cli.results import code_identity, csv_store
+from bench_cli.results.job_records import one_row_per_job
+from bench_cli.results.provenance import PROJECT_ROOT
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.results.report import latex, render, select, spec, stats
@@ -58,7 +60,7 @@ class Report:
     grid_datasets: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     printed_average: dict = field(default_factory=dict)
-    duplicates: int = 0       # ok rows of an already counted job_key (select.one_row_per_job)
+    duplicates: int = 0       # ok rows of an already counted job_key (job_records.one_row_per_job)
     command: str = ""         # the command that rewrites this report (rerun_command)
     committed: list[dict] = field(default_factory=list)   # the committed reproduction's runs, to compare with
     formats: tuple = ("markdown", "csv")                   # what `write` writes (--format)
@@ -129,8 +131,8 @@ class Report:
 # Where records are when the command is not told (--records): relative to the project, never to the
 # working folder. The user's own runs (make reproduce-* writes them untracked into results/local) and
 # the maintainers' committed reproduction (results/reproduced, tracked by git).
-LOCAL = records.PROJECT_ROOT / "results" / "local"
-COMMITTED = records.PROJECT_ROOT / "results" / "reproduced"
+LOCAL = PROJECT_ROOT / "results" / "local"
+COMMITTED = PROJECT_ROOT / "results" / "reproduced"
 
 
 def committed_records(name: str) -> Path:
@@ -144,7 +146,7 @@ def _existing(path: str | None, option: str) -> Path | None:
 
 
 def _of(name: str, path: Path) -> list[dict]:
-    return [r for r in records.read_records(path) if r.get("experiment") == name]
+    return [r for r in csv_store.read_records(path) if r.get("experiment") == name]
 
 
 @dataclass
@@ -181,8 +183,8 @@ def find_records(name: str, cfg, opts: dict) -> Sources:
             raise UserError(f"no records of experiment {name} in {given}; "
                             f"run `attnbench sweep experiment={name}` first")
         committed = _of(name, committed_given) if committed_given else []
-        return Sources([given], records.read_records(given), rows, committed_given, committed, counts=[len(rows)])
-    candidates = [LOCAL / f"{name}.records.csv", Path(cfg.results.path), records.PROJECT_ROOT / cfg.results.path]
+        return Sources([given], csv_store.read_records(given), rows, committed_given, committed, counts=[len(rows)])
+    candidates = [LOCAL / f"{name}.records.csv", Path(cfg.results.path), PROJECT_ROOT / cfg.results.path]
     mine, seen = [], set()
     for path in candidates:
         if path.is_file() and path.resolve() not in seen and path.resolve() != committed_records(name).resolve():
@@ -191,13 +193,13 @@ def find_records(name: str, cfg, opts: dict) -> Sources:
                 mine.append(path)
     committed = committed_given or (committed_records(name) if committed_records(name).is_file() else None)
     if mine:
-        every = [r for p in mine for r in records.read_records(p)]
+        every = [r for p in mine for r in csv_store.read_records(p)]
         counts = [len(_of(name, p)) for p in mine]
         return Sources(mine, every, [r for r in every if r.get("experiment") == name], committed,
                        _of(name, committed) if committed else [], found=True, counts=counts)
     if committed and _of(name, committed):
         rows = _of(name, committed)
-        return Sources([committed], records.read_records(committed), rows, found=True, counts=[len(rows)])
+        return Sources([committed], csv_store.read_records(committed), rows, found=True, counts=[len(rows)])
     looked = ", ".join(str(p) for p in dict.fromkeys([*candidates, committed_records(name)]))
     raise UserError(f"no records of experiment {name} (looked in {looked}); "
                     f"run `attnbench sweep experiment={name}` or `make reproduce-...` first")
@@ -225,8 +227,8 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
     ``committed``: the committed reproduction's records, compared with cell by cell."""
     settings = OmegaConf.to_container(cfg.report, resolve=True)
     layout = spec.layout(settings)
-    all_records, _ = select.one_row_per_job(all_records)
-    rows, duplicates = select.one_row_per_job(rows)
+    all_records, _ = one_row_per_job(all_records)
+    rows, duplicates = one_row_per_job(rows)
     keys = tuple(by.key for by in layout.rows_by)
     axes = grid_axes(cfg, *keys)
     report_rows = select.Rows(rows, axes.get("model") or [], keys, axes)
@@ -238,7 +240,7 @@ def build(name: str, cfg, path: Path, all_records: list[dict], rows: list[dict],
                    if settings.get("baseline_experiment") else rows)
     report = Report(name, settings, layout, report_rows, datasets, rows,
                     [r for r in base_source if r.get("model") == baseline], path, grid_ds, duplicates=duplicates,
-                    committed=select.one_row_per_job(list(committed))[0])
+                    committed=one_row_per_job(list(committed))[0])
     report.tables.append(report.table(layout.headline, layout.every + layout.inline))
     report.tables += [report.table(c, layout.every) for c in layout.own]
     return report
@@ -445,9 +447,9 @@ def write(console, out: Path, report: Report, title, header, display, cols, sect
 def committed_from_other_records(md: Path, header: list[str]) -> str | None:
     """The ``records:`` line of a report that git tracks at ``md``, when it differs from the new
     report's (another records file or other runs); None otherwise."""
-    from bench_cli.results.records import _git
+    from bench_cli.results.provenance import git
 
-    if not md.is_file() or _git("ls-files", "--error-unmatch", str(md.resolve()), root=md.resolve().parent) is None:
+    if not md.is_file() or git("ls-files", "--error-unmatch", str(md.resolve()), root=md.resolve().parent) is None:
         return None
     old = next((line[len("- records: "):] for line in md.read_text().splitlines() if line.startswith("- records: ")), None)
     new = next((h[len("records: "):] for h in header if h.startswith("records: ")), None)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench_cli.config import compose as C
-from bench_cli.results import code_identity, records
+from bench_cli.results import code_identity, csv_store
+from bench_cli.results.job_keys import NON_SEMANTIC, NON_SEMANTIC_KEYS
+from bench_cli.results.job_records import one_row_per_job
 from bench_cli.core.errors import UserError
 from bench_cli.core.spread import NOISY_NOTE
 from bench_cli.results.report import confirmed, latex, paired, render, select, trials
@@ -22,9 +24,9 @@ SCORE = "test_score"
 IDENTITY = ("experiment", "task", "dataset", "model", "protocol")
 # Overrides shown under an identity column's name, or averaged over (the seed).
 NOT_AXES = {"experiment", "task", "task.dataset", "model", "protocol", "seed"}
-# Config groups that do not change a result (records.semantic_config leaves them out of job keys):
+# Config groups that do not change a result (job_keys.semantic_config leaves them out of job keys):
 # a moved results file or another data root is not a swept axis.
-NOT_RESULTS = (*records.NON_SEMANTIC, "measure", *records.NON_SEMANTIC_KEYS)
+NOT_RESULTS = (*NON_SEMANTIC, "measure", *NON_SEMANTIC_KEYS)
 UNSET = "(default)"   # an override a row was not given
 
 
@@ -124,7 +126,7 @@ def report_records(overrides: list[str], opts: dict) -> None:
         raise UserError(f"give the experiment to report (attnbench report NAME; valid: "
                         f"{', '.join(C.group_options('experiment'))}) or a records file (--records FILE): "
                         f"{path} does not exist")
-    rows, dropped = select.one_row_per_job(records.read_records(path))
+    rows, dropped = one_row_per_job(csv_store.read_records(path))
     if not rows:
         raise UserError(f"{path} has no records; run `attnbench sweep ...` or `attnbench run ...` first")
     experiment = single_experiment(rows)
@@ -168,7 +170,7 @@ def report_records(overrides: list[str], opts: dict) -> None:
             written.append(csv)
             columns = [*axis_names, "n", "n_failed", "seeds", "epochs", "mean", "std", "params", "time_per_epoch_s",
                        "time_per_epoch_s_std", "timing_noisy"]
-            records.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
+            csv_store.write_rows(csv, [{k: csv_value(r[k]) for k in columns} for r in table], columns, append=False)
         if "latex" in opts["formats"]:
             written.append(tex)
             write_atomically(tex, latex_of(path, rows, used))

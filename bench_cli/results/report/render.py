@@ -165,8 +165,8 @@ def csv_rows(rows: list[dict], avg: dict | None, labels: list[str], columns=EFFI
 
 def write_csv(path: Path, rows: list[dict], avg: dict | None, labels: list[str], columns=EFFICIENCY,
               committed: bool = False) -> None:
-    """The table as CSV, through the one atomic CSV writer (bench_cli.results.records.write_rows)."""
-    from bench_cli.results.records import write_rows
+    """The table as CSV, through the one atomic CSV writer (bench_cli.results.csv_store.write_rows)."""
+    from bench_cli.results.csv_store import write_rows
 
     write_rows(path, csv_rows(rows, avg, labels, columns, committed), csv_columns(columns, committed), append=False)
 

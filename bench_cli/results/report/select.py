@@ -12,7 +12,6 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from bench_cli.results import records
 from bench_cli.results.report.paper import number
 
 
@@ -40,14 +39,8 @@ class Cell:
         return statistics.stdev(self.values.values()) if self.n >= 2 else None
 
 
-def one_row_per_job(rows: list[dict]) -> tuple[list[dict], int]:
-    """(rows, number of rows dropped): each job_key counted once (records.one_row_per_job)."""
-    kept, _ = records.one_row_per_job(rows)
-    return kept, len(rows) - len(kept)
-
-
 def duplicates_note(dropped: int) -> list[str]:
-    """The note of the rows ``one_row_per_job`` dropped (none: no note)."""
+    """The note of the rows ``job_records.one_row_per_job`` dropped (none: no note)."""
     return [f"{dropped} duplicate ok row{'s' if dropped > 1 else ''} of an already recorded job_key dropped "
             "(the same job run twice, e.g. by two sweeps of one records file): each job counts once, "
             "with its latest ok row."] if dropped else []

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench_cli.core.ui import DASH, csv_value, fixed
-from bench_cli.results import records
+from bench_cli.results import csv_store
+from bench_cli.results.job_records import one_row_per_job
 from bench_cli.results.report import confirmed, render, select
 from bench_cli.results.report.common import made_by, overrides_of, records_line, rerun_command
 
@@ -37,7 +38,7 @@ def searched_values(rows: list[dict]) -> dict[str, list[str]]:
 def best_trials(rows: list[dict]) -> list[dict]:
     """One row per study (first-seen order): its trials, how many ended ok, and the ok trial with
     the best validation score in its metric's direction (ties: the earlier trial)."""
-    rows, _ = select.one_row_per_job(rows)
+    rows, _ = one_row_per_job(rows)
     studies: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("study") and r.get("confirms_trial") in (None, ""):  # a confirmation run is no trial
@@ -108,6 +109,6 @@ def write_study_report(name: str, cfg, path: Path, rows: list[dict], opts: dict,
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(out.with_suffix(".md"), render.markdown(title, lines, display(table), notes(table), COLUMNS,
                                                                  sections))
-        records.write_rows(out.with_suffix(".csv"), [{k: csv_value(r[k]) for k in CSV_COLUMNS} for r in table],
+        csv_store.write_rows(out.with_suffix(".csv"), [{k: csv_value(r[k]) for k in CSV_COLUMNS} for r in table],
                            CSV_COLUMNS, append=False)
         render.print_lines(screen, [f"wrote {out.with_suffix('.md')}, {out.with_suffix('.csv')}"])

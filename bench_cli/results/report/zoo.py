@@ -23,7 +23,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_cli.config import compose as C
-from bench_cli.results import records
+from bench_cli.results.job_records import one_row_per_job
+from bench_cli.results.provenance import PROJECT_ROOT
 from bench_cli.core.spread import interval_text
 from bench_cli.results.report import render, select
 from bench_cli.results.report.paper import number
@@ -202,7 +203,7 @@ def case_table(entries: list[Entry]) -> list[list[str]]:
 
 def profile_ratios(path: Path | None) -> dict[str, dict[int, dict]]:
     """model -> seq_len -> the profile row (its newest ok or failed row)."""
-    from bench_cli.results.records import read_records
+    from bench_cli.results.csv_store import read_records
 
     out: dict[str, dict[int, dict]] = {}
     for r in read_records(path) if path and path.is_file() else []:
@@ -308,12 +309,12 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
     from bench_cli.core.ui import console, show_table
 
     plan, cfg = zoo_plan(name, overrides)
-    rows, duplicates = select.one_row_per_job(rows)
+    rows, duplicates = one_row_per_job(rows)
     baseline = str(cfg.report.get("baseline") or "softmax")
     # The config's folders are the project's (a relative one is read from the project root, not the
     # working folder); the header names the profile as the config does.
     out_dir = Path(opts.get("out")
-                   or (records.PROJECT_ROOT / str(cfg.report.out) if cfg.report.get("out") else path.parent))
+                   or (PROJECT_ROOT / str(cfg.report.out) if cfg.report.get("out") else path.parent))
     profile_path = Path(str(cfg.report.profile_csv)) if cfg.report.get("profile_csv") else None
     sections = []
     for case in plan.cases:
@@ -324,7 +325,7 @@ def write_zoo_report(name: str, cfg, path: Path, rows: list[dict], opts: dict, o
             higher = _higher_is_better(rows_of(case, rows))
             plots.zoo_figure(path=png, **zoo_figure_content(case, entries, metric, higher))
         sections.append(Section(case, metric, entries, png))
-    profile = profile_table(plan.models, profile_ratios(profile_path and records.PROJECT_ROOT / profile_path), baseline)
+    profile = profile_table(plan.models, profile_ratios(profile_path and PROJECT_ROOT / profile_path), baseline)
     title = str(cfg.report.get("title") or name)
     header = header_lines(plan, cfg, rows, path, profile_path)
     notes = skipped_notes(plan, rows) + identical_notes(sections) + select.duplicates_note(duplicates)
