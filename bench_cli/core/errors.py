@@ -170,6 +170,8 @@ class signals_deferred:
 
     def __enter__(self):
         self.outer = _deferring[0]
+        if not self.outer:  # a new sitting: a signal before it (an earlier run in this process) is not this one's
+            _last_signal[:] = [0, float("-inf")]
         _deferring[0] = True
         return self
 
