@@ -28,7 +28,7 @@ def test_groups_are_not_empty():
     assert "uea" in TASKS and {"softmax", "attention_bn_sh", "super", "primalformer", "primal_plus"} <= set(MODELS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def smoke_overrides(task: str) -> tuple[str, ...]:
     """The task's overrides for a smoke step: SMALL, and 16 per head where the paper-size width is
     slow here. Composed once per task (a composition costs about 0.3 s), not once per model."""
@@ -40,7 +40,7 @@ def smoke_overrides(task: str) -> tuple[str, ...]:
     return overrides
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def task_config(task: str):
     return compose(list(smoke_overrides(task)))
 

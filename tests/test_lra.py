@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import pickle
 import random
 from pathlib import Path
 

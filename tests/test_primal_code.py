@@ -556,7 +556,7 @@ def code_cv_ksvd(score_list, lambda_list):
     for scores, lam in zip(score_list, lambda_list):
         lam_diag = torch.diag_embed(lam)
 
-        def energy(s):
+        def energy(s, lam_diag=lam_diag):
             return torch.mean(torch.einsum("...nd,...ds->...ns", s, lam_diag.unsqueeze(0).repeat(s.size(0), 1, 1, 1))
                               .norm(dim=-1, p=2) ** 2) / 2
 

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 

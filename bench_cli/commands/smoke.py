@@ -39,7 +39,7 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from bench_cli.core.errors import UserError
 
@@ -288,7 +288,7 @@ def failure(records: Path | None, before: int, printed: str) -> str:
 
     failed = [r for r in (read_records(records)[before:] if records is not None else []) if r.get("status") != "ok"]
     if failed:
-        error = failed[-1].get("error") or exception_line((Path(failed[-1].get("output_dir") or ".") / "error.txt"))
+        error = failed[-1].get("error") or exception_line(Path(failed[-1].get("output_dir") or ".") / "error.txt")
         if error:
             return error[:500]
     return error_line(printed)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Collection
+from typing import Any, ClassVar
+from collections.abc import Callable, Collection
 
 import torch
 import torch.nn as nn

@@ -250,7 +250,7 @@ class Checkpoints:
         self.verdicts: dict[Path, bool] = {}  # file -> whether it is one of this job's checkpoints (read once)
 
     @classmethod
-    def of(cls, cfg, job_key: str, meta: dict, started: float, dist: D.DistEnv = D.SINGLE) -> "Checkpoints | None":
+    def of(cls, cfg, job_key: str, meta: dict, started: float, dist: D.DistEnv = D.SINGLE) -> Checkpoints | None:
         """The job's checkpoints, or None when off."""
         s = settings(cfg.trainer)
         if s is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
