@@ -163,12 +163,12 @@ def test_help_lists_ls_runs_and_run_help_lists_the_options_not_hydras_banner(cap
 
 
 def test_a_failed_download_does_not_suggest_the_command_that_failed(capsys, workdir, monkeypatch):
-    from tasks.vision import datasets as V
+    from tasks.vision import datasets as vision_datasets
 
     def no_network(root):
         raise OSError("Error downloading train-images-idx3-ubyte.gz:")
 
-    monkeypatch.setattr(V, "download_mnist", no_network)
+    monkeypatch.setattr(vision_datasets, "download_mnist", no_network)
     err = fail_line(capsys, "data", "vision", "mnist")
     assert "cannot download mnist" in err and "put the idx files" in err
     assert "attnbench data vision mnist" not in err
@@ -217,14 +217,14 @@ def test_ls_shows_tasks_datasets_models(capsys, workdir):
 
 
 def test_ls_experiments_fits_80_columns_with_every_name_whole(capsys, workdir):
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
     main(["ls", "experiments"])
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert len(lines) > 1 and all(len(line.rstrip()) <= 80 for line in lines)  # off a terminal: 80 columns
     listed = [w.strip(",") for w in out.split(": ", 1)[1].split()]
-    assert listed == C.group_options("experiment")  # wrapped between names, never inside one
+    assert listed == compose.group_options("experiment")  # wrapped between names, never inside one
 
 
 def test_console_script_exits_2_with_one_line(workdir):
@@ -258,20 +258,20 @@ def test_make_help_fits_80_columns_and_lists_every_target_unbroken():
 # --- experiments state their tasks (issue 22 item 13) ----------------------------------------------
 def test_every_experiment_is_for_known_tasks_and_composes_to_one_of_them(workdir):
     from bench_cli.config import catalog
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
-    experiments = C.group_options("experiment")
+    experiments = compose.group_options("experiment")
     for name in experiments:
-        tasks = C.experiment_tasks(name)
+        tasks = compose.experiment_tasks(name)
         assert tasks and set(tasks) <= set(catalog.tasks()), (name, tasks)
     # Hydra agrees, for each way an experiment selects its task: the root default, its own
     # `override /task`, its parent's, a sweep over tasks (composing all of them takes half a minute)
     expected = {"primal_dual/table1": ["uea"], "pay_better_attention/table2": ["textcls"],
                 "pay_better_attention/table1": ["vit"], "primal_attention/d4rl": ["d4rl"],
                 "primal_dual/table2": ["lra_image", "lra_listops", "lra_pathfinder", "lra_retrieval", "lra_text"]}
-    with C.composer() as compose_one:
+    with compose.composer() as compose_one:
         for name, tasks in expected.items():
-            assert C.experiment_tasks(name) == tasks
+            assert compose.experiment_tasks(name) == tasks
             assert compose_one([f"experiment={name}"]).task.name in tasks, name
 
 

@@ -171,15 +171,15 @@ def defaults_forms(tmp_path, monkeypatch):
 
 
 def test_experiment_tasks_read_every_defaults_form_as_hydra_composes_it(defaults_forms):
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose as composition
 
-    with C.composer() as compose_one:
+    with composition.composer() as compose_one:
         for name in defaults_forms:
             cfg = compose_one([f"experiment={name}"], with_hydra=True)
             swept = OmegaConf.select(cfg, "hydra.sweeper.params.task")
             hydra_tasks = {cfg.task.name, *(t.strip() for t in str(swept).split(",") if swept)}
-            assert C.experiment_tasks(name) == sorted(hydra_tasks), name
+            assert composition.experiment_tasks(name) == sorted(hydra_tasks), name
             assert hydra_tasks != {"uea"}, name   # each form selects something
         with pytest.raises(UserError, match="Multiple values for task"):
             compose_one(["experiment=forms/plain_task"])
-    assert C.experiment_tasks("forms/plain_task") == ["lm"]   # what it asks for: the error names it
+    assert composition.experiment_tasks("forms/plain_task") == ["lm"]   # what it asks for: the error names it

@@ -549,10 +549,10 @@ def test_a_report_over_nan_or_inf_scores_shows_them_and_leaves_them_out_of_means
 @pytest.mark.parametrize("damage", ['{"num_train": 4', "[1, 2]"])
 def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(workdir, capsys, damage):
     """Case 7: a cut or non-object generator.json of the generated ListOps set."""
-    from tasks.lra import listops_generator as G
+    from tasks.lra import listops_generator
 
     folder = workdir / "data" / "lra_generated" / "listops-1000"
-    G.write_dataset(folder, num_train=8, num_val=2, num_test=2, seed=0, max_depth=3, max_args=3, min_length=5,
+    listops_generator.write_dataset(folder, num_train=8, num_val=2, num_test=2, seed=0, max_depth=3, max_args=3, min_length=5,
                     max_length=30)
     (folder / "generator.json").write_text(damage)
     run = ["task=lra_listops", "task.dataset=listops_generated", "task.max_len=32", "task.seq_len=32"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
@@ -229,7 +229,7 @@ def test_yaml_error_in_a_user_folder_is_one_line_naming_the_file(isolated, tmp_p
 def test_empty_plugins_key_keeps_job_keys_and_a_plugin_changes_them(workdir):
     from omegaconf import open_dict
 
-    cfg = C.compose(["task.dataset=Fixture"])
+    cfg = compose.compose(["task.dataset=Fixture"])
     with_key = job_key(cfg)
     with open_dict(cfg):
         del cfg["plugins"]
@@ -249,7 +249,7 @@ def test_the_model_column_names_the_attention_that_replaced_the_presets(workdir,
     attention has another name, primalformer's primal, keeps its name); its job key is the config's."""
     from bench_cli.results import schema
 
-    cfg = C.compose(["task.dataset=Fixture", *overrides])
+    cfg = compose.compose(["task.dataset=Fixture", *overrides])
     key = job_key(cfg)
     assert schema.model_name(cfg) == model and job_key(cfg) == key
 

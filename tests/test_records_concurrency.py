@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench_cli.results import claims, csv_store
-from bench_cli.commands import sweep as S
+from bench_cli.commands import sweep as sweep_command
 from conftest import ATTNBENCH
 from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture, so the tests' parameters redefine it: noqa F811 there)
 
@@ -111,7 +111,7 @@ def test_a_heartbeat_ahead_of_this_clock_is_trusted_only_within_the_time_to_live
 def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,  # noqa: F811
                                                                      capsys):
     args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
-    jobs = S.plan_sweep(args).jobs
+    jobs = sweep_command.plan_sweep(args).jobs
     res = workdir / "res.csv"
     hold_claim(res, jobs[1].key, sleeper.pid, process_start=start_time(sleeper.pid))
     capsys.readouterr()
@@ -164,7 +164,7 @@ def test_a_claim_from_another_host_is_respected_while_fresh_and_taken_over_when_
     is fresh and stale after the time-to-live; the sweep then takes it over in one line naming the
     host, the pid and the last heartbeat."""
     args = [*tiny(workdir), "trainer.num_threads=1"]
-    (job,) = S.plan_sweep(args).jobs
+    (job,) = sweep_command.plan_sweep(args).jobs
     res = workdir / "res.csv"
     hold_claim(res, job.key, 4242, host="node42", heartbeat=ago(30))
     capsys.readouterr()

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from bench_cli.engine import distributed as D
-from bench_cli.core import metrics as M
+from bench_cli.engine import distributed
+from bench_cli.core.metrics import accumulate, compute_all, host_values, Metric, selection_key
 from bench_cli.results import schema
 from bench_cli.results.loggers import StepLosses
 from bench_cli.engine.checkpoint import Checkpoints, set_rng_state, rng_state
@@ -101,7 +101,7 @@ class TrainResult:
     the reported weights (holdout: ``test`` of the selected weights and ``test_last`` of the last;
     ``splits``: other splits the task reports). bench_cli.results.schema names the columns."""
 
-    metric: M.Metric
+    metric: Metric
     protocol: schema.Protocol
     schedule: Schedule
     history: list = field(default_factory=list)
@@ -165,7 +165,7 @@ class Selection:
     takes every evaluation instead (the protocol's rule, bench_cli.core.task.Protocol.keeps: keras'
     fit without a checkpoint keeps the last epoch's weights)."""
 
-    def __init__(self, metric: M.Metric, tie: M.Metric | None, keep_weights: bool, patience, keeps: str = "best"):
+    def __init__(self, metric: Metric, tie: Metric | None, keep_weights: bool, patience, keeps: str = "best"):
         self.metric, self.tie, self.keep_weights, self.keeps = metric, tie, keep_weights, keeps
         self.patience = None if patience is None else int(patience)
         self.key, self.state, self.since_best = None, None, 0
@@ -173,7 +173,7 @@ class Selection:
 
     def offer(self, metrics: dict, model: torch.nn.Module, epoch: int, step: int) -> bool:
         """Consider one evaluation; True when patience has run out."""
-        key = M.selection_key(self.metric, metrics, self.tie)
+        key = selection_key(self.metric, metrics, self.tie)
         if self.key is None or key > self.key or self.keeps == "last":
             self.key, self.epoch, self.step, self.since_best = key, epoch, step, 0
             self.state = snapshot_weights(model, self.state) if self.keep_weights else None
@@ -198,7 +198,7 @@ class Selection:
 
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
-                 objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
+                 objective: Objective | None = None, logger=None, progress=None, dist: distributed.DistEnv = distributed.SINGLE,
                  checkpoints: Checkpoints | None = None, keep_samples: bool = False, on_evaluation=None):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
         # each test evaluation's per-sample outputs (the reported one's go to the result); one
@@ -247,7 +247,7 @@ class Trainer:
 
             sampler = (DistributedSampler(dataset, self.dist.world_size, self.dist.rank, shuffle=True, seed=self.seed,
                                           drop_last=drop_last) if train
-                       else D.ShardSampler(len(dataset), self.dist.rank, self.dist.world_size))
+                       else distributed.ShardSampler(len(dataset), self.dist.rank, self.dist.world_size))
         workers = int(self.cfg.get("num_workers") or 0)
         return DataLoader(dataset, batch_size=bs, shuffle=train and sampler is None, sampler=sampler, generator=g,
                           collate_fn=self.task.collate(split), num_workers=workers, drop_last=drop_last,
@@ -264,11 +264,11 @@ class Trainer:
         kept = [] if self.keep_samples and split == "test" else None
         ctx = EvalContext(loader=lambda s: self.loader(s, train=False), device=self.device,
                           advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None),
-                          reduce=D.all_reduce_sums, metrics=metrics,
+                          reduce=distributed.all_reduce_sums, metrics=metrics,
                           keep=(lambda out: kept.append({k: v.detach() for k, v in out.items()})) if kept is not None else None)
         if kept is not None:
             self.test_samples = kept
-        D.broadcast_buffers(self.model)  # one model evaluated on every shard (a no-op on one process)
+        distributed.broadcast_buffers(self.model)  # one model evaluated on every shard (a no-op on one process)
         try:
             with self.autocast():
                 return self.task.evaluate(self.model, split, ctx)
@@ -366,7 +366,7 @@ class _Loop:
         self.result, self.selection, self.train_loader = result, selection, train_loader
         self.checkpoints = trainer.checkpoints
         self.checkpoint_every = self.checkpoints.settings.every if self.checkpoints is not None else 0
-        self.stop = D.StopVote(trainer.dist)  # when a termination signal stops the fit (on every process together)
+        self.stop = distributed.StopVote(trainer.dist)  # when a termination signal stops the fit (on every process together)
         self.clock = RegionTimer(trainer.device)  # training time not yet added to the result (CUDA events on a GPU)
         self.epoch_start_generator: torch.Tensor | None = None  # the loader generator's state at the epoch's start
         self.train_metrics = result.train_metrics_source == "batches"
@@ -395,7 +395,7 @@ class _Loop:
             try:
                 stop = self.epoch(train_loader, epoch, position if epoch == first else None)
             except Exception:  # a model may fail on the weights a non-finite loss left: that is the cause
-                self.raise_if_diverged(D.SINGLE)
+                self.raise_if_diverged(distributed.SINGLE)
                 raise
             self.result.epochs_run = epoch
             if plan.evaluates_after(epoch):
@@ -479,14 +479,14 @@ class _Loop:
         for value in values:  # in order, not sum(): Python >= 3.12's sum() compensates
             local += value
         diverged = not all(math.isfinite(v) for v in values)
-        sums = D.all_reduce_sums({"loss": local, "batches": float(len(values)), "diverged": float(diverged)},
+        sums = distributed.all_reduce_sums({"loss": local, "batches": float(len(values)), "diverged": float(diverged)},
                                  same_keys=True)
         if sums["diverged"]:
             self.raise_if_diverged(self.t.dist, values)
         self.losses, self.loss_at = [], []
         return sums["loss"], int(sums["batches"])
 
-    def raise_if_diverged(self, dist: D.DistEnv, values: list[float] | None = None) -> None:
+    def raise_if_diverged(self, dist: distributed.DistEnv, values: list[float] | None = None) -> None:
         """DivergedError naming the first non-finite training loss since the last evaluation (its
         epoch and batch); in a distributed run, another process's when this one's are finite."""
         if values is None:
@@ -554,7 +554,7 @@ class _Loop:
         self.step_losses.add(self.losses[-1])
         if self.train_metrics:
             with torch.no_grad():
-                M.accumulate(self.train_stats, t.task.batch_stats(out.detach().float(), batch))
+                accumulate(self.train_stats, t.task.batch_stats(out.detach().float(), batch))
 
     def optimiser_step(self) -> None:
         t, opt = self.t, self.opt
@@ -581,8 +581,8 @@ class _Loop:
         if self.train_metrics:  # the task's metrics over the training batches since the last evaluation
             # (dropout and augmentation on, as keras reports them); its loss metric is train_loss.
             # the statistics were summed on the device (metrics.accumulate): read here, once per evaluation
-            stats = D.all_reduce_sums(M.host_values(self.train_stats))
-            row.update({f"train_{k}": v for k, v in M.compute_all(t.task.metrics, stats).items()})
+            stats = distributed.all_reduce_sums(host_values(self.train_stats))
+            row.update({f"train_{k}": v for k, v in compute_all(t.task.metrics, stats).items()})
         self.train_stats = {}
         selected = t.evaluate(split)
         row.update({f"{split}_{k}": v for k, v in selected.items()})
