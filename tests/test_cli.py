@@ -255,7 +255,7 @@ def test_make_help_fits_80_columns_and_lists_every_target_unbroken():
     assert all(line[2 + width:4 + width] == "  " for line in lines if line[2:3] != " ")
 
 
-# --- experiments state their tasks (issue 22 item 13) ----------------------------------------------
+# --- experiments state their tasks (a typo in a task name is caught, not run as another) ------
 def test_every_experiment_is_for_known_tasks_and_composes_to_one_of_them(workdir):
     from bench_cli.config import catalog
     from bench_cli.config import compose
@@ -282,7 +282,7 @@ def test_a_task_the_experiment_is_not_for_is_one_line_first(command, capsys, wor
     assert "experiments for lm: primal_attention/wikitext103" in err and "sweep" not in err
 
 
-# --- overrides that need quotes (issue 22 item 15) ------------------------------------------------
+# --- overrides that need quotes (the shell splits them: the error shows the quoted form) ---------
 @pytest.mark.parametrize("override", ["task.dataset=Bäsic™Motions", "results.path=my results/ré.csv"])
 def test_a_value_that_needs_quotes_says_so_and_shows_the_quoted_form(override, capsys, workdir):
     key, value = override.split("=", 1)
@@ -299,7 +299,7 @@ def test_quoted_values_with_spaces_and_accents_work(uea_fixture, capsys, workdir
 
 def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdir, monkeypatch):
     """`attnbench run` composes its config once: the defaults its value overrides replace are read
-    in that composition, not in a second one of the group choices alone (issue 21), and a value of
+    in that composition, not in a second one of the group choices alone (a second one costs time), and a value of
     the wrong type is still refused. The run resolves the whole config once (config.yaml, keys, logger)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
@@ -328,7 +328,7 @@ def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdi
     assert len(compositions) == 2
 
 
-# --- user config folders (issue 22 item 14) ---------------------------------------------------------
+# --- user config folders (a user's own models and root config, beside the project's) -------------
 @pytest.fixture
 def user_conf(tmp_path, monkeypatch):
     """A user folder with a model of its own, and one with a root config.yaml selecting it; the
@@ -368,7 +368,7 @@ def test_config_path_without_a_root_config_points_to_config_dir(user_conf, capsy
         assert "no config.yaml" in err and f"--config-dir {models}" in err
 
 
-# --- paths at 80 columns (issue 22) -------------------------------------------------------------
+# --- paths at 80 columns (printed whole, so they can be copied from the terminal) ----------------
 def test_run_summary_prints_long_paths_unbroken_at_80_columns(workdir):
     import os
     import subprocess

@@ -1,4 +1,4 @@
-"""Commands that answer at once (issue 21): `--help`, `ls` and a misspelt override import neither
+"""Commands that answer at once (a user waits on them): `--help`, `ls` and a misspelt override import neither
 torch nor Hydra, and what they read instead of the torch registries (bench_cli/config/catalog_table.py,
 the YAML read without Hydra) stays equal to what the registries and Hydra say. The times
 themselves are a benchmark (`attnbench bench-cli`), not a test."""

@@ -1,5 +1,5 @@
-"""What the reproduction configs take from the code behind the published numbers (issue 20, items
-5-9): which evaluation each code reported (keras' fit keeps the last epoch; DeiT's and the
+"""What the reproduction configs take from the code behind the published numbers (the protocol must
+be the one that produced them): which evaluation each code reported (keras' fit keeps the last epoch; DeiT's and the
 Primal-Attention CV code's main.py print the maximum over epochs; the Decision Transformer code its
 final iteration), the runs per table, the inference batch of Table 4, the D4RL targets in the
 reports and fairseq's tokens per update. The reference arithmetic is written out in each test.

@@ -125,7 +125,7 @@ def test_every_task_config_names_a_registered_task():
     assert sorted(compose([f"task={t}"]).task.name for t in TASKS) == available_tasks()
 
 
-# --- every defaults-list form that selects an experiment's task (issue 19) ------------------------
+# --- every defaults-list form that selects an experiment's task (each must be read as Hydra reads it) ----
 # experiment/forms/<name>.yaml bodies (after `# @package _global_`), each selecting a task other than
 # the root default (uea) the way Hydra's defaults list allows: parents by absolute, relative and
 # `@package` config entries and by experiment group entries, task entries with optional/override/

@@ -1,4 +1,4 @@
-"""The user's manual, README.md and docs/*.md, says only what runs (issue 40): every shell command of
+"""The user's manual, README.md and docs/*.md, says only what runs (a stale manual misleads): every shell command of
 its fenced ```bash blocks is run or checked, and every relative link points at a file (and heading)
 that exists.
 

@@ -1,4 +1,5 @@
-"""The package's shape, kept (issue 35, DESIGN.md): the import graph of bench_cli, tasks and models,
+"""The package's shape, kept (DESIGN.md and docs/architecture.md: layers a reader can follow): the
+import graph of bench_cli, tasks and models,
 read with ``ast`` (imports inside functions included), has no cycle between files, and imports
 point only down the layers: commands -> engine -> results -> config -> core, with tasks/ and
 models/ on core alone (models nothing of tasks). No function is over 80 lines. Hydra's and

@@ -81,9 +81,9 @@ def test_stats_of_several_metrics_share_one_dict_without_clashing():
     assert metrics.compute_all((metrics.Accuracy(), metrics.CrossEntropy(), metrics.RMSE()), stats).keys() == {"accuracy", "loss"}
 
 
-# --- statistics on the device (issue 21) ----------------------------------------------------------
+# --- statistics on the device (a host read per batch is a host-device sync on CUDA) ---------------
 def host_path(metric_value, per_batch_stats, batches) -> float:
-    """The pre-issue-21 path, transcribed: each batch's statistics read with float() and summed in
+    """The former host path, transcribed: each batch's statistics read with float() and summed in
     order as Python floats, then the metric's formula."""
     sums = {}
     for output, y in batches:

@@ -1,4 +1,5 @@
-"""What the harness adds to a job (issue 21): no host read of a tensor inside the training step loop.
+"""What the harness adds to a job (kept small so timings measure the attention): no host read of a
+tensor inside the training step loop.
 
 A real ``Trainer.fit`` (composed default config, the UEA fixture, several steps per epoch, an
 evaluation every 2nd epoch) runs with every way of reading a tensor on the host wrapped

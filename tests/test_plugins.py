@@ -1,4 +1,5 @@
-"""Plugins (issue 23): a module outside the repository registers an attention (or a task) and is
+"""Plugins (a user's attention or task without editing the repository): a module outside the repository
+registers an attention (or a task) and is
 found through ATTNBENCH_PLUGINS, the `plugins:` config key or an `attnbench.plugins` entry point;
 `ls models` shows it, a run and a sweep's workers use it and records name it; mistakes are one
 line. The plugin is the manual's own example (docs/models.md), so the documentation is what is tested."""
@@ -178,7 +179,7 @@ def test_broken_or_missing_plugin_is_one_line_naming_it(isolated, workdir, capsy
 
 
 def test_a_plugin_that_exits_at_import_is_one_line_naming_it(isolated, workdir, capsys, monkeypatch):
-    """Issue 38 case 1: sys.exit(3) in a plugin's import is not the exit status of `attnbench`."""
+    """A plugin is foreign code: sys.exit(3) in its import is not the exit status of `attnbench`."""
     (isolated / "exitimp.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.setenv(plugins.PLUGINS_ENV, "exitimp")
     err = fail_line(capsys, "ls", "models")

@@ -1,4 +1,5 @@
-"""Primal-Attention as the authors' code computes it (issue 11), through the options the reproduction
+"""Primal-Attention as the authors' code computes it (the published numbers come from that code),
+through the options the reproduction
 experiments set (conf/experiment/primal_attention/{uea,lra,imagenet}.yaml).
 
 The ``code_*`` functions are small transcriptions written from reading yingyichen-cyy/PrimalAttention
@@ -330,7 +331,7 @@ def test_parameter_counts_equal_the_authors_models():
         ("lra_retrieval", "primal_plus"): count(code_lra_tensors("retrieval", ["softmax", "primal_cos"], 20)),
     }
     assert counts == want
-    # Issue 11 printed 421,522 / 428,990 for Retrieval: the authors' retrieval models at ListOps' s
+    # The parameter counts first reported 421,522 / 428,990 for Retrieval: the authors' retrieval models at ListOps' s
     # (PrimalFormer 20, Primal.+ 30), derived from their tensors and built here the same way.
     at_listops_s = [count(code_lra_tensors("retrieval", ["primal_cos"] * 2, 20)),
                     count(code_lra_tensors("retrieval", ["softmax", "primal_cos"], 30))]

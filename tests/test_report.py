@@ -397,7 +397,7 @@ def test_small_values_keep_three_significant_digits():
     assert _pm(6.2617, None) == "6.26"
 
 
-# --- issue 22: width, the re-run command, each job counted once ------------------------------------
+# --- the report for people: 80 columns, the re-run command, each job counted once --------------------
 def table1_records(path, accs=((99.5, 99.2), (99.4, 99.6))):
     for m, values in zip(("softmax", "attention_bn"), accs):
         for s, a in enumerate(values):

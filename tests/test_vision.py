@@ -638,7 +638,7 @@ def test_a_file_that_is_not_an_image_is_one_line_naming_it(tmp_path):
     assert str(bad) in str(e.value) and "not a readable image" in str(e.value) and "\n" not in str(e.value)
 
 
-# --- patch-embedding dropout and the CV Primal block's initialisation (issue 20, items 3 and 10) ----
+# --- patch-embedding dropout and the CV Primal block's initialisation, as the reference code has them ----
 def test_vit_has_no_patch_embedding_dropout_and_deit_keeps_timms():
     """task=vit: the keras example adds the position embedding and goes into the first block (no
     dropout); DeiT: timm's pos_drop at the blocks' rate (``embed_dropout: null``)."""

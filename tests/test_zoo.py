@@ -1,4 +1,5 @@
-"""The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/results/report/zoo.py): its job list comes
+"""The attention zoo (every attention on every offline task; conf/experiment/zoo/,
+bench_cli/results/report/zoo.py): its job list comes
 from the model group and the registry, covers every offline task, leaves out what a task cannot run
 (with the reason) in the plan and in the sweep alike; a tiny sweep makes records, the report and a
 plot."""
