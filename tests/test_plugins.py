@@ -1,8 +1,8 @@
 """Plugins (a user's attention or task without editing the repository): a module outside the repository
-registers an attention (or a task) and is
-found through ATTNBENCH_PLUGINS, the `plugins:` config key or an `attnbench.plugins` entry point;
-`ls models` shows it, a run and a sweep's workers use it and records name it; mistakes are one
-line. The plugin is the manual's own example (docs/models.md), so the documentation is what is tested."""
+registers an attention (or a task) and is found through ATTNBENCH_PLUGINS, the `plugins:` config key or an
+`attnbench.plugins` entry point; `ls models` shows it, a run and a sweep's workers use it and records name
+it; mistakes are one line. The plugin is the manual's own example (docs/models.md), so the documentation
+is what is tested."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,5 @@
-"""Primal-Attention as the authors' code computes it (the published numbers come from that code),
-through the options the reproduction
-experiments set (conf/experiment/primal_attention/{uea,lra,imagenet}.yaml).
+"""Primal-Attention as the authors' code computes it (the published numbers come from that code), through
+the options the reproduction experiments set (conf/experiment/primal_attention/{uea,lra,imagenet}.yaml).
 
 The ``code_*`` functions are small transcriptions written from reading yingyichen-cyy/PrimalAttention
 (PrimalAttention_TimeSeries: models/Primal_Attention.py, Primalformer.py, Primalformer_layers.py,

@@ -45,9 +45,8 @@ def test_job_keys_survive_added_config_keys():
 
 def test_a_run_resolves_its_config_once_with_the_same_keys_and_config_file(tmp_path):
     """A run resolves its config once (resolving again cost time at every run): the keys of the resolved
-    data are those of the
-    config, and its config.yaml has the text ``OmegaConf.save(cfg, resolve=True)`` writes (an
-    experiment whose per-dataset tables are interpolations, and the default run's job key)."""
+    data are those of the config, and its config.yaml has the text ``OmegaConf.save(cfg, resolve=True)``
+    writes (an experiment whose per-dataset tables are interpolations, and the default run's job key)."""
     import copy
 
     from omegaconf import OmegaConf

@@ -1,7 +1,6 @@
-"""Two sweeps of one records file at once (several nodes sharing one results folder): each job is
-claimed under the records
-lock before it runs, so no job runs twice; a claim held by a live process is skipped and said so,
-the claim of a dead process (kill -9) is taken over, and a rerun finds every job done."""
+"""Two sweeps of one records file at once (several nodes sharing one results folder): each job is claimed
+under the records lock before it runs, so no job runs twice; a claim held by a live process is skipped and
+said so, the claim of a dead process (kill -9) is taken over, and a rerun finds every job done."""
 from __future__ import annotations
 
 import json

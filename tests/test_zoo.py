@@ -1,8 +1,7 @@
 """The attention zoo (every attention on every offline task; conf/experiment/zoo/,
-bench_cli/results/report/zoo.py): its job list comes
-from the model group and the registry, covers every offline task, leaves out what a task cannot run
-(with the reason) in the plan and in the sweep alike; a tiny sweep makes records, the report and a
-plot."""
+bench_cli/results/report/zoo.py): its job list comes from the model group and the registry, covers every
+offline task, leaves out what a task cannot run (with the reason) in the plan and in the sweep alike; a
+tiny sweep makes records, the report and a plot."""
 from __future__ import annotations
 
 import pytest
