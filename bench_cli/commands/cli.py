@@ -189,7 +189,8 @@ def run_usage() -> str:
     start with '_' are not options: index.group_options leaves them out)."""
     import textwrap
 
-    groups = dict.fromkeys(d.name for folder in compose.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())
+    groups = dict.fromkeys(d.name for folder in compose.config_dirs() if folder.is_dir()
+                           for d in sorted(folder.iterdir())
                            if d.is_dir() and not d.name.startswith(("_", ".")) and d.name != "hydra")
     lines = [textwrap.fill(f"{g}: {', '.join(options)}", HELP_WIDTH, initial_indent="  ", subsequent_indent="      ",
                            break_on_hyphens=False) for g in sorted(groups) if (options := compose.group_options(g))]
@@ -310,7 +311,8 @@ def _plugin_attentions() -> dict[str, dict]:
 def _ls_summary(data_root: Path) -> None:
     from bench_cli.config import catalog
 
-    tasks, models, experiments = sorted(catalog.tasks()), compose.group_options("model"), compose.group_options("experiment")
+    tasks = sorted(catalog.tasks())
+    models, experiments = compose.group_options("model"), compose.group_options("experiment")
     console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
     console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
     plugged = [f"{n} ({a['owner']})" for n, a in _plugin_attentions().items()]

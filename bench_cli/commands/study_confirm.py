@@ -75,7 +75,8 @@ def confirm_best(sweep: sweep_command.Sweep, s, study, space: dict, launched: in
                   soft_wrap=True)
     if todo:
         sweep_command.validate_jobs(todo)
-        sweep_command.launch(sweep_command.Sweep(sweep.master, todo, sweep.flags, total=len(jobs)), todo, first_job_idx=launched)
+        sweep_command.launch(sweep_command.Sweep(sweep.master, todo, sweep.flags, total=len(jobs)), todo,
+                             first_job_idx=launched)
     latest = latest_ok_per_job(csv_store.read_records(s.base.records_path))
     means = {}
     for t in trials:

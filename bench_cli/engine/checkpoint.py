@@ -250,7 +250,8 @@ class Checkpoints:
         self.verdicts: dict[Path, bool] = {}  # file -> whether it is one of this job's checkpoints (read once)
 
     @classmethod
-    def of(cls, cfg, job_key: str, meta: dict, started: float, dist: distributed.DistEnv = distributed.SINGLE) -> Checkpoints | None:
+    def of(cls, cfg, job_key: str, meta: dict, started: float,
+           dist: distributed.DistEnv = distributed.SINGLE) -> Checkpoints | None:
         """The job's checkpoints, or None when off."""
         s = settings(cfg.trainer)
         if s is None:

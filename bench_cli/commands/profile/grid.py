@@ -176,10 +176,12 @@ def _measure_point(cfg: DictConfig, side_cfgs, task, backend: str, seq_len: int,
     from bench_cli.commands.profile.steps import time_sides
 
     p = cfg.profile
-    sides = [harness.Side(role, mcfg, harness.Budget(p.get("timeout_s")), backend="auto" if role == "fused" else backend)
+    sides = [harness.Side(role, mcfg, harness.Budget(p.get("timeout_s")),
+                          backend="auto" if role == "fused" else backend)
              for role, mcfg in side_cfgs]
     for side in sides:
-        harness.guarded(side, "build", lambda side=side: _build_side(side, cfg, task, seq_len, device), p.get("timeout_s"))
+        harness.guarded(side, "build", lambda side=side: _build_side(side, cfg, task, seq_len, device),
+                        p.get("timeout_s"))
         harness.guarded(side, "measure", lambda side=side: harness.measure_static(
             side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
     if timed:
