@@ -12,7 +12,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

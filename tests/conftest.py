@@ -65,7 +65,7 @@ def causal_models(decoder_layers: int) -> list[str]:
             if not capability_problems(model, {"decoder": decoder_layers})]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def composed_models() -> dict:
     """Every model preset composed once per test process (0.1 s each: composing them again for
     every module that parametrises over them was seconds of each worker's collection)."""

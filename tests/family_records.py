@@ -1,6 +1,6 @@
 """One tiny run per task family, and the comparison of two such sets of records: the check that a
-change of the run path leaves every number as it was (issue 35: "one run per family before and
-after gives identical records").
+change of the run path leaves every number as it was (a refactoring must not change results: "one run per
+family before and after gives identical records").
 
     # the records of the code on PYTHONPATH (e.g. main's checkout, then a branch's); data and
     # outputs in before.work/ and after.work/ beside them

@@ -68,7 +68,7 @@ def reference_better(m, name, x, mask, causal):
     for i in range(h_count):
         cols = slice(i * d_k, (i + 1) * d_k)
 
-        def proj(linear):  # X W_i + b_i with W_i the columns of head i (nn.Linear stores W^T)
+        def proj(linear, cols=cols):  # X W_i + b_i with W_i the columns of head i (nn.Linear stores W^T)
             return x @ linear.weight[cols].T + linear.bias[cols]
 
         q = proj(m.q_proj)  # Eqn. 6 / 12 / 16 / 23

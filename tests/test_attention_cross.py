@@ -387,7 +387,7 @@ def test_decoder_layer_dropout_rates():
 
 def test_ls_models_shows_cross_for_the_capable_variants(capsys, workdir):
     from bench_cli.commands.cli import main
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
     main(["ls", "models"])
     supports, current = {}, None
@@ -396,8 +396,8 @@ def test_ls_models_shows_cross_for_the_capable_variants(capsys, workdir):
             current = line.strip()
         elif line.startswith("  cannot do: "):
             supports[current] = line.split(": ", 1)[1].strip()
-    assert set(supports) == set(C.group_options("model"))
+    assert set(supports) == set(compose.group_options("model"))
     for name, text in supports.items():
-        m = C.load_option("model", name)
+        m = compose.load_option("model", name)
         shown = m.final_attention.name if m.get("final_attention") else m.attention.name
         assert ("cross" in text.split(", ")) != attention_spec(shown).capabilities.cross, name  # "cannot do" column

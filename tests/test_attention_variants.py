@@ -41,15 +41,15 @@ def head_rows(linear, h, d):
 # ------------------------------------------------------------------ Child et al. membership (Eqn. 16)
 
 
-def child_member(p, j, l, pattern, c, causal):
+def child_member(p, j, block_len, pattern, c, causal):
     """j in M_i for a query at key-grid position p (Child et al. 2019, as documented)."""
     if pattern == "strided":
         if causal:
-            return (p - l <= j <= p) or (j <= p and (p - j) % l == 0)
-        return abs(p - j) <= l or (p - j) % l == 0
+            return (p - block_len <= j <= p) or (j <= p and (p - j) % block_len == 0)
+        return abs(p - j) <= block_len or (p - j) % block_len == 0
     if causal:
-        return j <= p and (j // l == p // l or j % l >= l - c)
-    return j // l == p // l or j % l >= l - c
+        return j <= p and (j // block_len == p // block_len or j % block_len >= block_len - c)
+    return j // block_len == p // block_len or j % block_len >= block_len - c
 
 
 # ------------------------------------------------------------------ reference of Eqn. 25/26/51 (+27, 16)
@@ -80,8 +80,8 @@ def reference_kernel_attention(m, x, mask, causal):
             for i in range(n):
                 seen = [j for j in range(len(xs)) if key_valid[j] and (not causal or release[j] <= i)]
                 if m.kernel_name == "sparse":
-                    l = m.block_size
-                    used = [j for j in seen if child_member(i // f, j, l, m.sparse_pattern, m.summary_size, causal)]
+                    block_len = m.block_size
+                    used = [j for j in seen if child_member(i // f, j, block_len, m.sparse_pattern, m.summary_size, causal)]
                 else:
                     used = seen
                 if not used:

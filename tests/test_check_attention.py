@@ -150,7 +150,7 @@ def test_a_broken_property_fails_naming_it(capsys, registered, cls, capabilities
 
 
 def test_a_plugin_that_declares_no_cross_passes_without_saying_why(capsys, registered):
-    """Issue 38 case 4: the natural non-cross plugin, Capabilities(causal=False, padding_mask=True)
+    """The plugin a user most likely writes first, Capabilities(causal=False, padding_mask=True)
     and nothing else, passes; the base refuses its context (and causal=True) by itself."""
     code, lines = check(capsys, registered("test_natural", Correct, Capabilities(padding_mask=True)), "--length", "8")
     assert code == 0, "\n".join(lines)

@@ -241,10 +241,10 @@ def test_evaluate_a_kept_checkpoint_gives_the_records_test_metrics(uea_fixture, 
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypatch):
-    from bench_cli.engine import checkpoint as CK
+    from bench_cli.engine import checkpoint
 
-    ck = CK.Checkpoints(workdir / "ck", CK.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
-    parts = {k: {} for k in CK.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
+    ck = checkpoint.Checkpoints(workdir / "ck", checkpoint.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
+    parts = {k: {} for k in checkpoint.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
     first = ck.save({**parts, "position": {"step": 1}})
     before = first.read_bytes()
 
@@ -252,7 +252,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(workdir, monkeypat
         f.write(b"PK\x03\x04 half a zip")
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(CK.torch, "save", dies_midway)
+    monkeypatch.setattr(checkpoint.torch, "save", dies_midway)
     with pytest.raises(OSError):
         ck.save({**parts, "position": {"step": 2}})
     assert [p.name for p in (workdir / "ck").iterdir()] == [first.name] and first.read_bytes() == before
@@ -295,7 +295,7 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(wor
     KeyboardInterrupt comes (recorded as interrupted, exit 130)."""
     import os
 
-    from bench_cli.engine import checkpoint as CK
+    from bench_cli.engine import checkpoint
 
     real_save = torch.save
 
@@ -303,9 +303,9 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(wor
         os.kill(os.getpid(), signal.SIGINT)
         real_save(state, f)
 
-    monkeypatch.setattr(CK.torch, "save", save_interrupted)
-    ck = CK.Checkpoints(workdir / "ck", CK.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
-    parts = {k: {} for k in CK.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
+    monkeypatch.setattr(checkpoint.torch, "save", save_interrupted)
+    ck = checkpoint.Checkpoints(workdir / "ck", checkpoint.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
+    parts = {k: {} for k in checkpoint.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
     with pytest.raises(KeyboardInterrupt):
         ck.save({**parts, "position": {"step": 3}})
     (path,) = ck.files()

@@ -16,16 +16,16 @@ import pytest
 import torch
 
 from bench_cli.commands.cli import main
-from bench_cli.engine import checkpoint as CK
+from bench_cli.engine import checkpoint
 from bench_cli.results.csv_store import read_records
 from test_checkpoint import UEA, interrupt_at, run
 
-SETTINGS = CK.Settings(every=0, keep=1, keep_final=False, resume="true")
-PARTS = {k: {} for k in CK.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
+SETTINGS = checkpoint.Settings(every=0, keep=1, keep_final=False, resume="true")
+PARTS = {k: {} for k in checkpoint.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
 
 
-def checkpoints(folder: Path, job_key: str = "mine", settings: CK.Settings = SETTINGS) -> CK.Checkpoints:
-    return CK.Checkpoints(folder, settings, job_key, {}, 0.0)
+def checkpoints(folder: Path, job_key: str = "mine", settings: checkpoint.Settings = SETTINGS) -> checkpoint.Checkpoints:
+    return checkpoint.Checkpoints(folder, settings, job_key, {}, 0.0)
 
 
 def unusable_files(folder: Path) -> dict[str, bytes | None]:
@@ -70,7 +70,7 @@ def test_files_the_job_cannot_use_never_cost_it_its_checkpoints(workdir, capsys)
     assert state is not None and state["position"] == {"step": 2} and second.resumed_from == str(saved[1])
     assert "resuming from" in capsys.readouterr().err
     assert second.save({**PARTS, "position": {"step": 3}}).name == "ckpt-000083.pt" and not saved[1].exists()
-    assert CK.resumable_from_folder(folder, "mine") == folder / "ckpt-000083.pt"
+    assert checkpoint.resumable_from_folder(folder, "mine") == folder / "ckpt-000083.pt"
     second.finish("ok")  # its own removed; the rest is left, said in one line
     assert not list(folder.glob("ckpt-00008[1-3].pt"))
     assert_untouched(folder, made)
@@ -83,7 +83,7 @@ def test_resume_false_never_prunes_its_new_checkpoint_for_an_older_run(workdir):
     later = checkpoints(folder)
     later.sequence = 40  # an earlier sitting that got further: a higher number than a new sitting starts at
     later.save({**PARTS, "position": {"step": 40}})
-    again = checkpoints(folder, settings=CK.Settings(every=0, keep=1, keep_final=False, resume="false"))
+    again = checkpoints(folder, settings=checkpoint.Settings(every=0, keep=1, keep_final=False, resume="false"))
     assert again.load() is None
     path = again.save({**PARTS, "position": {"step": 1}})
     assert [p.name for p in folder.iterdir()] == [path.name] and path.name == "ckpt-000042.pt"
@@ -123,7 +123,7 @@ def test_a_kill_during_a_write_leaves_a_locked_temporary_file_until_its_writer_d
         f.write(b"part")
         (tmp,) = folder.glob("*.tmp")
         os.utime(tmp, (time.time() - 3600,) * 2)
-        assert remove_stale_temporaries(folder, CK.TEMPORARY) == [] and tmp.exists()
+        assert remove_stale_temporaries(folder, checkpoint.TEMPORARY) == [] and tmp.exists()
     assert not tmp.exists() and (folder / "ckpt-000001.pt").read_bytes() == b"part"
 
 
@@ -154,7 +154,7 @@ def test_an_unusable_higher_numbered_file_and_interruptions_resume_the_job(uea_f
 def test_an_interruption_before_any_checkpoint_says_the_command_starts_over(uea_fixture, workdir, monkeypatch, capsys):
     with monkeypatch.context() as m:
         interrupt_at(m, 1, "SIGTERM")
-        monkeypatch.setattr(CK.Checkpoints, "save", lambda self, state: None)  # nothing reaches the folder
+        monkeypatch.setattr(checkpoint.Checkpoints, "save", lambda self, state: None)  # nothing reaches the folder
         with pytest.raises(SystemExit):
             main(["run", *UEA, "results.path=res.csv"])
     err = capsys.readouterr().err
@@ -189,8 +189,8 @@ def test_a_checkpoint_of_a_wrong_shape_is_one_line(workdir):
     folder.mkdir()
     for name, state in (("ckpt-000001.pt", [1, 2]), ("ckpt-000002.pt", {"format": 1, "meta": [], "position": 3})):
         torch.save(state, folder / name)
-    with pytest.raises(CK.CheckpointError, match="not an attnbench checkpoint"):
-        CK.read(folder / "ckpt-000001.pt")
-    with pytest.raises(CK.CheckpointError, match="lacks"):
-        CK.read(folder / "ckpt-000002.pt")
-    assert CK.resumable_from_folder(folder, "mine") is None
+    with pytest.raises(checkpoint.CheckpointError, match="not an attnbench checkpoint"):
+        checkpoint.read(folder / "ckpt-000001.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="lacks"):
+        checkpoint.read(folder / "ckpt-000002.pt")
+    assert checkpoint.resumable_from_folder(folder, "mine") is None

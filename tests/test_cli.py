@@ -163,12 +163,12 @@ def test_help_lists_ls_runs_and_run_help_lists_the_options_not_hydras_banner(cap
 
 
 def test_a_failed_download_does_not_suggest_the_command_that_failed(capsys, workdir, monkeypatch):
-    from tasks.vision import datasets as V
+    from tasks.vision import datasets as vision_datasets
 
     def no_network(root):
         raise OSError("Error downloading train-images-idx3-ubyte.gz:")
 
-    monkeypatch.setattr(V, "download_mnist", no_network)
+    monkeypatch.setattr(vision_datasets, "download_mnist", no_network)
     err = fail_line(capsys, "data", "vision", "mnist")
     assert "cannot download mnist" in err and "put the idx files" in err
     assert "attnbench data vision mnist" not in err
@@ -217,14 +217,14 @@ def test_ls_shows_tasks_datasets_models(capsys, workdir):
 
 
 def test_ls_experiments_fits_80_columns_with_every_name_whole(capsys, workdir):
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
     main(["ls", "experiments"])
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert len(lines) > 1 and all(len(line.rstrip()) <= 80 for line in lines)  # off a terminal: 80 columns
     listed = [w.strip(",") for w in out.split(": ", 1)[1].split()]
-    assert listed == C.group_options("experiment")  # wrapped between names, never inside one
+    assert listed == compose.group_options("experiment")  # wrapped between names, never inside one
 
 
 def test_console_script_exits_2_with_one_line(workdir):
@@ -255,23 +255,23 @@ def test_make_help_fits_80_columns_and_lists_every_target_unbroken():
     assert all(line[2 + width:4 + width] == "  " for line in lines if line[2:3] != " ")
 
 
-# --- experiments state their tasks (issue 22 item 13) ----------------------------------------------
+# --- experiments state their tasks (a typo in a task name is caught, not run as another) ------
 def test_every_experiment_is_for_known_tasks_and_composes_to_one_of_them(workdir):
     from bench_cli.config import catalog
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
-    experiments = C.group_options("experiment")
+    experiments = compose.group_options("experiment")
     for name in experiments:
-        tasks = C.experiment_tasks(name)
+        tasks = compose.experiment_tasks(name)
         assert tasks and set(tasks) <= set(catalog.tasks()), (name, tasks)
     # Hydra agrees, for each way an experiment selects its task: the root default, its own
     # `override /task`, its parent's, a sweep over tasks (composing all of them takes half a minute)
     expected = {"primal_dual/table1": ["uea"], "pay_better_attention/table2": ["textcls"],
                 "pay_better_attention/table1": ["vit"], "primal_attention/d4rl": ["d4rl"],
                 "primal_dual/table2": ["lra_image", "lra_listops", "lra_pathfinder", "lra_retrieval", "lra_text"]}
-    with C.composer() as compose_one:
+    with compose.composer() as compose_one:
         for name, tasks in expected.items():
-            assert C.experiment_tasks(name) == tasks
+            assert compose.experiment_tasks(name) == tasks
             assert compose_one([f"experiment={name}"]).task.name in tasks, name
 
 
@@ -282,7 +282,7 @@ def test_a_task_the_experiment_is_not_for_is_one_line_first(command, capsys, wor
     assert "experiments for lm: primal_attention/wikitext103" in err and "sweep" not in err
 
 
-# --- overrides that need quotes (issue 22 item 15) ------------------------------------------------
+# --- overrides that need quotes (the shell splits them: the error shows the quoted form) ---------
 @pytest.mark.parametrize("override", ["task.dataset=Bäsic™Motions", "results.path=my results/ré.csv"])
 def test_a_value_that_needs_quotes_says_so_and_shows_the_quoted_form(override, capsys, workdir):
     key, value = override.split("=", 1)
@@ -299,7 +299,7 @@ def test_quoted_values_with_spaces_and_accents_work(uea_fixture, capsys, workdir
 
 def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdir, monkeypatch):
     """`attnbench run` composes its config once: the defaults its value overrides replace are read
-    in that composition, not in a second one of the group choices alone (issue 21), and a value of
+    in that composition, not in a second one of the group choices alone (a second one costs time), and a value of
     the wrong type is still refused. The run resolves the whole config once (config.yaml, keys, logger)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
@@ -328,7 +328,7 @@ def test_a_run_composes_and_resolves_its_config_once(uea_fixture, capsys, workdi
     assert len(compositions) == 2
 
 
-# --- user config folders (issue 22 item 14) ---------------------------------------------------------
+# --- user config folders (a user's own models and root config, beside the project's) -------------
 @pytest.fixture
 def user_conf(tmp_path, monkeypatch):
     """A user folder with a model of its own, and one with a root config.yaml selecting it; the
@@ -368,7 +368,7 @@ def test_config_path_without_a_root_config_points_to_config_dir(user_conf, capsy
         assert "no config.yaml" in err and f"--config-dir {models}" in err
 
 
-# --- paths at 80 columns (issue 22) -------------------------------------------------------------
+# --- paths at 80 columns (printed whole, so they can be copied from the terminal) ----------------
 def test_run_summary_prints_long_paths_unbroken_at_80_columns(workdir):
     import os
     import subprocess

@@ -1,4 +1,4 @@
-"""Commands that answer at once (issue 21): `--help`, `ls` and a misspelt override import neither
+"""Commands that answer at once (a user waits on them): `--help`, `ls` and a misspelt override import neither
 torch nor Hydra, and what they read instead of the torch registries (bench_cli/config/catalog_table.py,
 the YAML read without Hydra) stays equal to what the registries and Hydra say. The times
 themselves are a benchmark (`attnbench bench-cli`), not a test."""
@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench_cli.config import catalog, checks
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
 
@@ -91,15 +91,15 @@ def test_ls_from_the_table_prints_what_the_live_registries_print(section, workdi
 
 def test_listing_config_equals_the_composed_one(workdir, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_DATA", str(workdir / "elsewhere"))
-    light, full = C.compose_for_listing([]), C.compose([])
+    light, full = compose.compose_for_listing([]), compose.compose([])
     for key in ("paths", "plugins"):
         assert OmegaConf.to_container(light[key], resolve=True) == OmegaConf.to_container(full[key], resolve=True)
     assert light.paths.data_root == str(workdir / "elsewhere")
 
 
 def test_option_data_reads_the_attentions_load_option_reads():
-    for model in C.group_options("model"):
-        fast, slow = C.option_data("model", model), C.load_option("model", model)
+    for model in compose.group_options("model"):
+        fast, slow = compose.option_data("model", model), compose.load_option("model", model)
         assert fast["attention"]["name"] == slow.attention.name, model
         assert bool(fast.get("final_attention")) == bool(slow.get("final_attention")), model
 
@@ -107,7 +107,7 @@ def test_option_data_reads_the_attentions_load_option_reads():
 def test_quick_check_says_what_hydra_says(workdir, monkeypatch):
     def message(*overrides: str) -> str:
         with pytest.raises(UserError) as e:
-            C.compose(list(overrides))
+            compose.compose(list(overrides))
         return str(e.value)
 
     quick = message("modle=softmax"), message("task=uae")
@@ -116,6 +116,6 @@ def test_quick_check_says_what_hydra_says(workdir, monkeypatch):
 
 
 def test_top_level_keys_hold_every_composed_key(workdir):
-    keys = C.top_level_keys()
+    keys = compose.top_level_keys()
     for overrides in ([], ["experiment=primal_dual/table1"], ["experiment=primal_attention/lra"]):
-        assert set(C.compose(overrides, with_hydra=True).keys()) <= keys, overrides
+        assert set(compose.compose(overrides, with_hydra=True).keys()) <= keys, overrides

@@ -1,5 +1,5 @@
-"""What the reproduction configs take from the code behind the published numbers (issue 20, items
-5-9): which evaluation each code reported (keras' fit keeps the last epoch; DeiT's and the
+"""What the reproduction configs take from the code behind the published numbers (the protocol must
+be the one that produced them): which evaluation each code reported (keras' fit keeps the last epoch; DeiT's and the
 Primal-Attention CV code's main.py print the maximum over epochs; the Decision Transformer code its
 final iteration), the runs per table, the inference batch of Table 4, the D4RL targets in the
 reports and fairseq's tokens per update. The reference arithmetic is written out in each test.
@@ -15,9 +15,9 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_cli.results import schema
-from bench_cli.commands import sweep as S
+from bench_cli.commands import sweep
 from bench_cli.config.compose import compose
-from bench_cli.core import metrics as M
+from bench_cli.core import metrics
 from bench_cli.core.errors import UserError
 from bench_cli.results.report.spec import paper_runs as paper_runs_of
 from bench_cli.engine.env import seed_everything
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 # --- item 5: model selection as each code does it ------------------------------------------------
 def test_last_rule_keeps_the_last_evaluation_and_best_the_best():
-    accuracy, loss = M.Accuracy(), M.CrossEntropy()
+    accuracy, loss = metrics.Accuracy(), metrics.CrossEntropy()
     model = torch.nn.Linear(1, 1)
     for keeps, expected_epoch in (("best", 1), ("last", 3)):
         selection = Selection(accuracy, loss, keep_weights=True, patience=1, keeps=keeps)
@@ -146,7 +146,7 @@ PBA_TABLES = ("table1", "table2", "table3", "table4_text", "table4_vision", "tab
 def runs_per_dataset(experiment: str, dataset_default: str) -> dict[str, int]:
     """Seeds per (dataset, other grid values) cell of the experiment's default grid."""
     cells: dict[tuple, set] = {}
-    for job in S.expand_grid([f"experiment={experiment}"]):
+    for job in sweep.expand_grid([f"experiment={experiment}"]):
         values = dict(o.split("=", 1) for o in job if "=" in o)
         seed = values.pop("seed")
         values.setdefault("task.dataset", dataset_default)

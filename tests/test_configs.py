@@ -28,7 +28,7 @@ def test_groups_are_not_empty():
     assert "uea" in TASKS and {"softmax", "attention_bn_sh", "super", "primalformer", "primal_plus"} <= set(MODELS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def smoke_overrides(task: str) -> tuple[str, ...]:
     """The task's overrides for a smoke step: SMALL, and 16 per head where the paper-size width is
     slow here. Composed once per task (a composition costs about 0.3 s), not once per model."""
@@ -40,7 +40,7 @@ def smoke_overrides(task: str) -> tuple[str, ...]:
     return overrides
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def task_config(task: str):
     return compose(list(smoke_overrides(task)))
 
@@ -125,7 +125,7 @@ def test_every_task_config_names_a_registered_task():
     assert sorted(compose([f"task={t}"]).task.name for t in TASKS) == available_tasks()
 
 
-# --- every defaults-list form that selects an experiment's task (issue 19) ------------------------
+# --- every defaults-list form that selects an experiment's task (each must be read as Hydra reads it) ----
 # experiment/forms/<name>.yaml bodies (after `# @package _global_`), each selecting a task other than
 # the root default (uea) the way Hydra's defaults list allows: parents by absolute, relative and
 # `@package` config entries and by experiment group entries, task entries with optional/override/
@@ -171,15 +171,15 @@ def defaults_forms(tmp_path, monkeypatch):
 
 
 def test_experiment_tasks_read_every_defaults_form_as_hydra_composes_it(defaults_forms):
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose as composition
 
-    with C.composer() as compose_one:
+    with composition.composer() as compose_one:
         for name in defaults_forms:
             cfg = compose_one([f"experiment={name}"], with_hydra=True)
             swept = OmegaConf.select(cfg, "hydra.sweeper.params.task")
             hydra_tasks = {cfg.task.name, *(t.strip() for t in str(swept).split(",") if swept)}
-            assert C.experiment_tasks(name) == sorted(hydra_tasks), name
+            assert composition.experiment_tasks(name) == sorted(hydra_tasks), name
             assert hydra_tasks != {"uea"}, name   # each form selects something
         with pytest.raises(UserError, match="Multiple values for task"):
             compose_one(["experiment=forms/plain_task"])
-    assert C.experiment_tasks("forms/plain_task") == ["lm"]   # what it asks for: the error names it
+    assert composition.experiment_tasks("forms/plain_task") == ["lm"]   # what it asks for: the error names it

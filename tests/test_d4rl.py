@@ -232,10 +232,10 @@ def test_decision_transformer_init_is_the_reference_codes(model):
 
 
 def test_fetcher_downloads_to_d4rl_file_name_with_checksum(workdir, monkeypatch, tmp_path):
-    import tasks.d4rl as D
+    from tasks import d4rl
 
     src = hand_made(tmp_path / "src" / "hopper_medium-v2.hdf5")
-    monkeypatch.setattr(D, "D4RL_URL", src.parent.as_uri() + "/{file}")
+    monkeypatch.setattr(d4rl, "D4RL_URL", src.parent.as_uri() + "/{file}")
     main(["data", "d4rl", "hopper-medium-v2"])
     target = workdir / "data" / "d4rl" / "hopper_medium-v2.hdf5"
     assert target.is_file() and (target.parent / "hopper_medium-v2.hdf5.sha256").is_file()

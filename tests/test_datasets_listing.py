@@ -61,12 +61,12 @@ def test_each_datasets_path_is_where_its_files_are(family, workdir):
     from test_smoke_plan import WRITERS
 
     from bench_cli.commands.smoke import FAMILIES
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
     data = workdir / "data"
     WRITERS[family](data, family)
     (f,) = [f for f in FAMILIES if f.task == family]
-    dataset = str(C.compose([f"task={family}", *f.overrides]).task.dataset)
+    dataset = str(compose.compose([f"task={family}", *f.overrides]).task.dataset)
     source = fetcher(task_class(family).fetcher)
     location = source.location(dataset, data)
     assert source.status(dataset, data) == "local" and location.startswith(str(data)), location

@@ -1,4 +1,4 @@
-"""The user's manual, README.md and docs/*.md, says only what runs (issue 40): every shell command of
+"""The user's manual, README.md and docs/*.md, says only what runs (a stale manual misleads): every shell command of
 its fenced ```bash blocks is run or checked, and every relative link points at a file (and heading)
 that exists.
 
@@ -62,7 +62,7 @@ class Command:
     text: str  # as written, continuation lines joined
     env: dict[str, str]
     argv: list[str]
-    earlier: list["Command"] = field(default_factory=list)  # the commands before it in its block
+    earlier: list[Command] = field(default_factory=list)  # the commands before it in its block
 
     def __str__(self) -> str:
         return f"{self.where}: {self.text}"
@@ -308,7 +308,7 @@ def test_every_command_of_the_manual_runs(cmd, manual_env, capsys, monkeypatch):
 def test_the_manual_has_commands_and_every_code_block_names_its_language():
     """An unmarked block would hide its commands from the test above."""
     for path in MANUAL:
-        for language, body, line in code_blocks(path.read_text()):
+        for language, _body, line in code_blocks(path.read_text()):
             assert language, f"{path.name}:{line - 1}: a code block without a language (```bash, ```text ...)"
     assert len(COMMANDS) > 30 and any("--dry-run" in c.argv for c in COMMANDS if c.where.startswith("README"))
 

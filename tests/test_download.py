@@ -1,6 +1,6 @@
-"""Downloads that resume (issue 37, item 4), against a real HTTP server on 127.0.0.1 that misbehaves
-on purpose: it drops the connection mid-body, ignores a Range request once, answers 503 or 403,
-or sends corrupted bytes."""
+"""Downloads that resume (a dropped connection must not restart a large download), against a real HTTP
+server on 127.0.0.1 that misbehaves on purpose: it drops the connection mid-body, ignores a Range request
+once, answers 503 or 403, or sends corrupted bytes."""
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,6 @@
-"""Optional extras (issue 37): the core runs without any of them, and a family whose extra is
-missing is one line naming it (`pip install 'attnbench[vision]'`), exit status 2."""
+"""Optional extras (a family's heavy dependencies installed only by those who run it): the core runs
+without any of them, and a family whose extra is missing is one line naming it (`pip install
+'attnbench[vision]'`), exit status 2."""
 from __future__ import annotations
 
 import os

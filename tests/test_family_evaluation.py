@@ -43,13 +43,13 @@ def write_tser(data: Path) -> None:
 
 def write_lra(task: str):
     def write(data: Path) -> None:
-        from tests import test_lra as L
+        from tests import test_lra
 
-        {"lra_listops": lambda: L.write_listops(data / "lra_release" / "listops-1000", n=(16, 8, 8), workers=1),
-         "lra_text": lambda: L.write_acl_imdb(data / "aclImdb"),
-         "lra_retrieval": lambda: L.write_aan(data / "lra_release" / "tsv_data"),
-         "lra_image": lambda: L.write_cifar(data / "cifar-10-batches-py", per_batch=4),
-         "lra_pathfinder": lambda: L.write_pathfinder(data / "lra_release" / "pathfinder32" / "curv_contour_length_14"),
+        {"lra_listops": lambda: test_lra.write_listops(data / "lra_release" / "listops-1000", n=(16, 8, 8), workers=1),
+         "lra_text": lambda: test_lra.write_acl_imdb(data / "aclImdb"),
+         "lra_retrieval": lambda: test_lra.write_aan(data / "lra_release" / "tsv_data"),
+         "lra_image": lambda: test_lra.write_cifar(data / "cifar-10-batches-py", per_batch=4),
+         "lra_pathfinder": lambda: test_lra.write_pathfinder(data / "lra_release" / "pathfinder32" / "curv_contour_length_14"),
          }[task]()
     return write
 

@@ -234,7 +234,7 @@ def test_a_symlinked_results_file_is_written_through_and_stays_a_link(uea_fixtur
 
 
 def test_report_on_a_corrupt_records_file_is_one_line_naming_the_line(workdir, capsys):
-    """Issue 22 item 6: an unterminated quote is exit 2 and one line, not rows absorbed as gaps."""
+    """A damaged records file: an unterminated quote is exit 2 and one line, not rows absorbed as gaps."""
     from bench_cli.results.csv_store import append_record
 
     path = workdir / "runs.csv"
@@ -250,7 +250,7 @@ def test_report_on_a_corrupt_records_file_is_one_line_naming_the_line(workdir, c
 
 
 def test_a_run_refuses_a_records_file_with_rows_wider_than_its_header(uea_fixture, workdir, capsys):
-    """Issue 22 item 4: refused before training, one line naming the file and the row."""
+    """A damaged records file is refused before training (no work lost), one line naming the file and the row."""
     from bench_cli.results.csv_store import append_record
 
     path = workdir / "res.csv"
@@ -263,7 +263,7 @@ def test_a_run_refuses_a_records_file_with_rows_wider_than_its_header(uea_fixtur
 
 
 def test_dry_run_lists_every_job_and_marks_missing_data(workdir, capsys):
-    """Issue 22: a dry run lists an experiment's jobs without their data (MNIST and CIFAR-100 are
+    """A plan needs no data: a dry run lists an experiment's jobs without their data (MNIST and CIFAR-100 are
     not in the test's data root), marked; a real sweep refuses them in one line."""
     from bench_cli.commands.cli import main
 
@@ -275,7 +275,7 @@ def test_dry_run_lists_every_job_and_marks_missing_data(workdir, capsys):
     assert "MNIST not found" in exit_line(capsys, *args)
 
 
-# --- attentions that misbehave (issue 38) ---------------------------------------------------------------
+# --- attentions that misbehave (a plugin's bug is its own clear line, not the harness's traceback) -----
 @pytest.fixture
 def broken_attentions():
     """Two registered attentions that misbehave: 'boomatt' raises in its kernel, 'narrowatt'
@@ -323,7 +323,7 @@ def test_a_sweep_checks_each_attention_of_one_model_name(uea_fixture, workdir, c
     assert "unknown attention 'nosuch'" in err
 
 
-# --- every file written atomically, every cache read validated (issue 38) --------------------------------
+# --- every file written atomically, every cache read validated (a kill or a bad cache loses no work) ------
 def test_every_file_is_written_through_the_one_atomic_writer():
     """No module of bench_cli, tasks or models writes a file in place: a kill mid-write would
     leave it empty or partial (bench_cli.core.files is the one writer)."""
@@ -406,7 +406,7 @@ def test_a_measurement_cache_entry_of_another_shape_is_measured_again(uea_fixtur
         assert last["status"] == "ok" and (last["params"], last["flops_train_step"]) == (first["params"], first["flops_train_step"])
 
 
-# --- paths the user gave (issue 38 cases 8 and 13) ---------------------------------------------------------
+# --- paths the user gave (unusable ones are one line before anything runs) --------------------------------
 def test_an_unusable_output_folder_is_one_line_before_anything_runs(uea_fixture, workdir, capsys):
     (workdir / "afile").write_text("x")
     for command in ("validate", "run"):
@@ -475,7 +475,7 @@ def test_a_seed_numpy_cannot_take_is_refused(uea_fixture, workdir, capsys, seed)
     assert f"bad value for seed: {seed} (expected an integer between 0 and 4294967295)" in err
 
 
-# --- files that cannot be trusted (issue 38 cases 5 and 6) ------------------------------------------------
+# --- files that cannot be trusted (BOMs, damaged caches: read alike or refused in one line) ----------------
 def test_a_records_file_with_a_byte_order_mark_is_read_and_kept_alike(uea_fixture, workdir, capsys):
     """Case 5: `run` and `report` read a BOM alike (a spreadsheet's export); the BOM stays."""
     from bench_cli.results.csv_store import BOM, append_record
@@ -549,10 +549,10 @@ def test_a_report_over_nan_or_inf_scores_shows_them_and_leaves_them_out_of_means
 @pytest.mark.parametrize("damage", ['{"num_train": 4', "[1, 2]"])
 def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(workdir, capsys, damage):
     """Case 7: a cut or non-object generator.json of the generated ListOps set."""
-    from tasks.lra import listops_generator as G
+    from tasks.lra import listops_generator
 
     folder = workdir / "data" / "lra_generated" / "listops-1000"
-    G.write_dataset(folder, num_train=8, num_val=2, num_test=2, seed=0, max_depth=3, max_args=3, min_length=5,
+    listops_generator.write_dataset(folder, num_train=8, num_val=2, num_test=2, seed=0, max_depth=3, max_args=3, min_length=5,
                     max_length=30)
     (folder / "generator.json").write_text(damage)
     run = ["task=lra_listops", "task.dataset=listops_generated", "task.max_len=32", "task.seq_len=32"]
@@ -565,7 +565,7 @@ def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(work
     assert "listops_generated  damaged" in out and "damaged: fetch it again with --force" in out.replace("\n", " ")
 
 
-# --- sizes checked before anything is allocated (issue 38 case 10) -----------------------------------------
+# --- sizes checked before anything is allocated (a bad size is one line, not an out-of-memory kill) -------
 @pytest.mark.parametrize("args, expected", [
     (["bench", "--seq-lens", "0"], "option --seq-lens of `attnbench bench` must be an integer of at least 1 (got 0)"),
     (["bench", "--seq-lens", "-1"], "option --seq-lens of `attnbench bench` must be an integer of at least 1 (got -1)"),
@@ -596,7 +596,7 @@ def test_run_sizes_that_cannot_be_are_refused_not_recorded(uea_fixture, workdir,
     assert not (workdir / "res.csv").exists()
 
 
-# --- Hydra's override syntaxes: one reading in run, validate and sweep (issue 38) ----------------------------
+# --- Hydra's override syntaxes: one reading in run, validate and sweep (so a plan is what runs) -------------
 @pytest.mark.parametrize("override, sweep_jobs", [
     ("seed=choice(0,1)", ["softmax seed=0", "softmax seed=1"]),
     ("seed=range(0,3,step=2)", ["softmax seed=0", "softmax seed=2"]),

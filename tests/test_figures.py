@@ -1,4 +1,4 @@
-"""Figures ready for a paper (issue 40, item 9; bench_cli/results/plots.py, docs/figures.md): every
+"""Figures ready for a paper (bench_cli/results/plots.py, docs/figures.md): every
 figure is a PNG and a PDF, no two series look alike, series that coincide are said to, the zoo's
 labels never overlap and carry the seeds' error bars, and `attnbench profile --replot` draws a
 profile's figures from its CSV without measuring."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench_cli.engine import distributed as D
+from bench_cli.engine import distributed
 from bench_cli.results.csv_store import read_records
 from test_sweep import sweep, tiny
 
@@ -44,13 +44,13 @@ def test_two_nodes_of_two_tasks_from_the_slurm_environment(monkeypatch, node, lo
     monkeypatch.setenv("SLURM_LOCALID", str(localid))
     monkeypatch.setenv("SLURM_NODELIST", "gpu[07-08]")
     monkeypatch.setenv("SLURM_JOB_ID", "123456")
-    env = D.launch_env()
+    env = distributed.launch_env()
     assert (env.rank, env.world_size, env.local_rank) == (procid, 4, localid)
     import os
 
     assert os.environ["MASTER_ADDR"] == "gpu07" and os.environ["MASTER_PORT"] == str(20000 + 123456 % 20000)
-    assert D.device_for(env, torch.device("cuda")) == torch.device("cuda", localid)  # one GPU per local task
-    assert D.device_for(env, torch.device("cpu")) == torch.device("cpu")
+    assert distributed.device_for(env, torch.device("cuda")) == torch.device("cuda", localid)  # one GPU per local task
+    assert distributed.device_for(env, torch.device("cpu")) == torch.device("cpu")
     assert env.is_main == (procid == 0)
 
 

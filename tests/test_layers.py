@@ -1,10 +1,10 @@
-"""The package's shape, kept (issue 35, DESIGN.md): the import graph of bench_cli, tasks and models,
-read with ``ast`` (imports inside functions included), has no cycle between files, and imports
-point only down the layers: commands -> engine -> results -> config -> core, with tasks/ and
-models/ on core alone (models nothing of tasks). No function is over 80 lines. Hydra's and
-OmegaConf's private API is used only by the two fence modules (PRIVATE_API_FENCE), which list what
-they use. Reading the source imports nothing (but the last test, which imports Hydra and OmegaConf
-to find the symbols the fence lists), so this runs in a fraction of a second."""
+"""The package's shape, kept (DESIGN.md and docs/architecture.md: layers a reader can follow): the import
+graph of bench_cli, tasks and models, read with ``ast`` (imports inside functions included), has no cycle
+between files, and imports point only down the layers: commands -> engine -> results -> config -> core,
+with tasks/ and models/ on core alone (models nothing of tasks). No function is over 80 lines. Hydra's and
+OmegaConf's private API is used only by the two fence modules (PRIVATE_API_FENCE), which list what they
+use. Reading the source imports nothing (but the last test, which imports Hydra and OmegaConf to find the
+symbols the fence lists), so this runs in a fraction of a second."""
 from __future__ import annotations
 
 import ast

@@ -93,7 +93,7 @@ def test_step_losses_read_no_tensor_in_the_step_loop_unless_a_tracker_shows_them
     between evaluations (tests/test_overhead.py's count); with one, a read per point (a
     host-device sync every log_every_n_steps steps on a GPU), and none more."""
     from bench_cli.config.compose import compose
-    from bench_cli.engine import trainer as T
+    from bench_cli.engine import trainer
     from bench_cli.results.loggers import HistoryCSV, Loggers, NullLogger
     from tasks.uea import UEAClassification
     from test_overhead import TINY as OVERHEAD, HostReads
@@ -106,10 +106,10 @@ def test_step_losses_read_no_tensor_in_the_step_loop_unless_a_tracker_shows_them
     task.setup("paper")
     model = task.build_model(cfg.model)
     reads = HostReads(monkeypatch)
-    monkeypatch.setattr(T._Loop, "run", reads.during("steps", T._Loop.run))
-    monkeypatch.setattr(T._Loop, "evaluate_and_select", reads.during("evaluation", T._Loop.evaluate_and_select))
+    monkeypatch.setattr(trainer._Loop, "run", reads.during("steps", trainer._Loop.run))
+    monkeypatch.setattr(trainer._Loop, "evaluate_and_select", reads.during("evaluation", trainer._Loop.evaluate_and_select))
     logger = Loggers(HistoryCSV(tmp_path), Live() if live else None, every_n_steps=2)
-    result = T.Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0, logger=logger).fit("paper")
+    result = trainer.Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0, logger=logger).fit("paper")
     logger.finish()
     points = result.steps_run // 2  # 40 training series at batch 8, 4 epochs: 20 steps
     in_steps = reads.in_phase("steps")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import pickle
 import random
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from bench_cli.results.job_keys import semantic_config
 from tasks import task_class
 from tasks.fetch import fetcher
 from image_data import write_cifar10
-from tasks.lra import listops_generator as G
+from tasks.lra import listops_generator
 from tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
                        rgb_to_gray)
 
@@ -32,7 +31,7 @@ SMALL_GEN = dict(min_length=10, max_length=60, max_depth=10, max_args=10)
 # --- fixtures in the release formats ----------------------------------------------------------------
 def write_listops(directory: Path, seed: int = 0, n=(40, 10, 10), workers: int | None = None) -> None:
     """``workers``: the generator's processes (the files are the same for any; 1 starts none)."""
-    G.write_dataset(directory, num_train=n[0], num_val=n[1], num_test=n[2], seed=seed, workers=workers, **SMALL_GEN)
+    listops_generator.write_dataset(directory, num_train=n[0], num_val=n[1], num_test=n[2], seed=seed, workers=workers, **SMALL_GEN)
 
 
 def write_aan(directory: Path) -> None:
@@ -110,9 +109,9 @@ def official_value(tree):
     if not isinstance(tree, tuple):
         return tree
     left, right = official_value(tree[0]), official_value(tree[1])
-    if left in G.OPERATORS:  # an unsaturated function
+    if left in listops_generator.OPERATORS:  # an unsaturated function
         return (left, [right])
-    if right == G.END:  # the function is saturated
+    if right == listops_generator.END:  # the function is saturated
         op, args = left
         return {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)),
                 "[SM": lambda a: int(np.sum(a)) % 10}[op](args)
@@ -152,18 +151,18 @@ HAND_CHECKED = {
 def test_evaluators_on_hand_checked_expressions():
     for source, value in HAND_CHECKED.items():
         assert stack_value(source) == value, source
-        assert G.evaluate_source(source) == value, source
+        assert listops_generator.evaluate_source(source) == value, source
 
 
 def test_generator_labels_equal_independent_evaluations_on_many_trees():
     rng, ops, with_median = random.Random(1), set(), 0
     for i in range(1500):
         depth, args = (3, 5) if i % 2 else (6, 4)
-        source, value, _ = G.sample_tree(rng, depth, args)
-        assert value == stack_value(source) == G.evaluate_source(source), source
+        source, value, _ = listops_generator.sample_tree(rng, depth, args)
+        assert value == stack_value(source) == listops_generator.evaluate_source(source), source
         ops |= {t for t in source.split() if t.startswith("[")}
         with_median += "[MED" in source
-    assert ops == set(G.OPERATORS) and with_median > 100  # every operator met, MED in many trees
+    assert ops == set(listops_generator.OPERATORS) and with_median > 100  # every operator met, MED in many trees
 
 
 def test_generated_listops_parses_and_labels_are_the_evaluated_values(tmp_path):
@@ -192,7 +191,7 @@ def test_generator_trees_depth_arity_and_value():
     rng = random.Random(0)
     checked = 0
     while checked < 200:
-        source, value, length = G.sample_tree(rng, 4, 5)
+        source, value, length = listops_generator.sample_tree(rng, 4, 5)
         assert value == stack_value(source)
         depth, best, n_ops = 0, 0, 0
         for t in source.split():
@@ -206,10 +205,10 @@ def test_generator_trees_depth_arity_and_value():
 
 
 def test_generator_is_seeded_and_uses_the_official_defaults(tmp_path):
-    assert G.DEFAULTS["num_train"] == 96000 and G.DEFAULTS["max_length"] == 2000 and G.DEFAULTS["min_length"] == 500
-    assert G.OPERATORS == ["[MIN", "[MAX", "[MED", "[SM"] and G.VALUE_P == 0.25
-    a = G.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
-    b = G.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
+    assert listops_generator.DEFAULTS["num_train"] == 96000 and listops_generator.DEFAULTS["max_length"] == 2000 and listops_generator.DEFAULTS["min_length"] == 500
+    assert listops_generator.OPERATORS == ["[MIN", "[MAX", "[MED", "[SM"] and listops_generator.VALUE_P == 0.25
+    a = listops_generator.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
+    b = listops_generator.generate(num_train=5, num_val=1, num_test=1, seed=7, **SMALL_GEN)
     assert a == b
 
 
@@ -218,17 +217,17 @@ def test_generator_is_seeded_and_uses_the_official_defaults(tmp_path):
 # reference the streamed, parallel generator must reproduce draw for draw and byte for byte.
 def official_tree(rng, depth, max_depth, max_args):
     r = rng.random() if depth < max_depth else 1
-    if r > G.VALUE_P:
-        return rng.choice(G.VALUES), 1
+    if r > listops_generator.VALUE_P:
+        return rng.choice(listops_generator.VALUES), 1
     length, args = 2, []
     for _ in range(rng.randint(2, max_args)):
         sub, sub_len = official_tree(rng, depth + 1, max_depth, max_args)
         args.append(sub)
         length += sub_len
-    tree = (rng.choice(G.OPERATORS), args[0])
+    tree = (rng.choice(listops_generator.OPERATORS), args[0])
     for a in args[1:]:
         tree = (tree, a)
-    return (tree, G.END), length
+    return (tree, listops_generator.END), length
 
 
 def official_string(t):
@@ -250,24 +249,24 @@ def test_generator_draws_as_the_official_one(max_depth, max_args):
     words = 0
     for _ in range(300):
         out = []
-        length, value, used = G._tree(ours.random, ours.getrandbits, max_depth, max_args, out)
+        length, value, used = listops_generator._tree(ours.random, ours.getrandbits, max_depth, max_args, out)
         tree, official_length = official_tree(official, 1, max_depth, max_args)
         source = " ".join(out)
         assert (source, length) == (official_string(tree), official_length) and value == official_value(tree)
         words += used
     assert ours.getstate() == official.getstate()  # the same draws
     counted = random.Random(11)
-    G._skip(counted, words)
+    listops_generator._skip(counted, words)
     assert counted.getstate() == ours.getstate()  # and the words counted are the words drawn
 
 
 def test_generator_deduplicates_in_generation_order():
     small = dict(max_depth=3, max_args=3, min_length=3, max_length=5)  # length 4: 400 distinct trees
-    rows = G.generate(num_train=150, num_val=25, num_test=25, seed=2, **small)
+    rows = listops_generator.generate(num_train=150, num_val=25, num_test=25, seed=2, **small)
     flat = rows["train"] + rows["val"] + rows["test"]
     assert flat == official_rows(200, 2, **small)
     assert len({s for s, _ in flat}) == 200  # distinct, although the stream repeats trees
-    stream = G.candidates(2, small)
+    stream = listops_generator.candidates(2, small)
     first = [next(stream)[1] for _ in range(250)]
     assert len(set(first)) < 250
 
@@ -278,21 +277,21 @@ def read_bytes(directory: Path) -> dict:
 
 def test_generated_files_are_the_same_for_any_run_and_worker_count(tmp_path, monkeypatch):
     params = dict(num_train=40, num_val=8, num_test=8, seed=4, max_depth=6, max_args=6, min_length=20, max_length=80)
-    G.write_dataset(tmp_path / "a", workers=1, **params)
+    listops_generator.write_dataset(tmp_path / "a", workers=1, **params)
     once = read_bytes(tmp_path / "a")
-    G.write_dataset(tmp_path / "b", workers=1, **params)
+    listops_generator.write_dataset(tmp_path / "b", workers=1, **params)
     assert read_bytes(tmp_path / "b") == once
     expected = official_rows(56, 4, **{k: params[k] for k in ("max_depth", "max_args", "min_length", "max_length")})
     with open(tmp_path / "a" / "basic_val.tsv", newline="") as f:
         assert [(s, int(t)) for s, t in list(csv.reader(f, delimiter="\t"))[1:]] == expected[40:48]
     # Many small segments, workers starting right at their segment (no burn-in): most chains have
     # not met the true one there, so the main process re-reads those; the bytes do not change.
-    monkeypatch.setattr(G, "FIRST_SEGMENT", 256)
-    monkeypatch.setattr(G, "MAX_SEGMENT", 1024)
+    monkeypatch.setattr(listops_generator, "FIRST_SEGMENT", 256)
+    monkeypatch.setattr(listops_generator, "MAX_SEGMENT", 1024)
     for workers, burn_in in ((2, 0), (3, 4096)):
-        monkeypatch.setattr(G, "BURN_IN", burn_in)
+        monkeypatch.setattr(listops_generator, "BURN_IN", burn_in)
         stats = {}
-        G.write_dataset(tmp_path / f"w{workers}", workers=workers, stats=stats, **params)
+        listops_generator.write_dataset(tmp_path / f"w{workers}", workers=workers, stats=stats, **params)
         assert read_bytes(tmp_path / f"w{workers}") == once, workers
         assert stats["segments"] > 10 and (stats["reread"] > 0) == (burn_in == 0), stats
     assert not list(tmp_path.glob("*/*.part"))

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from bench_cli.core import metrics as M
+from bench_cli.core import metrics
 
 
 def totals(metric, batches):
     stats = {}
     for output, batch in batches:
-        M.accumulate(stats, metric.update(output, batch))
+        metrics.accumulate(stats, metric.update(output, batch))
     return metric.compute(stats)
 
 
@@ -21,28 +21,28 @@ def test_accuracy_and_top5_sum_over_batches():
                            [0.1, 0.2, 0.3, 0.4, 0.5, 1.0]])
     y = torch.tensor([1, 5, 0])
     batches = [(logits[:2], {"y": y[:2]}), (logits[2:], {"y": y[2:]})]
-    assert totals(M.Accuracy(), batches) == pytest.approx(100 / 3)  # only the first is right
+    assert totals(metrics.Accuracy(), batches) == pytest.approx(100 / 3)  # only the first is right
     # top-5: sample 2's class 5 ranks second (in); sample 3's class 0 ranks sixth (out)
-    assert totals(M.top5_accuracy(), batches) == pytest.approx(200 / 3)
+    assert totals(metrics.top5_accuracy(), batches) == pytest.approx(200 / 3)
     soft = torch.tensor([[0.2, 0.8, 0, 0, 0, 0]])  # mixup targets count by their argmax
-    assert totals(M.Accuracy(), [(logits[:1], {"y": soft})]) == 100.0
+    assert totals(metrics.Accuracy(), [(logits[:1], {"y": soft})]) == 100.0
 
 
 def test_cross_entropy_ignores_padding_and_perplexity_is_its_exp():
     logits = torch.log(torch.tensor([[[0.5, 0.5], [0.25, 0.75], [0.9, 0.1]]]))
     y = torch.tensor([[0, 1, -100]])
     nll = (-math.log(0.5) - math.log(0.75)) / 2
-    assert totals(M.CrossEntropy(), [(logits, {"y": y})]) == pytest.approx(nll)
-    assert totals(M.Perplexity(), [(logits, {"y": y})]) == pytest.approx(math.exp(nll))
+    assert totals(metrics.CrossEntropy(), [(logits, {"y": y})]) == pytest.approx(nll)
+    assert totals(metrics.Perplexity(), [(logits, {"y": y})]) == pytest.approx(math.exp(nll))
 
 
 def test_regression_metrics_are_on_the_raw_scale():
     out = torch.tensor([[1.0], [2.0], [4.0]])
     y = torch.tensor([1.0, 4.0, 1.0])
     batches = [(out[:1], {"y": y[:1]}), (out[1:], {"y": y[1:]})]
-    assert totals(M.RMSE(), batches) == pytest.approx(math.sqrt((0 + 4 + 9) / 3))
-    assert totals(M.MAE(), batches) == pytest.approx(5 / 3)
-    assert totals(M.MSE(), batches) == pytest.approx(13 / 3)
+    assert totals(metrics.RMSE(), batches) == pytest.approx(math.sqrt((0 + 4 + 9) / 3))
+    assert totals(metrics.MAE(), batches) == pytest.approx(5 / 3)
+    assert totals(metrics.MSE(), batches) == pytest.approx(13 / 3)
 
 
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
@@ -52,38 +52,38 @@ def test_regression_metrics_keep_the_targets_precision_under_half_precision_outp
     y = torch.tensor([300.7, 3000.7])
     out = torch.tensor([[300.0], [3000.0]], dtype=half)
     errors = (out.float().squeeze(-1) - y).double()
-    assert totals(M.RMSE(), [(out, {"y": y})]) == pytest.approx(math.sqrt((errors ** 2).mean().item()))
-    assert totals(M.MAE(), [(out, {"y": y})]) == pytest.approx(errors.abs().mean().item())
+    assert totals(metrics.RMSE(), [(out, {"y": y})]) == pytest.approx(math.sqrt((errors ** 2).mean().item()))
+    assert totals(metrics.MAE(), [(out, {"y": y})]) == pytest.approx(errors.abs().mean().item())
 
 
 def test_mean_of_evaluator_values():
     batches = [(None, {"normalized_return": [10.0, 20.0]}), (None, {"normalized_return": torch.tensor([60.0])})]
-    assert totals(M.Mean("normalized_return"), batches) == pytest.approx(30.0)
+    assert totals(metrics.Mean("normalized_return"), batches) == pytest.approx(30.0)
 
 
 def test_direction_decides_best_and_selection_keys():
-    acc, rmse, loss = M.Accuracy(), M.RMSE(), M.CrossEntropy()
+    acc, rmse, loss = metrics.Accuracy(), metrics.RMSE(), metrics.CrossEntropy()
     assert acc.better(0.9, 0.8) and not rmse.better(0.9, 0.8) and rmse.better(0.1, 0.2)
     assert acc.best([1, 3, 2]) == 3 and rmse.best([1, 3, 2]) == 1
     # ties on the selection metric go to the lower loss
-    a = M.selection_key(acc, {"accuracy": 90.0, "loss": 0.3}, loss)
-    b = M.selection_key(acc, {"accuracy": 90.0, "loss": 0.2}, loss)
+    a = metrics.selection_key(acc, {"accuracy": 90.0, "loss": 0.3}, loss)
+    b = metrics.selection_key(acc, {"accuracy": 90.0, "loss": 0.2}, loss)
     assert b > a
-    assert M.selection_key(rmse, {"rmse": 1.0}) > M.selection_key(rmse, {"rmse": 2.0})
+    assert metrics.selection_key(rmse, {"rmse": 1.0}) > metrics.selection_key(rmse, {"rmse": 2.0})
 
 
 def test_stats_of_several_metrics_share_one_dict_without_clashing():
     out, batch = torch.tensor([[2.0, 1.0]]), {"y": torch.tensor([0])}
     stats = {}
-    for m in (M.Accuracy(), M.CrossEntropy()):
-        M.accumulate(stats, m.update(out, batch))
+    for m in (metrics.Accuracy(), metrics.CrossEntropy()):
+        metrics.accumulate(stats, m.update(out, batch))
     assert set(stats) == {"accuracy.correct", "accuracy.n", "loss.sum", "loss.n"}
-    assert M.compute_all((M.Accuracy(), M.CrossEntropy(), M.RMSE()), stats).keys() == {"accuracy", "loss"}
+    assert metrics.compute_all((metrics.Accuracy(), metrics.CrossEntropy(), metrics.RMSE()), stats).keys() == {"accuracy", "loss"}
 
 
-# --- statistics on the device (issue 21) ----------------------------------------------------------
+# --- statistics on the device (a host read per batch is a host-device sync on CUDA) ---------------
 def host_path(metric_value, per_batch_stats, batches) -> float:
-    """The pre-issue-21 path, transcribed: each batch's statistics read with float() and summed in
+    """The former host path, transcribed: each batch's statistics read with float() and summed in
     order as Python floats, then the metric's formula."""
     sums = {}
     for output, y in batches:
@@ -101,8 +101,8 @@ def device_path(metric, batches):
     """The statistics as the trainer sums them (tensors, never read) and the metric from them."""
     stats = {}
     for output, y in batches:
-        M.accumulate(stats, metric.update(output, {"y": y}))
-    return stats, metric.compute(stats), M.compute_all([metric], stats)[metric.name]
+        metrics.accumulate(stats, metric.update(output, {"y": y}))
+    return stats, metric.compute(stats), metrics.compute_all([metric], stats)[metric.name]
 
 
 def test_device_statistics_give_exactly_the_host_values():
@@ -129,11 +129,11 @@ def test_device_statistics_give_exactly_the_host_values():
         return lambda s: s[key] / max(s["n"], 1.0)
 
     cases = [
-        (M.Accuracy(ignore_index=0), tokens, token_hits, lambda s: 100.0 * s["correct"] / max(s["n"], 1.0)),
-        (M.CrossEntropy(), soft, soft_nll, mean("sum")),
-        (M.CrossEntropy(ignore_index=0), tokens, token_nll, mean("sum")),
-        (M.RMSE(), values, errors, lambda s: math.sqrt(mean("sse")(s))),
-        (M.MAE(), values, errors, mean("sae")),
+        (metrics.Accuracy(ignore_index=0), tokens, token_hits, lambda s: 100.0 * s["correct"] / max(s["n"], 1.0)),
+        (metrics.CrossEntropy(), soft, soft_nll, mean("sum")),
+        (metrics.CrossEntropy(ignore_index=0), tokens, token_nll, mean("sum")),
+        (metrics.RMSE(), values, errors, lambda s: math.sqrt(mean("sse")(s))),
+        (metrics.MAE(), values, errors, mean("sae")),
     ]
     for metric, batches, per_batch, formula in cases:
         stats, computed, from_all = device_path(metric, batches)
@@ -144,7 +144,7 @@ def test_device_statistics_give_exactly_the_host_values():
 
 
 def test_accumulate_takes_device_and_host_statistics():
-    stats = M.accumulate({}, {"a.x": torch.tensor(1.5, dtype=torch.float64), "a.n": 2.0})
-    M.accumulate(stats, {"a.x": 0.25, "a.n": torch.tensor(1.0, dtype=torch.float64), "b.x": 3.0})
-    assert M.host_values(stats) == {"a.x": 1.75, "a.n": 3.0, "b.x": 3.0}
+    stats = metrics.accumulate({}, {"a.x": torch.tensor(1.5, dtype=torch.float64), "a.n": 2.0})
+    metrics.accumulate(stats, {"a.x": 0.25, "a.n": torch.tensor(1.0, dtype=torch.float64), "b.x": 3.0})
+    assert metrics.host_values(stats) == {"a.x": 1.75, "a.n": 3.0, "b.x": 3.0}
     assert isinstance(stats["a.x"], torch.Tensor) and stats["b.x"] == 3.0

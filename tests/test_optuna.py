@@ -1,7 +1,7 @@
-"""`attnbench sweep hydra/sweeper=optuna` (issue 40 item 8): every trial a job with its own record
-(study, trial), the study stored beside the records and continued by the same command, the
-validation score as the objective in the task's direction (the test split never selects), failed
-and diverged trials recorded while the study goes on, the best trial per study in `attnbench report`."""
+"""`attnbench sweep hydra/sweeper=optuna` (a hyperparameter search that loses no trial): every trial a job
+with its own record (study, trial), the study stored beside the records and continued by the same command,
+the validation score as the objective in the task's direction (the test split never selects), failed and
+diverged trials recorded while the study goes on, the best trial per study in `attnbench report`."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
-"""What the harness adds to a job (issue 21): no host read of a tensor inside the training step loop.
+"""What the harness adds to a job (kept small so timings measure the attention): no host read of a
+tensor inside the training step loop.
 
 A real ``Trainer.fit`` (composed default config, the UEA fixture, several steps per epoch, an
 evaluation every 2nd epoch) runs with every way of reading a tensor on the host wrapped
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_cli.engine import trainer as T
+from bench_cli.engine import trainer
 from bench_cli.engine.env import seed_everything
 from bench_cli.config.compose import compose
 from tasks.uea import UEAClassification
@@ -73,16 +74,16 @@ class HostReads:
         return {k[1:]: n for k, n in self.seen.items() if k[0] == phase}
 
 
-def fit_counting_host_reads(cfg, task, monkeypatch) -> tuple[T.TrainResult, HostReads]:
+def fit_counting_host_reads(cfg, task, monkeypatch) -> tuple[trainer.TrainResult, HostReads]:
     """``Trainer.fit`` of the task's model (protocol 'paper', seed 0) with the host reads counted."""
     seed_everything(0)
     task.setup("paper")
     seed_everything(0)
     model = task.build_model(cfg.model)
     reads = HostReads(monkeypatch)
-    monkeypatch.setattr(T._Loop, "run", reads.during("steps", T._Loop.run))
-    monkeypatch.setattr(T._Loop, "evaluate_and_select", reads.during("evaluation", T._Loop.evaluate_and_select))
-    return T.Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0).fit("paper"), reads
+    monkeypatch.setattr(trainer._Loop, "run", reads.during("steps", trainer._Loop.run))
+    monkeypatch.setattr(trainer._Loop, "evaluate_and_select", reads.during("evaluation", trainer._Loop.evaluate_and_select))
+    return trainer.Trainer(cfg.trainer, task, model, torch.device("cpu"), seed=0).fit("paper"), reads
 
 
 def assert_no_host_read_between_evaluations(result, reads) -> None:
@@ -191,7 +192,7 @@ def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages
     from omegaconf import OmegaConf
 
     from bench_cli.commands.cli import main
-    from bench_cli.commands.profile import overhead as O
+    from bench_cli.commands.profile import overhead
     from bench_cli.results.csv_store import read_records
 
     overrides = [*TINY, "seed=0", "results.path=res.csv"]
@@ -204,9 +205,9 @@ def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages
     config = workdir / "bare.yaml"
     config.write_text(OmegaConf.to_yaml(compose(overrides), resolve=True))
     capsys.readouterr()
-    O.bare_main(str(config))
+    overhead.bare_main(str(config))
     bare = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert bare["test"] == float(row["test_score"])
     assert {"compose", "data", "model", "fit"} <= bare["phases"].keys() and 0 < bare["train_s"] <= bare["phases"]["fit"]
-    split = O.stages({"phases": phases, "process_s": phases["process_age_s"] + 0.5, "train_s": phases["train_time_s"]})
-    assert list(split) == list(O.STAGES) and split["exit"] == pytest.approx(0.5)
+    split = overhead.stages({"phases": phases, "process_s": phases["process_age_s"] + 0.5, "train_s": phases["train_time_s"]})
+    assert list(split) == list(overhead.STAGES) and split["exit"] == pytest.approx(0.5)

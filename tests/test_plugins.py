@@ -1,7 +1,8 @@
-"""Plugins (issue 23): a module outside the repository registers an attention (or a task) and is
-found through ATTNBENCH_PLUGINS, the `plugins:` config key or an `attnbench.plugins` entry point;
-`ls models` shows it, a run and a sweep's workers use it and records name it; mistakes are one
-line. The plugin is the manual's own example (docs/models.md), so the documentation is what is tested."""
+"""Plugins (a user's attention or task without editing the repository): a module outside the repository
+registers an attention (or a task) and is found through ATTNBENCH_PLUGINS, the `plugins:` config key or an
+`attnbench.plugins` entry point; `ls models` shows it, a run and a sweep's workers use it and records name
+it; mistakes are one line. The plugin is the manual's own example (docs/models.md), so the documentation
+is what is tested."""
 from __future__ import annotations
 
 import re
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
@@ -178,7 +179,7 @@ def test_broken_or_missing_plugin_is_one_line_naming_it(isolated, workdir, capsy
 
 
 def test_a_plugin_that_exits_at_import_is_one_line_naming_it(isolated, workdir, capsys, monkeypatch):
-    """Issue 38 case 1: sys.exit(3) in a plugin's import is not the exit status of `attnbench`."""
+    """A plugin is foreign code: sys.exit(3) in its import is not the exit status of `attnbench`."""
     (isolated / "exitimp.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.setenv(plugins.PLUGINS_ENV, "exitimp")
     err = fail_line(capsys, "ls", "models")
@@ -229,7 +230,7 @@ def test_yaml_error_in_a_user_folder_is_one_line_naming_the_file(isolated, tmp_p
 def test_empty_plugins_key_keeps_job_keys_and_a_plugin_changes_them(workdir):
     from omegaconf import open_dict
 
-    cfg = C.compose(["task.dataset=Fixture"])
+    cfg = compose.compose(["task.dataset=Fixture"])
     with_key = job_key(cfg)
     with open_dict(cfg):
         del cfg["plugins"]
@@ -249,7 +250,7 @@ def test_the_model_column_names_the_attention_that_replaced_the_presets(workdir,
     attention has another name, primalformer's primal, keeps its name); its job key is the config's."""
     from bench_cli.results import schema
 
-    cfg = C.compose(["task.dataset=Fixture", *overrides])
+    cfg = compose.compose(["task.dataset=Fixture", *overrides])
     key = job_key(cfg)
     assert schema.model_name(cfg) == model and job_key(cfg) == key
 

@@ -1,5 +1,5 @@
-"""Primal-Attention as the authors' code computes it (issue 11), through the options the reproduction
-experiments set (conf/experiment/primal_attention/{uea,lra,imagenet}.yaml).
+"""Primal-Attention as the authors' code computes it (the published numbers come from that code), through
+the options the reproduction experiments set (conf/experiment/primal_attention/{uea,lra,imagenet}.yaml).
 
 The ``code_*`` functions are small transcriptions written from reading yingyichen-cyy/PrimalAttention
 (PrimalAttention_TimeSeries: models/Primal_Attention.py, Primalformer.py, Primalformer_layers.py,
@@ -330,7 +330,7 @@ def test_parameter_counts_equal_the_authors_models():
         ("lra_retrieval", "primal_plus"): count(code_lra_tensors("retrieval", ["softmax", "primal_cos"], 20)),
     }
     assert counts == want
-    # Issue 11 printed 421,522 / 428,990 for Retrieval: the authors' retrieval models at ListOps' s
+    # The parameter counts first reported 421,522 / 428,990 for Retrieval: the authors' retrieval models at ListOps' s
     # (PrimalFormer 20, Primal.+ 30), derived from their tensors and built here the same way.
     at_listops_s = [count(code_lra_tensors("retrieval", ["primal_cos"] * 2, 20)),
                     count(code_lra_tensors("retrieval", ["softmax", "primal_cos"], 30))]
@@ -556,7 +556,7 @@ def code_cv_ksvd(score_list, lambda_list):
     for scores, lam in zip(score_list, lambda_list):
         lam_diag = torch.diag_embed(lam)
 
-        def energy(s):
+        def energy(s, lam_diag=lam_diag):
             return torch.mean(torch.einsum("...nd,...ds->...ns", s, lam_diag.unsqueeze(0).repeat(s.size(0), 1, 1, 1))
                               .norm(dim=-1, p=2) ** 2) / 2
 

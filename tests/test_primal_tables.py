@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from bench_cli.config import compose as C
-from bench_cli.commands import sweep as S
-from bench_cli.results.report import experiment as RC
+from bench_cli.config import compose
+from bench_cli.commands import sweep
+from bench_cli.results.report import experiment as experiment_report
 from models.attention import attention_spec
 
 PAPER = Path(__file__).resolve().parents[1] / "results" / "paper"
@@ -28,7 +28,7 @@ def paper_rows(file: str, table: str, metric: str | None = None) -> list[dict]:
 def axes(experiment: str) -> dict[str, list[str]]:
     """The values of each swept key of an experiment's grid (nothing composed but the multirun config)."""
     found: dict[str, list[str]] = {}
-    for job in S.expand_grid([f"experiment={experiment}", "seed=0"]):
+    for job in sweep.expand_grid([f"experiment={experiment}", "seed=0"]):
         for o in job:
             key, _, value = o.partition("=")
             found.setdefault(key, [])
@@ -38,7 +38,7 @@ def axes(experiment: str) -> dict[str, list[str]]:
 
 
 def paper_name(experiment: str):
-    report = C.compose([f"experiment={experiment}"]).report
+    report = compose.compose([f"experiment={experiment}"]).report
     names = dict(report.get("paper_models") or {})
     return lambda model: names.get(model, model)
 
@@ -67,7 +67,7 @@ def test_model_axis_is_every_row_of_the_papers_table(experiment, file, table):
 def test_causal_tables_run_only_causal_attentions():
     for experiment in ("primal_attention/d4rl", "primal_attention/wikitext103"):
         for model in axes(experiment)["model"]:
-            preset = C.load_option("model", model)
+            preset = compose.load_option("model", model)
             names = [preset.attention.name] + ([preset.final_attention.name] if preset.get("final_attention") else [])
             assert all(attention_spec(n).capabilities.causal for n in names), (experiment, model)
 
@@ -87,7 +87,7 @@ def test_ablation_grids_are_the_supplements():
 
 # --- the published per-model settings ---------------------------------------------------------------
 def test_baselines_take_their_codes_settings_per_family():
-    lra = {(task, model): C.compose(["experiment=primal_attention/lra", f"task={task}", f"model={model}"])
+    lra = {(task, model): compose.compose(["experiment=primal_attention/lra", f"task={task}", f"model={model}"])
            for task, model in (("lra_listops", "softmax"), ("lra_listops", "reformer"), ("lra_listops", "yoso_e"),
                                ("lra_text", "yoso_e"), ("lra_listops", "linformer"))}
     lra = {(cfg.task.dataset, cfg.model.name): cfg for cfg in lra.values()}
@@ -103,7 +103,7 @@ def test_baselines_take_their_codes_settings_per_family():
     flow = {}
     for experiment, dataset in (("primal_attention/d4rl", "hopper-medium-v2"), ("primal_attention/wikitext103", "wikitext103"),
                                 ("primal_attention/uea", "JapaneseVowels")):
-        cfg = C.compose([f"experiment={experiment}", "model=flowformer", f"task.dataset={dataset}"])
+        cfg = compose.compose([f"experiment={experiment}", "model=flowformer", f"task.dataset={dataset}"])
         flow[cfg.task.name] = OmegaConf.to_container(cfg.model.attention, resolve=True)
     assert (flow["d4rl"]["source_clamp"], flow["d4rl"]["output_dropout"]) == (10, True)
     assert (flow["lm"]["source_clamp"], flow["lm"]["output_dropout"]) == (5, False)
@@ -118,7 +118,7 @@ def test_baselines_take_their_codes_settings_per_family():
 def test_primal_plus_architecture_is_supplement_table5(family, experiment, one):
     """Supplement Table 5 (which layers are Primal): canonical_layer+[primal_layer], heads, head dim."""
     want = {r["metric"]: int(float(r["value"])) for r in paper_rows("primal_attention_supp.csv", "5") if r["dataset"] == family}
-    cfg = C.compose([f"experiment={experiment}", "model=primal_plus", one])
+    cfg = compose.compose([f"experiment={experiment}", "model=primal_plus", one])
     b = cfg.task.backbone
     assert cfg.model.attention.name == "softmax" and cfg.model.final_attention.name == "primal"
     assert (b.n_layers - 1, 1, b.n_heads, b.d_model // b.n_heads) == (
@@ -137,13 +137,13 @@ def record(experiment: str, dataset: str, model: str, values: tuple = (), keys: 
 def mapped_paper_rows(experiment: str, datasets: list[str], values: list | None = None) -> set[tuple]:
     """(table, metric, paper model, rows_by value(s), paper value) of every paper row the report finds
     for its rows and datasets; ``values``: of the rows_by key (one key) or tuples (several keys)."""
-    cfg = C.compose_unchecked([f"experiment={experiment}"], with_hydra=True)
+    cfg = compose.compose_unchecked([f"experiment={experiment}"], with_hydra=True)
     rows_by = OmegaConf.to_container(cfg.report.rows_by) if cfg.report.get("rows_by") else []
     keys = tuple(by["key"] for by in (rows_by if isinstance(rows_by, list) else [rows_by]))
     combos = [v if isinstance(v, tuple) else (v,) for v in values] if values else [()]
     models = axes(experiment)["model"]
     rows = [record(experiment, d, m, v, keys) for d in datasets for m in models for v in combos]
-    report = RC.build(experiment, cfg, Path("records.csv"), rows, rows, show_all=True)
+    report = experiment_report.build(experiment, cfg, Path("records.csv"), rows, rows, show_all=True)
     found = set()
     for column in (report.layout.headline, *report.layout.own):
         paper_of, _ = report.paper_lookup(column)

@@ -393,7 +393,7 @@ def test_timed_train_step_takes_the_optimiser_and_scheduler_steps():
 def test_primal_lra_efficiency_preset_covers_table4(monkeypatch):
     from omegaconf import OmegaConf
 
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose as composition
     from bench_cli.commands.profile.paper_table import PaperRatios
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # profile.paper.csv is relative to the repository
@@ -404,7 +404,7 @@ def test_primal_lra_efficiency_preset_covers_table4(monkeypatch):
     tasks = {e.task: e for e in p.tasks}
     assert sorted(tasks) == ["lra_image", "lra_listops", "lra_pathfinder", "lra_retrieval", "lra_text"]
     for name, entry in tasks.items():  # every task at its full LRA length
-        assert list(entry.seq_lens) == [int(OmegaConf.load(C.option_file("task", name)).seq_len)], name
+        assert list(entry.seq_lens) == [int(OmegaConf.load(composition.option_file("task", name)).seq_len)], name
     paper = PaperRatios.of(p.paper)
     for name in tasks:
         for model in p.models:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from bench_cli.config.compose import compose

@@ -44,9 +44,9 @@ def test_job_keys_survive_added_config_keys():
 
 
 def test_a_run_resolves_its_config_once_with_the_same_keys_and_config_file(tmp_path):
-    """A run resolves its config once (issue 21): the keys of the resolved data are those of the
-    config, and its config.yaml has the text ``OmegaConf.save(cfg, resolve=True)`` writes (an
-    experiment whose per-dataset tables are interpolations, and the default run's job key)."""
+    """A run resolves its config once (resolving again cost time at every run): the keys of the resolved
+    data are those of the config, and its config.yaml has the text ``OmegaConf.save(cfg, resolve=True)``
+    writes (an experiment whose per-dataset tables are interpolations, and the default run's job key)."""
     import copy
 
     from omegaconf import OmegaConf
@@ -96,7 +96,8 @@ def test_one_writer_for_records_and_profile_rows(tmp_path):
 
 
 def test_append_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
-    """Issue 10 item 3: the atomic rewrite's temporary file (0600) must not change the CSV's mode."""
+    """The atomic rewrite's temporary file (0600) must not change the CSV's mode (others sharing the
+    file still read it)."""
     import os
     import stat
 
@@ -117,7 +118,7 @@ def test_append_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
 
 
 def test_a_held_lock_is_announced_then_the_record_is_written(tmp_path, monkeypatch, capsys):
-    """Issue 10 item 6: waiting on another process's lock says so, once, then appends."""
+    """Waiting on another process's lock says so, once, then appends (a silent wait looks like a hang)."""
     import fcntl
     import threading
 
@@ -134,7 +135,7 @@ def test_a_held_lock_is_announced_then_the_record_is_written(tmp_path, monkeypat
     assert [r["run_id"] for r in csv_store.read_records(path)] == ["a"]
 
 
-# --- issue 22 items 4-6: every reader reads strictly, no row is reshaped --------------------------
+# --- every reader reads strictly, no row is reshaped (a damaged file is refused, never silently misread) --
 def records_file(path, n: int) -> str:
     """``n`` rows as runs write them (a quoted JSON field each); the file's text."""
     from bench_cli.results.csv_store import append_record

@@ -1,6 +1,6 @@
-"""Two sweeps of one records file at once (issue 22 item 2): each job is claimed under the records
-lock before it runs, so no job runs twice; a claim held by a live process is skipped and said so,
-the claim of a dead process (kill -9) is taken over, and a rerun finds every job done."""
+"""Two sweeps of one records file at once (several nodes sharing one results folder): each job is claimed
+under the records lock before it runs, so no job runs twice; a claim held by a live process is skipped and
+said so, the claim of a dead process (kill -9) is taken over, and a rerun finds every job done."""
 from __future__ import annotations
 
 import json
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from bench_cli.results import claims, csv_store
-from bench_cli.commands import sweep as S
+from bench_cli.commands import sweep as sweep_command
 from conftest import ATTNBENCH
-from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture)
+from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture, so the tests' parameters redefine it: noqa F811 there)
 
 
 def start_time(pid: int) -> str:
@@ -108,10 +108,10 @@ def test_a_heartbeat_ahead_of_this_clock_is_trusted_only_within_the_time_to_live
     assert len(note.splitlines()) == 1
 
 
-def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,
+def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture, workdir, fake_runs, sleeper,  # noqa: F811
                                                                      capsys):
     args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
-    jobs = S.plan_sweep(args).jobs
+    jobs = sweep_command.plan_sweep(args).jobs
     res = workdir / "res.csv"
     hold_claim(res, jobs[1].key, sleeper.pid, process_start=start_time(sleeper.pid))
     capsys.readouterr()
@@ -159,12 +159,12 @@ def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
 
 
 def test_a_claim_from_another_host_is_respected_while_fresh_and_taken_over_when_stale(uea_fixture, workdir,
-                                                                                       fake_runs, capsys):
+                                                                                       fake_runs, capsys):  # noqa: F811
     """A job of a dead node: `sweep --dry-run` says running (host, heartbeat age) while the heartbeat
     is fresh and stale after the time-to-live; the sweep then takes it over in one line naming the
     host, the pid and the last heartbeat."""
     args = [*tiny(workdir), "trainer.num_threads=1"]
-    (job,) = S.plan_sweep(args).jobs
+    (job,) = sweep_command.plan_sweep(args).jobs
     res = workdir / "res.csv"
     hold_claim(res, job.key, 4242, host="node42", heartbeat=ago(30))
     capsys.readouterr()

@@ -1,5 +1,6 @@
 """One update of each family's reproduction config, as the project trains it, against the update
-the reference code computes, written out here by hand in float64 (issue 20).
+the reference code computes, written out here by hand in float64 (the reproduction must train as the
+reference code does, not only compose the same numbers).
 
 The project side is the trainer's own path: the composed experiment, ``Trainer.optimisation``
 (bench_cli.engine.optim: parameter groups, optimiser, schedule), the step loop (``_Loop.epoch``:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.results import report as R
+from bench_cli.results import report
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import UserError
 from bench_cli.results.csv_store import append_record
@@ -39,7 +39,7 @@ def as_csv_rows(rows):
 def test_mean_and_sample_std_over_seeds_and_failed_seeds_are_not_zeros():
     rows = as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([99.0, 98.0, 100.0])]
                        + [rec("JapaneseVowels", "softmax", 3, status="nan"), rec("JapaneseVowels", "softmax", 4, status="oom")])
-    cell = R.aggregate(rows, "test_accuracy")[("JapaneseVowels", "softmax")]
+    cell = report.aggregate(rows, "test_accuracy")[("JapaneseVowels", "softmax")]
     assert cell.n == 3 and cell.mean == pytest.approx(99.0) and cell.std == pytest.approx(1.0)
     assert cell.failed == {"3": "nan", "4": "oom"}
 
@@ -53,7 +53,7 @@ def test_a_seed_rerun_counts_once_and_older_variants_are_ignored():
         rec("BasicMotions", "softmax", 0, 97.0, time="2026-01-02T00:00:02"),
         rec("BasicMotions", "softmax", 1, 99.0, time="2026-01-02T00:00:03"),
     ])
-    cell = R.aggregate(rows, "test_accuracy")[("BasicMotions", "softmax")]
+    cell = report.aggregate(rows, "test_accuracy")[("BasicMotions", "softmax")]
     assert cell.values == {"0": 97.0, "1": 99.0} and cell.ignored == 2 and not cell.failed
 
 
@@ -62,11 +62,11 @@ def test_average_only_over_datasets_where_every_model_has_results():
         [rec("JapaneseVowels", m, s, a + s) for m, a in (("softmax", 98.0), ("attention_bn", 99.0)) for s in range(2)]
         + [rec("BasicMotions", m, s, a + 2 * s) for m, a in (("softmax", 90.0), ("attention_bn", 94.0)) for s in range(2)]
         + [rec("Epilepsy", "softmax", 0, 10.0)])  # attention_bn missing on Epilepsy
-    cells = R.aggregate(rows, "test_accuracy")
-    paper = {("japanesevowels", "softmax"): R.PaperValue(99.0, 0.5, "1"),
-             ("basicmotions", "softmax"): R.PaperValue(95.0, 1.0, "9")}
+    cells = report.aggregate(rows, "test_accuracy")
+    paper = {("japanesevowels", "softmax"): report.PaperValue(99.0, 0.5, "1"),
+             ("basicmotions", "softmax"): report.PaperValue(95.0, 1.0, "9")}
     paper_of = lambda d, m: paper.get((d.lower(), m))  # noqa: E731
-    avg = R.average_row(cells, ["JapaneseVowels", "BasicMotions", "Epilepsy"], ["softmax", "attention_bn"], paper_of)
+    avg = report.average_row(cells, ["JapaneseVowels", "BasicMotions", "Epilepsy"], ["softmax", "attention_bn"], paper_of)
     assert avg["datasets"] == ["JapaneseVowels", "BasicMotions"]
     sm = avg["models"]["softmax"]
     assert sm["mean"] == pytest.approx((98.5 + 91.0) / 2)
@@ -76,10 +76,10 @@ def test_average_only_over_datasets_where_every_model_has_results():
     assert sm["paper_std"] == pytest.approx(math.sqrt(0.5 ** 2 + 1.0 ** 2) / 2)  # spread of a mean of 2 means
     assert sm["tolerance"] == pytest.approx(max(2 * sm["paper_std"], 1.0))
     assert avg["models"]["attention_bn"]["paper_mean"] is None  # the paper lacks a value on these sets
-    assert R.average_row(cells, ["Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
+    assert report.average_row(cells, ["Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
     # one complete dataset: no average (it would repeat that dataset's rows)
-    assert R.average_row(cells, ["JapaneseVowels", "Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
-    assert R.average_row(cells, ["JapaneseVowels"], ["softmax"], paper_of) is None
+    assert report.average_row(cells, ["JapaneseVowels", "Epilepsy"], ["softmax", "attention_bn"], paper_of) is None
+    assert report.average_row(cells, ["JapaneseVowels"], ["softmax"], paper_of) is None
 
 
 def welch_by_hand(m1, s1, n1, m2, s2, n2):
@@ -103,19 +103,19 @@ def sample_with(mean, std, n):
 def test_welch_and_tolerance():
     from scipy import stats
 
-    t, p = R.welch(99.0, 0.3, 5, 99.46, 0.27, 5)
+    t, p = report.welch(99.0, 0.3, 5, 99.46, 0.27, 5)
     # pinned: Welch's two-sided test (Student's pooled t gives p = 0.03426, one-sided p = 0.01728)
     assert t == pytest.approx(-2.548486, abs=1e-6) and p == pytest.approx(0.034555, abs=1e-6)
     assert (t, p) == pytest.approx(welch_by_hand(99.0, 0.3, 5, 99.46, 0.27, 5), rel=1e-9)
     raw = stats.ttest_ind(sample_with(99.0, 0.3, 5), sample_with(99.46, 0.27, 5), equal_var=False)
     assert (t, p) == pytest.approx((raw.statistic, raw.pvalue), rel=1e-9)
-    assert R.welch(98.1, 0.5, 3, 99.0, 0.1, 10) == pytest.approx(welch_by_hand(98.1, 0.5, 3, 99.0, 0.1, 10), rel=1e-9)
-    assert R.welch(100.0, 0.0, 5, 100.0, 0.0, 5) == (0.0, 1.0)
-    assert R.welch(99.0, 0.0, 1, 99.0, 0.3, 5) == (None, None)
-    cells = R.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([98.0, 98.2, 98.4])]),
+    assert report.welch(98.1, 0.5, 3, 99.0, 0.1, 10) == pytest.approx(welch_by_hand(98.1, 0.5, 3, 99.0, 0.1, 10), rel=1e-9)
+    assert report.welch(100.0, 0.0, 5, 100.0, 0.0, 5) == (0.0, 1.0)
+    assert report.welch(99.0, 0.0, 1, 99.0, 0.3, 5) == (None, None)
+    cells = report.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([98.0, 98.2, 98.4])]),
                         "test_accuracy")
-    paper = {("japanesevowels", "softmax"): R.PaperValue(99.46, 0.27, "1")}
-    (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper.get((d.lower(), m)),
+    paper = {("japanesevowels", "softmax"): report.PaperValue(99.46, 0.27, "1")}
+    (row,) = report.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper.get((d.lower(), m)),
                           lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
     assert row["diff"] == pytest.approx(98.2 - 99.46) and row["tolerance"] == 1.0 and row["within_tolerance"] is False
     # three seeds 98.0, 98.2, 98.4: mean 98.2, sample standard deviation 0.2 (by hand)
@@ -133,15 +133,15 @@ def test_tost_is_two_one_sided_welch_tests_and_the_only_match():
     mine, paper = sample_with(98.9, 0.3, 5), sample_with(99.0, 0.27, 5)
     by_scipy = max(stats.ttest_ind([v + 1.0 for v in mine], paper, equal_var=False, alternative="greater").pvalue,
                    stats.ttest_ind([v - 1.0 for v in mine], paper, equal_var=False, alternative="less").pvalue)
-    assert R.stats.tost(98.9, 0.3, 5, 99.0, 0.27, 5, 1.0) == pytest.approx(by_scipy, rel=1e-9) and by_scipy < 0.05
-    assert R.stats.tost(98.9, 3.0, 5, 99.0, 2.7, 5, 1.0) > 0.05  # the same means, a wide spread: not shown
-    assert R.welch(98.9, 3.0, 5, 99.0, 2.7, 5)[1] > 0.05       # ... though Welch finds no difference either
-    cells = R.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([95.0, 99.0, 103.0])]),
+    assert report.stats.tost(98.9, 0.3, 5, 99.0, 0.27, 5, 1.0) == pytest.approx(by_scipy, rel=1e-9) and by_scipy < 0.05
+    assert report.stats.tost(98.9, 3.0, 5, 99.0, 2.7, 5, 1.0) > 0.05  # the same means, a wide spread: not shown
+    assert report.welch(98.9, 3.0, 5, 99.0, 2.7, 5)[1] > 0.05       # ... though Welch finds no difference either
+    cells = report.aggregate(as_csv_rows([rec("JapaneseVowels", "softmax", s, a) for s, a in enumerate([95.0, 99.0, 103.0])]),
                         "test_accuracy")
-    paper_value = R.PaperValue(99.0, 0.3, "1")
-    (row,) = R.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper_value,
+    paper_value = report.PaperValue(99.0, 0.3, "1")
+    (row,) = report.build_rows(cells, ["JapaneseVowels"], ["softmax"], lambda d, m: paper_value,
                           lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
-    shown = R.display_rows([row], None, ["softmax"], columns=())[0]
+    shown = report.display_rows([row], None, ["softmax"], columns=())[0]
     assert shown[6:9] == ["within", f"no evidence of a difference (p={row['welch_p']:.2f})",
                           f"not shown (p={row['tost_p']:.2f})"] and row["equivalent"] is False
 
@@ -155,9 +155,9 @@ def test_paper_n_per_dataset_tests_each_row_with_its_count_and_none_for_one_run(
     assert (runs.of("mnist"), runs.of("imagenet"), str(runs)) == (5, 1, "5 (imagenet 1)")
     assert paper_runs(3) == paper_runs({"default": 3}) and paper_runs(None).of("any") == 5  # the scalar form
     rows = as_csv_rows([rec(d, "standard", s, a) for d in ("mnist", "imagenet") for s, a in enumerate([98.0, 98.2, 98.4])])
-    cells = R.aggregate(rows, "test_accuracy")
-    paper = {d: R.PaperValue(99.46, 0.27, "1") for d in ("mnist", "imagenet")}
-    out = R.build_rows(cells, ["mnist", "imagenet"], ["standard"], lambda d, m: paper[d],
+    cells = report.aggregate(rows, "test_accuracy")
+    paper = {d: report.PaperValue(99.46, 0.27, "1") for d in ("mnist", "imagenet")}
+    out = report.build_rows(cells, ["mnist", "imagenet"], ["standard"], lambda d, m: paper[d],
                        lambda d, m: (cells.get((d, "standard")), "standard"), runs.of)
     by = {r["dataset"]: r for r in out}
     assert (by["mnist"]["welch_t"], by["mnist"]["welch_p"]) == pytest.approx(welch_by_hand(98.2, 0.2, 3, 99.46, 0.27, 5))
@@ -185,31 +185,31 @@ def test_gaps_stay_gaps_and_efficiency_is_a_ratio_to_softmax():
     rows = as_csv_rows([rec("JapaneseVowels", "softmax", 0, 99.0),
                         rec("JapaneseVowels", "attention_sh", 0, 98.0, flops_forward=1500, peak_mem_train_bytes=3000),
                         rec("JapaneseVowels", "attention_bn", 0, status="failed")])
-    cells = R.aggregate(rows, "test_accuracy")
-    out = R.build_rows(cells, ["JapaneseVowels"], ["softmax", "attention_bn", "attention_sh", "attention_bn_sh"],
+    cells = report.aggregate(rows, "test_accuracy")
+    out = report.build_rows(cells, ["JapaneseVowels"], ["softmax", "attention_bn", "attention_sh", "attention_bn_sh"],
                        lambda d, m: None, lambda d, m: (cells.get((d, "softmax")), "softmax"), 5)
     by = {r["model"]: r for r in out}
     assert by["attention_bn"]["n"] == 0 and by["attention_bn"]["mean"] is None and by["attention_bn"]["n_failed"] == 1
     assert by["attention_bn_sh"]["n"] == 0 and by["attention_bn_sh"]["mean"] is None
     assert by["attention_sh"]["flops_ratio"] == pytest.approx(0.75) and by["attention_sh"]["mem_ratio"] == pytest.approx(0.75)
     assert by["softmax"]["params_ratio"] == 1.0
-    shown = R.display_rows(out, None, [])
+    shown = report.display_rows(out, None, [])
     assert [r[3] for r in shown] == ["99.00", "—", "98.00", "—"]  # a gap is never a 0; one run has no std
-    (gap,) = [r for r in R.csv_rows(out, None, []) if r["model"] == "attention_bn_sh"]
+    (gap,) = [r for r in report.csv_rows(out, None, []) if r["model"] == "attention_bn_sh"]
     assert list(gap.values())[:7] == ["JapaneseVowels", "attention_bn_sh", "attention_bn_sh", "0", "0", "", ""]
 
 
 def test_paper_values_from_the_reference_csv():
     from omegaconf import OmegaConf
 
-    values, avg = R.load_paper(OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["1", "9"]}),
+    values, avg = report.load_paper(OmegaConf.create({"paper_csv": "primal_dual_2023.csv", "paper_tables": ["1", "9"]}),
                                "accuracy")
     assert values[("japanesevowels", "softmax")].mean == 99.46 and values[("japanesevowels", "softmax")].std == 0.27
     assert values.get(("japanesevowels", "no_such_model")) is None
     assert values[("basicmotions", "attention_bn_sh")].table == "9"
     assert values[("handwriting", "attention_bn")].mean == 33.17  # 'HandWriting' in the paper
     assert avg["softmax"].mean == 72.07
-    values, _ = R.load_paper(OmegaConf.create({"paper_csv": "primal_attention_main.csv", "paper_tables": ["1"]}))
+    values, _ = report.load_paper(OmegaConf.create({"paper_csv": "primal_attention_main.csv", "paper_tables": ["1"]}))
     assert values[("japanesevowels", "transformer")].mean == 98.7 and values[("japanesevowels", "transformer")].std is None
 
 
@@ -236,15 +236,15 @@ def test_header_states_the_step_budget_and_the_epochs_from_record_columns(workdi
     """The budget and the epochs come from the records' step_budget / epochs_planned / epochs_run
     columns, not from their overrides (which say nothing of a budget here), and no config is
     composed for them: the report composes its experiment once."""
-    import bench_cli.config.compose as C
+    from bench_cli.config import compose as composition
 
-    real, composed = C.compose_unchecked, []
+    real, composed = composition.compose_unchecked, []
 
     def compose_once(overrides, with_hydra=False):
         composed.append(overrides)
         return real(overrides, with_hydra)
 
-    monkeypatch.setattr(C, "compose_unchecked", compose_once)
+    monkeypatch.setattr(composition, "compose_unchecked", compose_once)
     for ds, planned, run in (("JapaneseVowels", 100, 100), ("BasicMotions", 400, 380)):
         for s in range(2):
             append_record(workdir / "runs.csv", rec(ds, "softmax", s, 99.0, epochs_run=run - s, epochs_planned=planned,
@@ -273,9 +273,9 @@ def test_report_errors_are_one_line(workdir, capsys):
 def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, monkeypatch):
     from omegaconf import OmegaConf
 
-    import bench_cli.config.compose as C
+    from bench_cli.config import compose as composition
 
-    real = C.compose_unchecked
+    real = composition.compose_unchecked
 
     def compose(overrides, with_hydra=False):  # a Table 11 style experiment: rows by beta_learnable
         cfg = real(overrides, with_hydra)
@@ -290,7 +290,7 @@ def test_rows_split_by_a_variant_key_match_the_papers_rows_by_notes(workdir, mon
                                     "model.attention.beta_learnable": "true,false", "seed": "0,1"}
         return cfg
 
-    monkeypatch.setattr(C, "compose_unchecked", compose)
+    monkeypatch.setattr(composition, "compose_unchecked", compose)
     for m in ("attention_bn", "attention_bn_sh"):
         for learn, acc in (("true", 80.8), ("false", 81.0)):
             for s in (0, 1):
@@ -335,7 +335,7 @@ def test_rows_split_by_two_keys_match_the_papers_row_of_both(workdir, capsys):
 ])
 def test_rows_by_errors_are_one_line(rows_by, message):
     with pytest.raises(UserError) as e:
-        R.layout({"columns": [{"column": "test_accuracy", "table": "own"}], "rows_by": rows_by})
+        report.layout({"columns": [{"column": "test_accuracy", "table": "own"}], "rows_by": rows_by})
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -368,18 +368,18 @@ def test_models_without_records_are_noted_once_and_the_others_keep_their_average
 
 
 def test_logger_wandb_logs_the_table(workdir, monkeypatch):
-    import bench_cli.results.loggers as L
+    from bench_cli.results import loggers
 
     logged = {}
 
-    class Capture(L.NullLogger):
+    class Capture(loggers.NullLogger):
         def log_table(self, name, rows):
             logged[name] = rows
 
         def finish(self, status="ok"):
             logged["finished"] = status
 
-    monkeypatch.setattr(L, "make_logger", lambda cfg, config, run_dir, name, job_type="run":
+    monkeypatch.setattr(loggers, "make_logger", lambda cfg, config, run_dir, name, job_type="run":
                         logged.setdefault("kind", (cfg.name, job_type)) and Capture())
     append_record(workdir / "runs.csv", rec("JapaneseVowels", "softmax", 0, 99.0))
     main(["report", EXP, "--records", str(workdir / "runs.csv"), "--no-write", "logger=wandb"])
@@ -397,7 +397,7 @@ def test_small_values_keep_three_significant_digits():
     assert _pm(6.2617, None) == "6.26"
 
 
-# --- issue 22: width, the re-run command, each job counted once ------------------------------------
+# --- the report for people: 80 columns, the re-run command, each job counted once --------------------
 def table1_records(path, accs=((99.5, 99.2), (99.4, 99.6))):
     for m, values in zip(("softmax", "attention_bn"), accs):
         for s, a in enumerate(values):
@@ -513,11 +513,11 @@ def test_the_committed_reproduction_beside_yours_each_tested_against(workdir, ca
 def test_report_finds_your_records_and_the_committed_ones_from_any_folder(workdir, capsys, monkeypatch):
     """Without --records: the user's results/local records and the committed ones, found relative
     to the project (not the working folder); it says which files it read and writes to results/local."""
-    from bench_cli.results.report import experiment as RC
+    from bench_cli.results.report import experiment as experiment_report
 
     project = workdir / "project"
-    monkeypatch.setattr(RC, "LOCAL", project / "results" / "local")
-    monkeypatch.setattr(RC, "COMMITTED", project / "results" / "reproduced")
+    monkeypatch.setattr(experiment_report, "LOCAL", project / "results" / "local")
+    monkeypatch.setattr(experiment_report, "COMMITTED", project / "results" / "reproduced")
     elsewhere = workdir / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

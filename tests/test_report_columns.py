@@ -47,12 +47,12 @@ def toy_report(workdir, monkeypatch):
     """Run the report of the hand-made settings; returns (Markdown, files written through write_rows)."""
     from omegaconf import OmegaConf
 
-    import bench_cli.config.compose as C
+    from bench_cli.config import compose as composition
     import bench_cli.results.csv_store as csv_store
 
     (workdir / "results" / "paper").mkdir(parents=True)
     (workdir / "results" / "paper" / "toy.csv").write_text(PAPER)
-    real = C.compose_unchecked
+    real = composition.compose_unchecked
 
     def compose(overrides, with_hydra=False):
         cfg = real(overrides, with_hydra)
@@ -64,7 +64,7 @@ def toy_report(workdir, monkeypatch):
 
     written = []
     atomic = csv_store.write_rows
-    monkeypatch.setattr(C, "compose_unchecked", compose)
+    monkeypatch.setattr(composition, "compose_unchecked", compose)
     monkeypatch.setattr(csv_store, "write_rows", lambda path, *a, **k: written.append(path) or atomic(path, *a, **k))
     for seed in (0, 1):
         append_record(workdir / "runs.csv", record("base", seed, 90.0 + seed, 99.0, 0.5, 2.0, 400))

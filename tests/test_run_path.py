@@ -1,4 +1,4 @@
-"""The run path is one straight line (issue 35, DESIGN.md "One run, as a straight line"):
+"""The run path is one straight line, so a reader follows a run top to bottom (DESIGN.md "One run, as a straight line"):
 ``runner.run_experiment`` reads top to bottom in at most 40 lines, its stages in order, each
 entered once; the trainer holds the loop, not the environment. Read from the source with ``ast``
 (imports nothing). That the numbers stay the same is tests/family_records.py's comparison."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench_cli.commands import smoke as S
+from bench_cli.commands import smoke as smoke_command
 from tests.conftest import attnbench
 
 
@@ -25,12 +25,12 @@ def test_without_cuda_one_line_exit_2(workdir):
 
 
 def test_plan_covers_every_family_in_both_precisions_and_ddp_with_two_gpus(monkeypatch, tmp_path):
-    monkeypatch.setattr(S, "half_precision", lambda device: "bf16")
-    checks = S.plan(["cuda:0", "cuda:1"], tmp_path, missing={f.task: "no files" for f in S.FAMILIES})
+    monkeypatch.setattr(smoke_command, "half_precision", lambda device: "bf16")
+    checks = smoke_command.plan(["cuda:0", "cuda:1"], tmp_path, missing={f.task: "no files" for f in smoke_command.FAMILIES})
     names = [c.name for c in checks]
     assert len(names) == len(set(names))
     for device in ("cuda:0", "cuda:1"):
-        for family in S.FAMILIES:
+        for family in smoke_command.FAMILIES:
             for precision in ("32", "bf16"):
                 (check,) = [c for c in checks if c.name.startswith(f"{family.task} {precision} {device}")]
                 assert f"trainer.precision={precision}" in check.argv and f"trainer.device={device}" in check.argv
@@ -39,23 +39,23 @@ def test_plan_covers_every_family_in_both_precisions_and_ddp_with_two_gpus(monke
         assert f"primal KSVD bf16 {device}" in names and f"profile timing {device}" in names
     (ddp,) = [c for c in checks if c.name.startswith("ddp")]
     assert "torch.distributed.run" in ddp.launcher and "trainer.strategy=ddp" in ddp.argv
-    assert not [c for c in S.plan(["cuda:0"], tmp_path) if c.name.startswith("ddp")]  # one GPU: no DDP check
+    assert not [c for c in smoke_command.plan(["cuda:0"], tmp_path) if c.name.startswith("ddp")]  # one GPU: no DDP check
 
 
 def test_a_family_with_its_data_present_trains_on_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(S, "half_precision", lambda device: "fp16")
-    family = next(f for f in S.FAMILIES if f.task == "lra_retrieval")
-    real, synthetic = (S.plan(["cuda:0"], tmp_path, (family,), missing=m)[0] for m in ({}, {"lra_retrieval": "x"}))
+    monkeypatch.setattr(smoke_command, "half_precision", lambda device: "fp16")
+    family = next(f for f in smoke_command.FAMILIES if f.task == "lra_retrieval")
+    real, synthetic = (smoke_command.plan(["cuda:0"], tmp_path, (family,), missing=m)[0] for m in ({}, {"lra_retrieval": "x"}))
     assert real.argv[0] == "run" and not real.launcher and real.records == tmp_path / "records.csv"
-    assert synthetic.argv[0] == "synthetic" and synthetic.launcher == S.SYNTHETIC and synthetic.note == "no data: x"
+    assert synthetic.argv[0] == "synthetic" and synthetic.launcher == smoke_command.SYNTHETIC and synthetic.note == "no data: x"
     assert synthetic.name == "lra_retrieval 32 cuda:0 (synthetic inputs)"
 
 
 def test_the_cpu_plan_is_smaller_with_one_value_per_key(tmp_path):
     """On the CPU the checks take the CPU's batches and subsets and LRA Text at 256 bytes, each key
     once on the command line (the GPU's value replaced in its place)."""
-    family = next(f for f in S.FAMILIES if f.task == "lra_text")
-    gpu, cpu = (S.plan([d], tmp_path, (family,))[0].argv for d in ("cuda:0", "cpu"))
+    family = next(f for f in smoke_command.FAMILIES if f.task == "lra_text")
+    gpu, cpu = (smoke_command.plan([d], tmp_path, (family,))[0].argv for d in ("cuda:0", "cpu"))
     assert "trainer.batch_size=8" in gpu and "task.subset.train=64" in gpu and "task.max_len=256" not in gpu
     assert {"trainer.batch_size=2", "task.subset.train=32", "task.max_len=256", "task.seq_len=256"} <= set(cpu)
     keys = [a.split("=", 1)[0] for a in cpu[1:]]
@@ -64,17 +64,17 @@ def test_the_cpu_plan_is_smaller_with_one_value_per_key(tmp_path):
 
 def test_synthetic_steps_train_in_bf16_on_the_cpu():
     overrides = ["task=lra_retrieval", "trainer.device=cpu", "trainer.precision=bf16"]
-    loss = S.synthetic_steps(overrides, steps=2, seq_len=64)
+    loss = smoke_command.synthetic_steps(overrides, steps=2, seq_len=64)
     assert math.isfinite(loss)
 
 
 @pytest.mark.slow
 def test_a_failing_check_is_a_line_with_its_reason(tmp_path):
     """In a process of its own, as `attnbench smoke` runs it: a mistake is the one line it printed."""
-    status, seconds, reason = S.run_check(S.Check("bad", ("run", "task=nope")), timeout=120)
+    status, seconds, reason = smoke_command.run_check(smoke_command.Check("bad", ("run", "task=nope")), timeout=120)
     assert status == "failed" and reason.startswith("exit 2: unknown task 'nope'"), reason
     rows = [{"check": "bad", "status": status, "seconds": f"{seconds:.1f}", "reason": reason}]
-    S.write_checks(tmp_path / "checks.csv", rows)
+    smoke_command.write_checks(tmp_path / "checks.csv", rows)
     assert Path(tmp_path / "checks.csv").read_text().splitlines()[0] == "check,status,seconds,reason"
 
 
@@ -91,7 +91,7 @@ def test_ksvd_energy_is_float32_under_half_precision():
 
 
 # --- a failed check's reason: the run's own error -----------------------------------------------------
-UEA = next(f for f in S.FAMILIES if f.task == "uea")
+UEA = next(f for f in smoke_command.FAMILIES if f.task == "uea")
 WARNING_SOURCE = "  return Variable._execution_engine.run_backward("  # the last line CUDA's run printed
 
 
@@ -110,8 +110,8 @@ def test_a_failed_runs_reason_is_its_recorded_error_not_the_last_line_printed(wo
 
     monkeypatch.setattr(Trainer, "fit", fit)
     monkeypatch.setattr("bench_cli.commands.cli.print_summary", warn_after)
-    check = S.plan(["cpu"], workdir / "smoke", (UEA,))[0]
-    status, _, reason = S.run_check(check, timeout=60, execute=S.in_process)
+    check = smoke_command.plan(["cpu"], workdir / "smoke", (UEA,))[0]
+    status, _, reason = smoke_command.run_check(check, timeout=60, execute=smoke_command.in_process)
     assert (status, reason) == ("failed", "exit 1: RuntimeError: CUDA error: an illegal memory access was encountered")
 
 
@@ -123,20 +123,20 @@ def test_the_reason_falls_back_to_error_txt_and_to_the_error_line_printed(tmp_pa
     (folder / "error.txt").write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
                                       "KeyError: 'bleu'\n")
     append_record(tmp_path / "records.csv", {"status": "failed", "error": "", "output_dir": str(folder)})
-    assert S.failure(tmp_path / "records.csv", 0, WARNING_SOURCE) == "KeyError: 'bleu'"
+    assert smoke_command.failure(tmp_path / "records.csv", 0, WARNING_SOURCE) == "KeyError: 'bleu'"
     # nothing recorded (a mistake found before the run, `profile`, synthetic inputs): what it said
     printed = f"error: unknown task 'nope'\n{WARNING_SOURCE}\n"
-    assert S.failure(tmp_path / "none.csv", 0, printed) == "unknown task 'nope'"
-    assert S.error_line(f"Traceback:\nValueError: bad shape\n{WARNING_SOURCE}") == "ValueError: bad shape"
+    assert smoke_command.failure(tmp_path / "none.csv", 0, printed) == "unknown task 'nope'"
+    assert smoke_command.error_line(f"Traceback:\nValueError: bad shape\n{WARNING_SOURCE}") == "ValueError: bad shape"
 
 
 def test_a_synthetic_check_that_fails_says_its_exception_in_one_line(monkeypatch):
     def steps(overrides):
         raise IndexError("index 7 is out of bounds")
 
-    monkeypatch.setattr(S, "synthetic_steps", steps)
-    check = S.Check("uea 32 cpu (synthetic inputs)", ("synthetic", "task=uea"), launcher=S.SYNTHETIC)
-    assert S.run_check(check, timeout=60, execute=S.in_process)[2] == "exit 1: IndexError: index 7 is out of bounds"
+    monkeypatch.setattr(smoke_command, "synthetic_steps", steps)
+    check = smoke_command.Check("uea 32 cpu (synthetic inputs)", ("synthetic", "task=uea"), launcher=smoke_command.SYNTHETIC)
+    assert smoke_command.run_check(check, timeout=60, execute=smoke_command.in_process)[2] == "exit 1: IndexError: index 7 is out of bounds"
 
 
 # --- without the data: synthetic inputs, or a failed check under --require-data -----------------------
@@ -151,11 +151,11 @@ def offline(workdir, monkeypatch):
 
     def execute(check, timeout):
         if check.argv[0] == "data":
-            return S.in_process(check, timeout)
+            return smoke_command.in_process(check, timeout)
         ran.append(check)
         return 0, ""
 
-    monkeypatch.setattr(S, "in_subprocess", execute)
+    monkeypatch.setattr(smoke_command, "in_subprocess", execute)
     return ran
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench_cli.commands import smoke as S
+from bench_cli.commands import smoke
 
 pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.slow]
 
@@ -68,28 +68,28 @@ WRITERS = {"lra_image": write_lra, "lra_text": write_lra, "lra_retrieval": write
            "textcls": write_text, "nmt": write_text, "deit": lambda root, _: write_imagenet100(root),
            "d4rl": lambda root, _: write_d4rl(root)}
 SYNTHETIC = {"lm"}  # no data here: trains on synthetic inputs
-PARTS = [f.task for f in S.FAMILIES] + ["primal KSVD", "profile timing"]
+PARTS = [f.task for f in smoke.FAMILIES] + ["primal KSVD", "profile timing"]
 
 
 def test_every_family_of_the_plan_has_its_data_written_or_a_reason():
     """A family added to the smoke plan is added here too (data written, packaged or synthetic)."""
     packaged, generated = {"uea", "tser", "vit"}, {"lra_listops"}
-    assert {f.task for f in S.FAMILIES} == set(WRITERS) | SYNTHETIC | packaged | generated
+    assert {f.task for f in smoke.FAMILIES} == set(WRITERS) | SYNTHETIC | packaged | generated
 
 
 @pytest.mark.parametrize("part", PARTS)
 def test_the_smoke_plan_passes_on_the_cpu(part, workdir):
     """The checks of one family (or the KSVD and profile checks) in float32 and bf16, with the
     run's own error as the reason of any that fails."""
-    families = [f for f in S.FAMILIES if f.task == part]
+    families = [f for f in smoke.FAMILIES if f.task == part]
     for family in families:
         if family.task in WRITERS:
             WRITERS[family.task](workdir / "data", family.task)
-    missing = S.gather_data(families, S.in_process)
+    missing = smoke.gather_data(families, smoke.in_process)
     assert set(missing) == SYNTHETIC & {part}, missing
-    checks = [c for c in S.plan(["cpu"], workdir / "smoke", missing=missing) if c.name.startswith(part + " ")]
+    checks = [c for c in smoke.plan(["cpu"], workdir / "smoke", missing=missing) if c.name.startswith(part + " ")]
     assert len(checks) == (1 if part in ("primal KSVD", "profile timing") else 2)
-    results = {c.name: S.run_check(c, timeout=600, execute=S.in_process) for c in checks}
+    results = {c.name: smoke.run_check(c, timeout=600, execute=smoke.in_process) for c in checks}
     failed = {name: reason for name, (status, _, reason) in results.items() if status != "ok"}
     assert not failed, failed
     if part in SYNTHETIC:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench_cli.config import checks, omegaconf_private
-from bench_cli.config import compose as C
-from bench_cli.commands import sweep as S
+from bench_cli.config import compose as composition
+from bench_cli.commands import sweep as sweep_command
 from bench_cli.commands.sweep.plan import multirun_config
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
@@ -46,7 +46,7 @@ def rewrite(path: Path, rows: list[dict]) -> None:
 @pytest.mark.slow
 def test_joblib_sweep_resumes_and_records_failures(uea_fixture, workdir, capsys):
     args = [*tiny(workdir), "model=softmax,attention_bn", "seed=0,1", "hydra/launcher=joblib_cpu"]
-    planned = {j.key for j in S.plan_sweep([a for a in args if not a.startswith("hydra/")]).jobs}
+    planned = {j.key for j in sweep_command.plan_sweep([a for a in args if not a.startswith("hydra/")]).jobs}
     assert len(planned) == 4
 
     assert sweep(*args) == 0
@@ -138,10 +138,10 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
     different composition): equal as resolved configs, with the planned job_key."""
     args = ["experiment=primal_dual/table1", "task.dataset=Fixture", "seed=0,1", f"paths.output_dir={workdir / 'outputs'}",
             f"results.path={workdir / 'res.csv'}"]
-    sweep = S.plan_sweep(args)
+    sweep = sweep_command.plan_sweep(args)
     assert len(sweep.jobs) == 4 * 2
-    returns = S.launch(sweep, sweep.jobs)
-    assert [S.error_of(r) for r in returns] == [None] * len(sweep.jobs)
+    returns = sweep_command.launch(sweep, sweep.jobs)
+    assert [sweep_command.error_of(r) for r in returns] == [None] * len(sweep.jobs)
     assert [as_dict(c) for c in fake_runs] == [as_dict(j.cfg) for j in sweep.jobs]
     assert [r["job_key"] for r in read_records(workdir / "res.csv")] == [j.key for j in sweep.jobs]
     assert "[sweep 8/8] ok" in capsys.readouterr().out
@@ -173,12 +173,12 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
     args = ["experiment=zoo/offline", "experiment/zoo/_case=japanese_vowels,basic_motions",
             "model=softmax,linear,attention_bn,attention_sh", "seed=0,1"]
     checks._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
-    shared = S.plan_sweep(args)
+    shared = sweep_command.plan_sweep(args)
     shared_parses, parsed[:] = len(parsed), []
     assert ConfigRepository.load_config is counting
-    monkeypatch.setattr(C, "shared_config_files", nullcontext)
+    monkeypatch.setattr(composition, "shared_config_files", nullcontext)
     checks._group_defaults.cache_clear()
-    alone = S.plan_sweep(args)
+    alone = sweep_command.plan_sweep(args)
     assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
     assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
     assert [as_dict(j.cfg) for j in shared.jobs] == [as_dict(j.cfg) for j in alone.jobs]
@@ -186,10 +186,10 @@ def test_planning_parses_each_config_file_once_and_composes_the_same_configs(mon
 
 
 def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, workdir, fake_runs, capsys):
-    sweep = S.plan_sweep([*tiny(workdir), "seed=0,1"])
+    sweep = sweep_command.plan_sweep([*tiny(workdir), "seed=0,1"])
     sweep.jobs[1].key = "0" * 16  # as if the launcher's process composed another config
-    errors = [S.error_of(r) for r in S.launch(sweep, sweep.jobs)]
-    assert errors[0] is None and isinstance(errors[1], S.PlanMismatchError)
+    errors = [sweep_command.error_of(r) for r in sweep_command.launch(sweep, sweep.jobs)]
+    assert errors[0] is None and isinstance(errors[1], sweep_command.PlanMismatchError)
     assert "the plan has 0000000000000000" in str(errors[1]) and len(fake_runs) == 1  # nothing run for it
 
 
@@ -215,16 +215,16 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
     from bench_cli.results import job_keys
 
     differences = []
-    with multirun_config(overrides, None) as (app, master), C.shared_config_files():
-        composer, by_choices = C.JobComposer(app, master), {}
-        for job in S.job_overrides(app, master):
+    with multirun_config(overrides, None) as (app, master), composition.shared_config_files():
+        composer, by_choices = composition.JobComposer(app, master), {}
+        for job in sweep_command.job_overrides(app, master):
             by_choices.setdefault(composer.split(job)[0], []).append(tuple(job))
         combos = list(by_choices.values())
         for jobs in [combos[0], combos[-1]][:len(combos)]:
-            with C.shared_interpolation_parses():  # as plan_sweep plans
-                planned = {job: S.plan_job(composer, list(job)) for job in dict.fromkeys([*jobs[:20], jobs[-1]])}
+            with composition.shared_interpolation_parses():  # as plan_sweep plans
+                planned = {job: sweep_command.plan_job(composer, list(job)) for job in dict.fromkeys([*jobs[:20], jobs[-1]])}
             for job in dict.fromkeys([jobs[0], jobs[-1]]):
-                with C.shared_interpolation_parses(), composer.applied(job) as cfg:
+                with composition.shared_interpolation_parses(), composer.applied(job) as cfg:
                     shared, resolved = as_dict(cfg), composer.resolved(cfg, job)
                 whole = app.compose_job(master, list(job))
                 with read_write(whole), open_dict(whole):
@@ -237,7 +237,7 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
     return differences
 
 
-@pytest.mark.parametrize("experiment", C.group_options("experiment"))
+@pytest.mark.parametrize("experiment", composition.group_options("experiment"))
 def test_the_plan_of_every_experiment_is_hydras_composition_of_each_job(experiment):
     assert planned_against_whole([f"experiment={experiment}"]) == []
 
@@ -251,25 +251,25 @@ def test_the_plan_is_hydras_composition_with_additions_deletions_nulls_and_inter
 
 
 def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_reset(monkeypatch):
-    apply = C.JobComposer._apply
+    apply = composition.JobComposer._apply
 
     def without_the_last_value(cfg, values, overrides):
         return apply(cfg, values[:-1], overrides)
 
     with monkeypatch.context() as m:
-        m.setattr(C.JobComposer, "_apply", staticmethod(without_the_last_value))
+        m.setattr(composition.JobComposer, "_apply", staticmethod(without_the_last_value))
         differences = planned_against_whole(["model=attention_bn", "seed=0,1", "trainer.max_epochs=3"])
     assert differences == [f"model=attention_bn seed={seed} trainer.max_epochs=3: {what}" for seed in (0, 1)
                            for what in ("job_key", "config in place", "config resolved in place", "config of its own")]
     # values set in place and not reset: a job without trainer.max_epochs after one with it
     with multirun_config([], None) as (app, master):
-        composer = C.JobComposer(app, master)
-        fresh = as_dict(S.plan_job(C.JobComposer(app, master), ["seed=1"]).cfg)
-        S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
-        assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) == fresh
+        composer = composition.JobComposer(app, master)
+        fresh = as_dict(sweep_command.plan_job(composition.JobComposer(app, master), ["seed=1"]).cfg)
+        sweep_command.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
+        assert as_dict(sweep_command.plan_job(composer, ["seed=1"]).cfg) == fresh
         monkeypatch.setattr(omegaconf_private, "replaced_values", lambda cfg, values: [])  # nothing to reset
-        S.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
-        assert as_dict(S.plan_job(composer, ["seed=1"]).cfg) != fresh
+        sweep_command.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
+        assert as_dict(sweep_command.plan_job(composer, ["seed=1"]).cfg) != fresh
 
 
 def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeypatch):
@@ -279,10 +279,10 @@ def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeyp
     import time
 
     with multirun_config(["model=softmax,linear,attention_bn,attention_sh", "seed=0,1"], None) as (app, master):
-        grid = S.job_overrides(app, master)
-        here, shared = C.JobComposer(app, master), C.JobComposer(app, master)
+        grid = sweep_command.job_overrides(app, master)
+        here, shared = composition.JobComposer(app, master), composition.JobComposer(app, master)
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-        compose, parent, composed_here = C.JobComposer._base, os.getpid(), []
+        compose, parent, composed_here = composition.JobComposer._base, os.getpid(), []
 
         def slow_here(self, choices):  # this process waits, so that the forked one composes too
             if os.getpid() == parent and choices not in self._bases:
@@ -290,13 +290,13 @@ def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeyp
                 time.sleep(1.0)
             return compose(self, choices)
 
-        monkeypatch.setattr(C.JobComposer, "_base", slow_here)
+        monkeypatch.setattr(composition.JobComposer, "_base", slow_here)
         progress = []
         shared.prepare(grid, fork_from=1, progress=lambda done, total: progress.append((done, total)))
         assert len(shared._bases) == 4 and 0 < len(composed_here) < 4 and progress[-1] == (4, 4)
-        monkeypatch.setattr(C.JobComposer, "_base", compose)
+        monkeypatch.setattr(composition.JobComposer, "_base", compose)
         for job in grid:
-            a, b = S.plan_job(shared, job), S.plan_job(here, job)
+            a, b = sweep_command.plan_job(shared, job), sweep_command.plan_job(here, job)
             assert a.key == b.key and as_dict(a.cfg) == as_dict(b.cfg)
 
 
@@ -325,7 +325,7 @@ def test_resume_runs_only_what_has_no_ok_record(uea_fixture, workdir, fake_runs,
     """A finished job (an ok record with its job_key) is skipped by the plan and never launched;
     --force launches it again. The jobs that run get the plan's numbers ([sweep 2/3])."""
     args = [*tiny(workdir), "seed=0,1,2"]
-    jobs = S.plan_sweep(args).jobs
+    jobs = sweep_command.plan_sweep(args).jobs
     from bench_cli.results.csv_store import append_record
 
     append_record(workdir / "res.csv", {"run_id": "earlier", "status": "ok", "job_key": jobs[0].key})
@@ -368,25 +368,25 @@ UEA_NAME = {"HandWriting": "Handwriting", "HeartBeat": "Heartbeat"}  # paper spe
 def grid(*overrides: str) -> list:
     """The planned jobs (each composed by Hydra). Tests narrow the grids they compose: a job's
     composition takes a fraction of a second, and the axes they do not check are counted with
-    ``S.expand_grid`` (which composes nothing but the multirun config)."""
-    return S.plan_sweep(list(overrides)).jobs
+    ``sweep_command.expand_grid`` (which composes nothing but the multirun config)."""
+    return sweep_command.plan_sweep(list(overrides)).jobs
 
 
 def test_every_experiment_composes_and_lists_its_grid():
-    exps = C.group_options("experiment")
+    exps = composition.group_options("experiment")
     assert {"primal_dual/table1", "primal_dual/table5", "primal_dual/table9", "primal_dual/table10",
             "primal_attention/uea"} <= set(exps)
     assert not [e for e in exps if "/_" in e or e.startswith("_")]  # building blocks are not options
     for exp in exps:
-        cfg = C.compose([f"experiment={exp}"])
+        cfg = composition.compose([f"experiment={exp}"])
         assert cfg.experiment_name == exp and (cfg.report.get("paper_csv") or cfg.report.get("kind") in ("zoo", "study"))
 
 
 def test_table1_grid_is_the_papers_protocol_and_datasets_restrict_it():
-    full = S.expand_grid(["experiment=primal_dual/table1"])
+    full = sweep_command.expand_grid(["experiment=primal_dual/table1"])
     assert len(full) == 10 * 4 * 5
     assert {o for job in full for o in job if o.startswith("seed=")} == {f"seed={s}" for s in range(5)}
-    sub = S.expand_grid(["experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions"])
+    sub = sweep_command.expand_grid(["experiment=primal_dual/table1", "task.dataset=JapaneseVowels,BasicMotions"])
     assert len(sub) == 2 * 4 * 5
     assert {o for job in sub for o in job if o.startswith("task.dataset=")} == {"task.dataset=JapaneseVowels",
                                                                                "task.dataset=BasicMotions"}
@@ -406,7 +406,7 @@ def test_beta_per_dataset_and_model_is_the_papers_table(table, exp):
     want = {(UEA_NAME.get(r["dataset"], r["dataset"]), r["model"]): float(r["value"])
             for r in reference("primal_dual_2023.csv") if r["table"] == table and "UEA" in r["notes"]}
     axes: dict[str, set] = {}
-    for job in S.expand_grid([f"experiment={exp}", "seed=0"]):
+    for job in sweep_command.expand_grid([f"experiment={exp}", "seed=0"]):
         for o in job:
             axes.setdefault(o.split("=")[0], set()).add(o)
     models = axes["model"]
@@ -445,7 +445,7 @@ def test_primal_attention_uea_hyperparameters_per_dataset():
                                              ("slurm", "SlurmLauncher"), ("local", "LocalLauncher"),
                                              ("submitit_slurm", "SlurmLauncher")])
 def test_launcher_configs_compose(launcher, target):
-    cfg = C.compose_unchecked([f"hydra/launcher={launcher}"], with_hydra=True)
+    cfg = composition.compose_unchecked([f"hydra/launcher={launcher}"], with_hydra=True)
     assert cfg.hydra.launcher._target_.endswith(target)
     if launcher == "joblib_cpu":
         assert cfg.hydra.launcher.n_jobs == 2

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench_cli.commands import sweep as S
-from bench_cli.commands.sweep import progress as P
+from bench_cli.commands import sweep as sweep_command
+from bench_cli.commands.sweep import progress as sweep_progress
 from bench_cli.commands.sweep.job import job_line_head, job_printer
 from bench_cli.core import ui
 from bench_cli.results import claims, csv_store
@@ -29,9 +29,9 @@ def test_counts_come_from_the_records_and_claims_the_jobs_write(workdir, monkeyp
     path = str(workdir / "res.csv")
     csv_store.append_record(path, {"run_id": "earlier", "status": "failed", "job_key": "k1"})  # before the sweep
     now = [100.0]
-    monkeypatch.setattr(P, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    progress = P.SweepProgress([(k, path) for k in ("k1", "k2", "k3", "k4")], {path: 1}, ttl_s=600)
-    assert progress.poll() == P.Counts(4)  # the row from before the sweep is not this sweep's outcome
+    monkeypatch.setattr(sweep_progress, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    progress = sweep_progress.SweepProgress([(k, path) for k in ("k1", "k2", "k3", "k4")], {path: 1}, ttl_s=600)
+    assert progress.poll() == sweep_progress.Counts(4)  # the row from before the sweep is not this sweep's outcome
     csv_store.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
     csv_store.append_record(path, {"run_id": "b", "status": "nan", "job_key": "k2"})
     csv_store.append_record(path, {"run_id": "c", "status": "ok", "job_key": "other"})  # not a job of this sweep
@@ -40,8 +40,8 @@ def test_counts_come_from_the_records_and_claims_the_jobs_write(workdir, monkeyp
     counts = progress.poll()
     assert (counts.done, counts.failed, counts.running, counts.to_go, counts.eta_s) == (1, 1, 1, 1, 30.0)
     assert counts.text(30.0) == "1 done, 1 failed, 1 running, 1 to go; ETA 30 s, 30 s elapsed"
-    assert "ETA ?" in P.Counts(4).text(5.0)  # nothing finished: no time per job yet
-    assert P.Counts(200, done=16, failed=1, running=2, eta_s=9000).text(730) == \
+    assert "ETA ?" in sweep_progress.Counts(4).text(5.0)  # nothing finished: no time per job yet
+    assert sweep_progress.Counts(200, done=16, failed=1, running=2, eta_s=9000).text(730) == \
         "16 done, 1 failed, 2 running, 181 to go; ETA 2.5 h, 12 min elapsed"
 
 
@@ -50,22 +50,22 @@ def test_redirected_lines_after_each_finished_job_and_while_quiet(workdir, monke
     shown = []
     monkeypatch.setattr(ui.console, "print", lambda text, **kw: shown.append(text))
     now = [0.0]
-    monkeypatch.setattr(P, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    progress = P.SweepProgress([("k1", "x.csv"), ("k2", "x.csv")], {}, ttl_s=600)
+    monkeypatch.setattr(sweep_progress, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    progress = sweep_progress.SweepProgress([("k1", "x.csv"), ("k2", "x.csv")], {}, ttl_s=600)
     for now[0], finished in ((1.0, 0), (30.0, 0), (31.0, 1), (32.0, 1), (90.0, 1), (92.0, 1), (93.0, 2)):
-        progress._show(P.Counts(2, done=finished))
+        progress._show(sweep_progress.Counts(2, done=finished))
     assert [t.split(";")[0] for t in shown] == ["sweep progress: 1 done, 0 failed, 0 running, 1 to go",
                                                 "sweep progress: 1 done, 0 failed, 0 running, 1 to go",
                                                 "sweep progress: 2 done, 0 failed, 0 running, 0 to go"]
-    assert P.QUIET_LINE_S == 60  # the middle line: a minute (92 - 31 s) without a finished job
+    assert sweep_progress.QUIET_LINE_S == 60  # the middle line: a minute (92 - 31 s) without a finished job
 
 
 def test_on_a_terminal_the_progress_is_one_live_line_of_80_columns(workdir, monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(ui, "console", ui.Console(file=out, force_terminal=True, width=80))
-    monkeypatch.setattr(P, "POLL_S", 0.05)
+    monkeypatch.setattr(sweep_progress, "POLL_S", 0.05)
     path = str(workdir / "res.csv")
-    with P.SweepProgress([("k1", path), ("k2", path)], {}, ttl_s=600) as progress:
+    with sweep_progress.SweepProgress([("k1", path), ("k2", path)], {}, ttl_s=600) as progress:
         csv_store.append_record(path, {"run_id": "a", "status": "ok", "job_key": "k1"})
         for _ in range(100):  # the background thread reads the record within a poll or two
             if progress.bar.tasks[0].completed == 1:
@@ -80,11 +80,11 @@ def test_on_a_terminal_the_progress_is_one_live_line_of_80_columns(workdir, monk
 def test_a_job_in_a_worker_process_clears_the_sweeps_live_line_in_the_same_write(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(ui, "console", ui.Console(file=out, force_terminal=True, width=100))
-    plan = S.JobPlan({}, 1, sweep_pid=os.getpid() + 1, live_line=True)
+    plan = sweep_command.JobPlan({}, 1, sweep_pid=os.getpid() + 1, live_line=True)
     job_printer(plan)(f"{job_line_head(0, 1)} [cyan]start[/]   uea/Fixture softmax seed=0")
     assert out.getvalue().startswith("\r\x1b[2K[sweep 1/1] ")
     out.truncate(0), out.seek(0)
-    job_printer(S.JobPlan({}, 1, sweep_pid=os.getpid(), live_line=True))("in the sweep's own process")
+    job_printer(sweep_command.JobPlan({}, 1, sweep_pid=os.getpid(), live_line=True))("in the sweep's own process")
     assert out.getvalue() == "in the sweep's own process\n"  # rich's live display prints it above the line
 
 
@@ -93,7 +93,7 @@ def test_a_job_in_a_worker_process_clears_the_sweeps_live_line_in_the_same_write
 def test_a_redirected_sweep_prints_its_progress(launcher, uea_fixture, workdir, monkeypatch, capsys):
     """Two tiny jobs, one of which fails at its first step (eps -1: the optimiser raises inside
     the run): a line with the counts and the time left as each finishes, whichever process runs them."""
-    monkeypatch.setattr(P, "POLL_S", 0.1)
+    monkeypatch.setattr(sweep_progress, "POLL_S", 0.1)
     args = [*tiny(workdir), "trainer.max_epochs=1", "model=softmax", "trainer.optimizer.eps=-1.0,1e-8"]
     if launcher != "basic":
         args.append(f"hydra/launcher={launcher}")

@@ -26,7 +26,7 @@ from bench_cli.results.csv_store import read_records
 from bench_cli.config.taskfit import build_task, check_model_fits_task
 from models.attention import attention_spec, available_attentions
 from tasks import task_class
-from tasks.text import translation as T
+from tasks.text import translation
 from tasks.text.tokenize import (SPANISH_STRIP, ENGLISH_STRIP, Vocabulary, WordIndex, pad_sequences, rank_words,
                                  standardize, text_to_word_sequence)
 
@@ -238,12 +238,12 @@ def test_amazon_loader_reads_zhang_csv(data):
 
 
 def test_imdb_from_hf_datasets(data, monkeypatch):
-    from tasks.text import classification as C
+    from tasks.text import classification
 
     fake = {s: {"text": [t for t, _ in imdb_rows(8, i)], "label": [y for _, y in imdb_rows(8, i)]}
             for i, s in enumerate(("train", "test"))}
     calls = []
-    monkeypatch.setattr(C, "load_hf_dataset", lambda repo, config=None, missing="": calls.append(repo) or fake)
+    monkeypatch.setattr(classification, "load_hf_dataset", lambda repo, config=None, missing="": calls.append(repo) or fake)
     task = task_class("textcls")(compose(["task=textcls", "task.protocol=paper"]).task, data)
     task.setup("paper")
     assert calls[0] == "stanfordnlp/imdb" and len(task.splits["train"]) == 8 and task.source == "HF stanfordnlp/imdb"
@@ -412,8 +412,8 @@ def test_anki_pairs_split_vocabulary_from_train_only_and_keras_positions(data, m
     assert {k: len(v) for k, v in task.splits.items()} == {"train": 48, "val": 6, "test": 6}
     assert task.src_vocab.tokens[:2] == ["", "[UNK]"] and len(task.tgt_vocab) == 12
     assert task.tgt_vocab.tokens[2:4] == ["[start]", "[end]"]  # in every Spanish sentence
-    pairs = T.read_anki(data / "spa-eng" / "spa.txt")
-    split = T.split_pairs(60, 0.1, 0.1, 0)
+    pairs = translation.read_anki(data / "spa-eng" / "spa.txt")
+    split = translation.split_pairs(60, 0.1, 0.1, 0)
     train_words = {w for i in split["train"] for w in standardize(pairs[i][1], SPANISH_STRIP).split()}
     assert set(task.tgt_vocab.tokens[4:]) <= train_words  # built from the training pairs only
     item = task.splits["test"][0]
@@ -486,14 +486,14 @@ def test_anki_fetcher_unpacks_and_checks_the_pair_count(data, monkeypatch):
         z.writestr("spa-eng/spa.txt", lines)
 
     def fake_download(url, target, **kw):
-        assert url == T.ANKI_URL
+        assert url == translation.ANKI_URL
         Path(target).write_bytes(archive.read_bytes())
 
-    monkeypatch.setattr(T, "download", fake_download)
+    monkeypatch.setattr(translation, "download", fake_download)
     with pytest.raises(DataNotFoundError, match="holds 25 pairs, not the 118964"):
-        T.fetch_anki(data)
+        translation.fetch_anki(data)
     assert not (data / "spa-eng").exists()  # nothing half-made is left to look like data
-    monkeypatch.setattr(T, "ANKI_PAIRS", 25)
+    monkeypatch.setattr(translation, "ANKI_PAIRS", 25)
     main(["data", "nmt", "anki"])
     assert (data / "spa-eng" / "spa.txt").read_bytes() == lines
 
@@ -569,7 +569,7 @@ def majority_token_accuracy(n_pairs: int) -> float:
     words, [end] and, under keras' mask, the one padding id after it."""
     from collections import Counter
 
-    spanish = [ANKI[i % len(ANKI)][1] for i in T.split_pairs(n_pairs, 0.1, 0.1, 0)["test"]]
+    spanish = [ANKI[i % len(ANKI)][1] for i in translation.split_pairs(n_pairs, 0.1, 0.1, 0)["test"]]
     targets = Counter(t for s in spanish for t in [*standardize(s, SPANISH_STRIP).split(), "[end]", ""])
     return 100.0 * max(targets.values()) / sum(targets.values())
 

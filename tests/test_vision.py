@@ -43,14 +43,14 @@ def test_shim_defines_the_two_schemas_when_the_plain_import_fails_that_way():
             print("plain: ok")
         except RuntimeError as e:
             print("plain:", e)
-        from tasks.vision import torchvision_shim as S
-        tv = S.import_torchvision()
-        print("applied:", S.applied, tv.__version__.split("+")[0])
+        from tasks.vision import torchvision_shim
+        tv = torchvision_shim.import_torchvision()
+        print("applied:", torchvision_shim.applied, tv.__version__.split("+")[0])
         for op in ("nms", "qnms"):
             print(op, torch._C._dispatch_has_kernel_for_dispatch_key(f"torchvision::{op}", "Meta"))
         x = tv.transforms.v2.RandomResizedCrop(8)(torch.rand(3, 16, 16))
         print("v2:", tuple(x.shape), "datasets:", hasattr(tv.datasets, "CIFAR100"))
-        timm = S.import_timm()
+        timm = torchvision_shim.import_timm()
         print("timm:", hasattr(timm.data, "Mixup"))
     """)
     assert out.returncode == 0, out.stderr
@@ -70,9 +70,9 @@ def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_
     (ok / "torchvision" / "transforms" / "__init__.py").write_text("")
     (ok / "torchvision" / "transforms" / "v2" / "__init__.py").write_text("")
     out = run_python("""
-        from tasks.vision import torchvision_shim as S
-        tv = S.import_torchvision()
-        print(tv.__version__, S.applied, S._library is None)
+        from tasks.vision import torchvision_shim
+        tv = torchvision_shim.import_torchvision()
+        print(tv.__version__, torchvision_shim.applied, torchvision_shim._library is None)
     """, extra_path=ok)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["stub", "False", "True"]
@@ -81,11 +81,11 @@ def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_
     (bad / "torchvision").mkdir(parents=True)
     (bad / "torchvision" / "__init__.py").write_text("raise RuntimeError('some other failure')\n")
     out = run_python("""
-        from tasks.vision import torchvision_shim as S
+        from tasks.vision import torchvision_shim
         try:
-            S.import_torchvision()
+            torchvision_shim.import_torchvision()
         except RuntimeError as e:
-            print("raised:", e, S.applied)
+            print("raised:", e, torchvision_shim.applied)
     """, extra_path=bad)
     assert out.stdout.strip() == "raised: some other failure False", out.stderr
 
@@ -638,7 +638,7 @@ def test_a_file_that_is_not_an_image_is_one_line_naming_it(tmp_path):
     assert str(bad) in str(e.value) and "not a readable image" in str(e.value) and "\n" not in str(e.value)
 
 
-# --- patch-embedding dropout and the CV Primal block's initialisation (issue 20, items 3 and 10) ----
+# --- patch-embedding dropout and the CV Primal block's initialisation, as the reference code has them ----
 def test_vit_has_no_patch_embedding_dropout_and_deit_keeps_timms():
     """task=vit: the keras example adds the position embedding and goes into the first block (no
     dropout); DeiT: timm's pos_drop at the blocks' rate (``embed_dropout: null``)."""

@@ -1,14 +1,14 @@
-"""The attention zoo (issue 19; conf/experiment/zoo/, bench_cli/results/report/zoo.py): its job list comes
-from the model group and the registry, covers every offline task, leaves out what a task cannot run
-(with the reason) in the plan and in the sweep alike; a tiny sweep makes records, the report and a
-plot."""
+"""The attention zoo (every attention on every offline task; conf/experiment/zoo/,
+bench_cli/results/report/zoo.py): its job list comes from the model group and the registry, covers every
+offline task, leaves out what a task cannot run (with the reason) in the plan and in the sweep alike; a
+tiny sweep makes records, the report and a plot."""
 from __future__ import annotations
 
 import pytest
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.config import search_path
-from bench_cli.commands import sweep as S
+from bench_cli.commands import sweep as sweep_command
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
 from bench_cli.results.report import zoo
@@ -38,14 +38,14 @@ def probe_attention(tmp_path, monkeypatch):
 def test_the_zoo_is_every_model_preset_on_every_offline_task():
     plan, _ = zoo.zoo_plan("zoo/offline")
     assert {(c.task, c.dataset) for c in plan.cases} == OFFLINE
-    assert plan.models == C.group_options("model") and {"softmax", "primalformer", "flowformer"} <= set(plan.models)
+    assert plan.models == compose.group_options("model") and {"softmax", "primalformer", "flowformer"} <= set(plan.models)
     assert all(c.budget for c in plan.cases)  # the report states each case's budget
     assert not plan.unpreset  # every built-in attention has a preset
     assert len(plan.jobs(seeds=(0, 1, 2))) == sum(len(plan.models) - len(c.skipped) for c in plan.cases) * 3
 
 
 def test_a_new_attention_joins_the_zoo_and_incapable_pairs_are_left_out_with_the_reason(probe_attention):
-    assert "zoo_probe" in zoo.presetless_attentions(C.group_options("model"))  # registered, no preset yet
+    assert "zoo_probe" in zoo.presetless_attentions(compose.group_options("model"))  # registered, no preset yet
     probe_attention.write_text("name: zoo_probe\nattention: {name: zoo_probe, dropout: 0.0}\nfinal_attention: null\n")
     plan, _ = zoo.zoo_plan("zoo/offline")
     assert "zoo_probe" in plan.models and not plan.unpreset
@@ -54,9 +54,9 @@ def test_a_new_attention_joins_the_zoo_and_incapable_pairs_are_left_out_with_the
     assert "zoo_probe" not in skipped["vit/mnist5k"]                          # images are never padded
     assert ("basic_motions", "zoo_probe", 0) not in plan.jobs() and ("mnist5k", "zoo_probe", 0) in plan.jobs()
     # the sweep's plan leaves out the same pair, with the same reason
-    sweep = S.plan_sweep(["experiment=zoo/offline", "experiment/zoo/_case=basic_motions,mnist5k",
+    sweep = sweep_command.plan_sweep(["experiment=zoo/offline", "experiment/zoo/_case=basic_motions,mnist5k",
                           "model=zoo_probe,softmax", "seed=0"])
-    kept, left_out = S.skip_incapable(sweep.jobs)
+    kept, left_out = sweep_command.skip_incapable(sweep.jobs)
     assert sorted(j.label for j in kept) == ["uea/BasicMotions softmax seed=0", "vit/mnist5k softmax seed=0",
                                              "vit/mnist5k zoo_probe seed=0"]
     assert [(j.label, reason) for j, reason in left_out] == [

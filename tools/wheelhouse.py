@@ -32,7 +32,7 @@ import venv
 from importlib import metadata
 from pathlib import Path
 
-from keep_torch import KEPT, release
+from keep_torch import KEPT
 
 FIELDS = ("Name", "Version", "Requires-Python", "Requires-Dist", "Provides-Extra")  # what pip reads of an installed one
 MULTI = {"Requires-Dist", "Provides-Extra"}

@@ -266,7 +266,7 @@ def check_cross(s: Suite) -> str | None:
         for dtype in DTYPES:
             label = f"{where(dtype, False)}, context of {m_len}"
 
-            def attend(c: torch.Tensor) -> torch.Tensor:
+            def attend(c: torch.Tensor, dtype=dtype, context_mask=context_mask) -> torch.Tensor:
                 return s.run(dtype, s.x, s.mask, context=c.to(dtype), context_mask=context_mask)
 
             base = attend(context)

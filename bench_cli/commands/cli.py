@@ -11,11 +11,11 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.config.args import HelpRequested, parse
 from bench_cli.core.errors import (DataNotFoundError, UserError, catch_termination, exit_code_of, first_line,
                                    interruption_name, path_error, unknown_choice)
@@ -119,7 +119,7 @@ def _hydra_run() -> None:
     when called, so that importing this module does not import Hydra."""
     import hydra
 
-    @hydra.main(version_base=C.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=C.CONFIG_NAME)
+    @hydra.main(version_base=compose.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=compose.CONFIG_NAME)
     def entry(cfg: DictConfig) -> None:
         raise SystemExit("attnbench run: internal error: the Hydra entry point only serves Hydra's flags")
 
@@ -154,7 +154,7 @@ def check_single_job(cfg: DictConfig, overrides: list[str]) -> None:
     takes it only when every axis is fixed on the command line."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    axes = {k: C.parse_override(f"{k}={v}") for k, v in params.items() if k not in given}
+    axes = {k: compose.parse_override(f"{k}={v}") for k, v in params.items() if k not in given}
     open_axes = [k for k, o in axes.items() if o.is_sweep_override()]
     if open_axes:
         n = 1
@@ -189,10 +189,11 @@ def run_usage() -> str:
     start with '_' are not options: index.group_options leaves them out)."""
     import textwrap
 
-    groups = dict.fromkeys(d.name for folder in C.config_dirs() if folder.is_dir() for d in sorted(folder.iterdir())
+    groups = dict.fromkeys(d.name for folder in compose.config_dirs() if folder.is_dir()
+                           for d in sorted(folder.iterdir())
                            if d.is_dir() and not d.name.startswith(("_", ".")) and d.name != "hydra")
     lines = [textwrap.fill(f"{g}: {', '.join(options)}", HELP_WIDTH, initial_indent="  ", subsequent_indent="      ",
-                           break_on_hyphens=False) for g in sorted(groups) if (options := C.group_options(g))]
+                           break_on_hyphens=False) for g in sorted(groups) if (options := compose.group_options(g))]
     return RUN_USAGE.format(groups="\n".join(lines))
 
 
@@ -205,15 +206,15 @@ def cmd_run(args: list[str]) -> None:
         raise UserError("`attnbench run` runs one job; for a grid use `attnbench sweep` (it resumes and records failures)")
     if _HYDRA_INFO_FLAGS & set(p.hydra):  # Hydra prints what was asked; nothing runs
         if p.overrides:  # a mistake in them is our one line (valid choices named), not Hydra's listing
-            C.compose_run(p.overrides)
-        C.dispatch_to_hydra(_hydra_run, args)
+            compose.compose_run(p.overrides)
+        compose.dispatch_to_hydra(_hydra_run, args)
         return
     if p.hydra:
         raise UserError(f"unknown option '{next(iter(p.hydra))}' for `attnbench run` (overrides are key=value; "
                         f"Hydra's --cfg job, --info and --help work)")
     overrides = p.overrides
     with PHASES("compose"):
-        cfg = C.compose_run(overrides)  # the run's config, composed once
+        cfg = compose.compose_run(overrides)  # the run's config, composed once
     check_single_job(cfg, overrides)
     from bench_cli.results.run_folder import new_run_id
     from bench_cli.commands.run_claim import job_claimed, resolved_job_config
@@ -226,15 +227,15 @@ def cmd_run(args: list[str]) -> None:
     # of a distributed run take rank 0's; the others keep their logs in rank<N>/ inside its folder.
     run_id = new_run_id()
     if str(cfg.trainer.get("strategy", "none")) != "none":
-        from bench_cli.engine import distributed as D
+        from bench_cli.engine import distributed
 
-        env = D.setup(str(cfg.trainer.strategy), str(cfg.trainer.device))
-        run_id = D.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
+        env = distributed.setup(str(cfg.trainer.strategy), str(cfg.trainer.device))
+        run_id = distributed.broadcast(run_id) + (f"/rank{env.rank}" if env.rank else "")
     os.environ[RUN_ID_ENV] = run_id
     resolved = resolved_job_config(cfg)
     try:
         with job_claimed(cfg, resolved):
-            C.run_job(cfg, functools.partial(_train_and_print_summary, resolved=resolved))
+            compose.run_job(cfg, functools.partial(_train_and_print_summary, resolved=resolved))
     except KeyboardInterrupt as e:
         fail(f"interrupted ({interruption_name(e)}): recorded as 'interrupted' in {cfg.results.path}{resume_hint(cfg)}",
              code=exit_code_of(e))
@@ -260,7 +261,7 @@ def resume_hint(cfg: DictConfig) -> str:
 # --- validate -------------------------------------------------------------------------------
 def cmd_validate(args: list[str]) -> None:
     overrides = parse("validate", args, {}, positional=False).overrides
-    cfg = C.compose(overrides, with_hydra=True)
+    cfg = compose.compose(overrides, with_hydra=True)
     check_single_job(cfg, overrides)
     from rich.syntax import Syntax
 
@@ -291,7 +292,7 @@ def cmd_ls(args: list[str]) -> None:
     what = p.positional[0] if p.positional else "summary"
     if what not in (*LS_SECTIONS, "summary"):
         raise unknown_choice("listing", what, LS_SECTIONS)
-    cfg = C.compose_for_listing(p.overrides)
+    cfg = compose.compose_for_listing(p.overrides)
     data_root = Path(cfg.paths.data_root).expanduser()
     listings = {"summary": lambda: _ls_summary(data_root), "tasks": _ls_tasks,
                 "datasets": lambda: _ls_datasets(data_root), "models": _ls_models,
@@ -310,7 +311,8 @@ def _plugin_attentions() -> dict[str, dict]:
 def _ls_summary(data_root: Path) -> None:
     from bench_cli.config import catalog
 
-    tasks, models, experiments = sorted(catalog.tasks()), C.group_options("model"), C.group_options("experiment")
+    tasks = sorted(catalog.tasks())
+    models, experiments = compose.group_options("model"), compose.group_options("experiment")
     console.print(f"[bold]tasks[/] ({len(tasks)}): {', '.join(tasks)}")  # wrapped between names
     console.print(f"[bold]models[/] ({len(models)}): {', '.join(models)}")  # wrapped between names
     plugged = [f"{n} ({a['owner']})" for n, a in _plugin_attentions().items()]
@@ -392,8 +394,8 @@ def _ls_models() -> None:
 
     known = catalog.attentions()
     rows, used = [], set()
-    for name in C.group_options("model"):
-        m = C.option_data("model", name)
+    for name in compose.group_options("model"):
+        m = compose.option_data("model", name)
         names = [m["attention"]["name"]] + ([m["final_attention"]["name"]] if m.get("final_attention") else [])
         used.update(names)
         rows.append(_model_row(name, names, known))
@@ -427,7 +429,7 @@ def _ls_runs(output_dir: Path, every: bool) -> None:
 
 
 def _ls_experiments() -> None:
-    experiments = C.group_options("experiment")
+    experiments = compose.group_options("experiment")
     # wrapped at the spaces after the commas (80 columns off a terminal); no name is cut
     console.print("[bold]experiments[/] (attnbench sweep experiment=NAME): " + (", ".join(experiments) or "none yet"),
                   highlight=False)
@@ -446,7 +448,7 @@ def cmd_data(args: list[str]) -> None:
     force = bool(p.options.pop("--force", False))
     options = {k[2:].replace("-", "_"): v for k, v in p.options.items()}
     source.check_options(options)
-    cfg = C.compose(p.overrides)
+    cfg = compose.compose(p.overrides)
     options = source.options_from_config(cfg.task, options)
     data_root = Path(cfg.paths.data_root).expanduser()
     names = source.datasets(data_root)
@@ -517,8 +519,8 @@ def command_usage(command: str, options: dict) -> str:
 
 
 COMPOSING = ("run", "validate", "ls", "data", "sweep", "report", "profile")  # take --config-dir / --config-path
-CONFIG_FLAGS = {"--config-dir": C.add_config_dir, "-cd": C.add_config_dir,
-                "--config-path": C.set_config_path, "-cp": C.set_config_path}
+CONFIG_FLAGS = {"--config-dir": compose.add_config_dir, "-cd": compose.add_config_dir,
+                "--config-path": compose.set_config_path, "-cp": compose.set_config_path}
 
 
 def take_config_dirs(args: list[str]) -> list[str]:

@@ -39,7 +39,7 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from bench_cli.core.errors import UserError
 
@@ -186,13 +186,13 @@ def synthetic_steps(overrides: list[str], steps: int = 3, seq_len: int = 128, ba
     GradScaler); the last loss, which must be finite. For families whose data is not at hand."""
     import torch
 
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
     from bench_cli.engine.counting import call_model as _call
     from bench_cli.engine.objective import Objective
     from bench_cli.config.taskfit import build_task
     from bench_cli.engine.env import autocast, seed_everything, select_device
 
-    cfg = C.compose(overrides)
+    cfg = compose.compose(overrides)
     device, precision = select_device(str(cfg.trainer.device)), str(cfg.trainer.precision)
     seed_everything(int(cfg.seed), False)
     task = build_task(cfg)
@@ -288,7 +288,7 @@ def failure(records: Path | None, before: int, printed: str) -> str:
 
     failed = [r for r in (read_records(records)[before:] if records is not None else []) if r.get("status") != "ok"]
     if failed:
-        error = failed[-1].get("error") or exception_line((Path(failed[-1].get("output_dir") or ".") / "error.txt"))
+        error = failed[-1].get("error") or exception_line(Path(failed[-1].get("output_dir") or ".") / "error.txt")
         if error:
             return error[:500]
     return error_line(printed)
@@ -338,11 +338,11 @@ def gather_data(families, execute: Execute = in_subprocess, timeout: float = 600
 def data_missing(family: Family) -> str | None:
     """None when the family's dataset is under the data root or in a package (its fetcher's
     answer, which never downloads); else the fetcher's line saying where the files go."""
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
     from tasks import task_class
     from tasks.fetch import fetcher
 
-    cfg = C.compose([f"task={family.task}", *family.overrides])
+    cfg = compose.compose([f"task={family.task}", *family.overrides])
     cls, data_root, dataset = task_class(family.task), Path(cfg.paths.data_root).expanduser(), str(cfg.task.dataset)
     source = fetcher(cls.fetcher)
     if source.status(dataset, data_root) in ("local", "package"):

@@ -15,7 +15,7 @@ import statistics
 
 from omegaconf import OmegaConf
 
-from bench_cli.commands import sweep as S
+from bench_cli.commands import sweep as sweep_command
 from bench_cli.core.errors import UserError
 from bench_cli.results import csv_store
 from bench_cli.results.job_records import latest_ok_per_job
@@ -41,21 +41,21 @@ def best_complete(study, top: int, direction: str) -> list:
     return sorted(complete, key=lambda t: (sign * t.value, t.number))[:top]
 
 
-def confirmation_jobs(s, trials: list, space: dict, seeds: list[int]) -> list[S.Job]:
+def confirmation_jobs(s, trials: list, space: dict, seeds: list[int]) -> list[sweep_command.Job]:
     """One job per (trial, seed): the study's overrides, the trial's values, the seed."""
     base = [o for o in s.base.overrides if o.split("=", 1)[0].lstrip("+~") != "seed"]
     jobs = []
     for t in trials:
         values = [f"{k}={t.params[k]}" for k in space if k in t.params]
         for seed in seeds:
-            job = S.plan_job(s.base.composer, [*base, *values, f"seed={seed}"])
+            job = sweep_command.plan_job(s.base.composer, [*base, *values, f"seed={seed}"])
             job.swept = s.base.swept | frozenset(k.lstrip("+~") for k in space) | {"seed"}
             job.position, job.columns = len(jobs), {"study": s.name, "confirms_trial": t.number}
             jobs.append(job)
     return jobs
 
 
-def confirm_best(sweep: S.Sweep, s, study, space: dict, launched: int) -> int:
+def confirm_best(sweep: sweep_command.Sweep, s, study, space: dict, launched: int) -> int:
     """Run the confirmation of study ``s`` (``tuning.confirm_top``); print each confirmed setting's
     mean validation score over the seeds and the one selected; the jobs launched so far."""
     from rich.markup import escape
@@ -68,14 +68,15 @@ def confirm_best(sweep: S.Sweep, s, study, space: dict, launched: int) -> int:
     if not trials:
         return launched
     jobs = confirmation_jobs(s, trials, space, seeds)
-    done = S.done_keys(s.base.records_path)
+    done = sweep_command.done_keys(s.base.records_path)
     todo = [j for j in jobs if j.key not in done]
     console.print(f"[bold]confirm[/] {escape(s.name)}: the best {len(trials)} trial(s) over seeds "
                   f"{' '.join(map(str, seeds))}: {len(jobs)} jobs, {len(jobs) - len(todo)} done", highlight=False,
                   soft_wrap=True)
     if todo:
-        S.validate_jobs(todo)
-        S.launch(S.Sweep(sweep.master, todo, sweep.flags, total=len(jobs)), todo, first_job_idx=launched)
+        sweep_command.validate_jobs(todo)
+        sweep_command.launch(sweep_command.Sweep(sweep.master, todo, sweep.flags, total=len(jobs)), todo,
+                             first_job_idx=launched)
     latest = latest_ok_per_job(csv_store.read_records(s.base.records_path))
     means = {}
     for t in trials:

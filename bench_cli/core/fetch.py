@@ -14,7 +14,8 @@ imported with the task families (``tasks.discover``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
+from collections.abc import Iterable
 
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.core.registry import Registry

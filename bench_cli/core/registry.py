@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import importlib
 from contextlib import contextmanager
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Iterator
 
 from bench_cli.core.errors import UserError, unknown_choice
 

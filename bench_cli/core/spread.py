@@ -31,7 +31,7 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, values: list[float]) -> "Spread":
+    def of(cls, values: list[float]) -> Spread:
         q1, q3 = quartiles(list(values))
         return cls(statistics.median(values), q1, q3, len(values))
 
@@ -48,7 +48,7 @@ class Spread:
     def noisy(self) -> bool:
         return self.relative > NOISY_SPREAD
 
-    def scaled(self, factor: float) -> "Spread":
+    def scaled(self, factor: float) -> Spread:
         """The spread of ``factor / x`` for a positive factor (a rate from a time: samples/s): its
         quartiles swap ends."""
         return Spread(factor / self.median, factor / self.q3, factor / self.q1, self.n)

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Collection
+from typing import Any, ClassVar
+from collections.abc import Callable, Collection
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from bench_cli.core import metrics as M
+from bench_cli.core.metrics import accumulate, Accuracy, by_name, compute_all, CrossEntropy, full_precision, Metric
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.core.fetch import FETCHERS
 # the protocols are torch-free data (records and `ls runs` read them): re-exported as the task contract's
@@ -48,7 +49,7 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 # A model output as a loss takes it (bench_cli.core.metrics.full_precision: autocast's bf16 / fp16
 # logits in float32; a float64 run's loss stays float64, as the tests compare it).
-loss_precision = M.full_precision
+loss_precision = full_precision
 
 
 class TensorDictDataset(Dataset):
@@ -97,7 +98,7 @@ class EvalContext:
     # (the reported test evaluation: bench_cli/results/samples.py); None: not kept
     keep: Callable[[dict], None] | None = None
 
-    def wants(self, metric: M.Metric) -> bool:
+    def wants(self, metric: Metric) -> bool:
         return self.metrics is None or metric.name in self.metrics
 
 
@@ -107,7 +108,7 @@ class Task:
 
     name: ClassVar[str]
     # Metrics, the first one the default selection; classification by default.
-    metrics: ClassVar[tuple[M.Metric, ...]] = (M.Accuracy(), M.CrossEntropy())
+    metrics: ClassVar[tuple[Metric, ...]] = (Accuracy(), CrossEntropy())
     selection: ClassVar[str] = "accuracy"
     # Capabilities every attention layer must have for this task (models.attention.Capabilities fields).
     requires: ClassVar[dict[str, bool]] = {}
@@ -273,10 +274,10 @@ class Task:
     def loss(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
         return F.cross_entropy(output, batch["y"])
 
-    def selection_metric(self) -> M.Metric:
-        return M.by_name(self.metrics, self.selection)
+    def selection_metric(self) -> Metric:
+        return by_name(self.metrics, self.selection)
 
-    def loss_metric(self) -> M.Metric | None:
+    def loss_metric(self) -> Metric | None:
         return next((m for m in self.metrics if m.name == "loss"), None)
 
     def batch_stats(self, output, batch: dict) -> dict[str, float]:
@@ -296,11 +297,11 @@ class Task:
         for batch in ctx.loader(split):
             batch = to_device(batch, ctx.device)
             output = model(**self.model_inputs(batch))
-            M.accumulate(stats, self.batch_stats(output, batch))
+            accumulate(stats, self.batch_stats(output, batch))
             if ctx.keep is not None and (kept := self.sample_outputs(output, batch)) is not None:
                 ctx.keep(kept)
             ctx.advance()
-        return M.compute_all(self.metrics, ctx.reduce(stats))
+        return compute_all(self.metrics, ctx.reduce(stats))
 
     def sample_outputs(self, output, batch: dict) -> dict[str, torch.Tensor] | None:
         """Per-sample outputs of an evaluation batch, kept beside the record so that two models can

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import UserError, ctrl_c_held
-from bench_cli.engine import distributed as D
+from bench_cli.engine import distributed
 
 FORMAT = 1
 RESUME_CHOICES = {True: "true", False: "false", "true": "true", "false": "false", "must": "must"}
@@ -240,7 +240,7 @@ class Checkpoints:
     and what the record says about them (``columns``)."""
 
     def __init__(self, folder: Path, settings: Settings, job_key: str, meta: dict, started: float,
-                 dist: D.DistEnv = D.SINGLE):
+                 dist: distributed.DistEnv = distributed.SINGLE):
         self.folder, self.settings, self.job_key, self.meta = folder, settings, job_key, meta
         self.started = started  # perf_counter at the start of this sitting
         self.dist = dist  # this process's place in a distributed run: rank 0 writes, every process reads
@@ -250,7 +250,8 @@ class Checkpoints:
         self.verdicts: dict[Path, bool] = {}  # file -> whether it is one of this job's checkpoints (read once)
 
     @classmethod
-    def of(cls, cfg, job_key: str, meta: dict, started: float, dist: D.DistEnv = D.SINGLE) -> "Checkpoints | None":
+    def of(cls, cfg, job_key: str, meta: dict, started: float,
+           dist: distributed.DistEnv = distributed.SINGLE) -> Checkpoints | None:
         """The job's checkpoints, or None when off."""
         s = settings(cfg.trainer)
         if s is None:
@@ -307,14 +308,14 @@ class Checkpoints:
                 state = self.choose()
             except UserError as e:
                 error = e
-        path = D.broadcast(self.resumed_from if state is not None else "")
+        path = distributed.broadcast(self.resumed_from if state is not None else "")
         if path and state is None and error is None:
             try:
                 state = read(Path(path))
             except CheckpointError as e:
                 error = CheckpointError(f"{e} on rank {self.dist.rank} (the checkpoint folder must be on a "
                                         "filesystem every process sees)")
-        problems = [p for p in D.every_process(str(error) if error is not None else "") if p]
+        problems = [p for p in distributed.every_process(str(error) if error is not None else "") if p]
         if problems:
             raise error if error is not None else CheckpointError(problems[0])
         if not path:
@@ -371,7 +372,7 @@ class Checkpoints:
         time), then remove the oldest beyond ``keep``. In a distributed run every process calls it
         with its own ``state``; rank 0 writes it with every process's ``rank_part`` (None elsewhere)."""
         if self.dist.world_size > 1:
-            parts = D.gather_to_main(rank_part(state))
+            parts = distributed.gather_to_main(rank_part(state))
             if not self.dist.is_main:
                 return None
             state = {**state, "ranks": parts}

@@ -57,7 +57,8 @@ import gc
 import math
 import resource
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn

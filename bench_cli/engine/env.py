@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import UserError, unknown_choice
-from bench_cli.engine import distributed as D
+from bench_cli.engine import distributed
 
 PRECISIONS = ("32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # trainer.device's forms (conf/trainer/default.yaml)
@@ -40,7 +40,7 @@ class Environment:
     seed: int
     deterministic: bool
     precision: str
-    dist: D.DistEnv = D.SINGLE
+    dist: distributed.DistEnv = distributed.SINGLE
 
     @property
     def is_main(self) -> bool:
@@ -68,7 +68,7 @@ class Environment:
 
     def shutdown(self) -> None:
         """Leave the processes' group (the run's last step; nothing in a single process)."""
-        D.shutdown()
+        distributed.shutdown()
 
 
 def prepare_environment(cfg) -> Environment:
@@ -76,8 +76,8 @@ def prepare_environment(cfg) -> Environment:
     set ``trainer.num_threads`` and seed every generator with ``seed``; first, that this machine has
     what the run asks of it (``check_hardware``)."""
     check_hardware(cfg)
-    dist = D.setup(str(cfg.trainer.get("strategy", "none")), str(cfg.trainer.device))
-    device = D.device_for(dist, select_device(str(cfg.trainer.device)))
+    dist = distributed.setup(str(cfg.trainer.get("strategy", "none")), str(cfg.trainer.device))
+    device = distributed.device_for(dist, select_device(str(cfg.trainer.device)))
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(int(cfg.trainer.num_threads))
     env = Environment(device, int(cfg.seed), bool(cfg.trainer.deterministic), str(cfg.trainer.get("precision", "32")),
@@ -91,7 +91,7 @@ def unprepared_environment(cfg) -> Environment:
     run not launched as several processes), to record that refusal: its place among the launched
     processes (rank 0 records), nothing joined, picked or seeded."""
     return Environment(torch.device("cpu"), int(cfg.seed), bool(cfg.trainer.deterministic),
-                       str(cfg.trainer.get("precision", "32")), D.launch_env() or D.SINGLE)
+                       str(cfg.trainer.get("precision", "32")), distributed.launch_env() or distributed.SINGLE)
 
 
 def check_hardware(cfg) -> None:
@@ -110,7 +110,7 @@ def check_hardware(cfg) -> None:
                         f"(trainer.device={name}); run it on a GPU, or here with trainer.precision=32 or bf16")
     if str(cfg.trainer.get("strategy", "none")) != "ddp" or device.type != "cuda" or device.index is not None:
         return
-    local = (D.launch_env() or D.SINGLE).local_rank
+    local = (distributed.launch_env() or distributed.SINGLE).local_rank
     if local >= torch.cuda.device_count():
         raise UserError(f"trainer.strategy=ddp: local process {local} takes cuda:{local}, but this node has "
                         f"{torch.cuda.device_count()} CUDA devices (one GPU per task: hydra.launcher.gpus_per_node "

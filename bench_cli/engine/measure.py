@@ -75,7 +75,7 @@ class MeasureCache:
         self.path = path
 
     @classmethod
-    def of(cls, cfg, model, task, batch: dict, device, modes: tuple) -> "MeasureCache | None":
+    def of(cls, cfg, model, task, batch: dict, device, modes: tuple) -> MeasureCache | None:
         import hashlib
         import inspect
 
@@ -155,7 +155,7 @@ def inference_time(task, model, cfg, device, samples: int) -> dict:
                 if not warm:
                     model(**inputs)
                     warm = True
-                times.append(seconds(lambda: model(**inputs), device))
+                times.append(seconds(lambda inputs=inputs: model(**inputs), device))
                 seen += task.batch_len(batch)
                 if seen >= samples:
                     break

@@ -8,7 +8,7 @@ and memory include the KSVD term exactly as training computes it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -20,7 +20,7 @@ class Objective:
         self.task, self.eta, self.layers = task, float(eta or 0.0), str(layers)
 
     @classmethod
-    def of(cls, task, model_cfg) -> "Objective":
+    def of(cls, task, model_cfg) -> Objective:
         """The objective a model config asks for: ``eta`` and ``ksvd_layers`` (absent: the task loss)."""
         return cls(task, model_cfg.get("eta", 0.0), model_cfg.get("ksvd_layers", "sum"))
 

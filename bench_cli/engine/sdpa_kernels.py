@@ -54,7 +54,7 @@ class SdpaKernels:
     'math', 'efficient_attention + math' (fused and fallen-back calls in one step), or '' when the
     step called no scaled_dot_product_attention."""
 
-    def __enter__(self) -> "SdpaKernels":
+    def __enter__(self) -> SdpaKernels:
         self._calls, self._ops = _Calls(), _FusedOps()
         self._calls.__enter__()
         self._ops.__enter__()

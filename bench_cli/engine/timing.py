@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -143,10 +144,10 @@ class Conditions:
     one_thread: str = "trainer.num_threads=1"  # how the command's user asks for one thread (the noisy line says it)
 
     @classmethod
-    def now(cls, one_thread: str = "trainer.num_threads=1") -> "Conditions":
+    def now(cls, one_thread: str = "trainer.num_threads=1") -> Conditions:
         return cls(load_average(), torch.get_num_threads(), os.cpu_count() or 1, one_thread=one_thread)
 
-    def done(self) -> "Conditions":
+    def done(self) -> Conditions:
         self.load_after = load_average()
         self.threads = torch.get_num_threads()
         return self
@@ -203,7 +204,7 @@ class TimingSession:
         self.spreads.append(spread)
         return spread
 
-    def done(self) -> "TimingSession":
+    def done(self) -> TimingSession:
         self.conditions.done()
         self.noise = self.conditions.noise(self.spreads)
         return self

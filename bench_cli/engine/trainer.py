@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from bench_cli.engine import distributed as D
-from bench_cli.core import metrics as M
+from bench_cli.engine import distributed
+from bench_cli.core.metrics import accumulate, compute_all, host_values, Metric, selection_key
 from bench_cli.results import schema
 from bench_cli.results.loggers import StepLosses
 from bench_cli.engine.checkpoint import Checkpoints, set_rng_state, rng_state
@@ -101,7 +101,7 @@ class TrainResult:
     the reported weights (holdout: ``test`` of the selected weights and ``test_last`` of the last;
     ``splits``: other splits the task reports). bench_cli.results.schema names the columns."""
 
-    metric: M.Metric
+    metric: Metric
     protocol: schema.Protocol
     schedule: Schedule
     history: list = field(default_factory=list)
@@ -165,7 +165,7 @@ class Selection:
     takes every evaluation instead (the protocol's rule, bench_cli.core.task.Protocol.keeps: keras'
     fit without a checkpoint keeps the last epoch's weights)."""
 
-    def __init__(self, metric: M.Metric, tie: M.Metric | None, keep_weights: bool, patience, keeps: str = "best"):
+    def __init__(self, metric: Metric, tie: Metric | None, keep_weights: bool, patience, keeps: str = "best"):
         self.metric, self.tie, self.keep_weights, self.keeps = metric, tie, keep_weights, keeps
         self.patience = None if patience is None else int(patience)
         self.key, self.state, self.since_best = None, None, 0
@@ -173,7 +173,7 @@ class Selection:
 
     def offer(self, metrics: dict, model: torch.nn.Module, epoch: int, step: int) -> bool:
         """Consider one evaluation; True when patience has run out."""
-        key = M.selection_key(self.metric, metrics, self.tie)
+        key = selection_key(self.metric, metrics, self.tie)
         if self.key is None or key > self.key or self.keeps == "last":
             self.key, self.epoch, self.step, self.since_best = key, epoch, step, 0
             self.state = snapshot_weights(model, self.state) if self.keep_weights else None
@@ -198,8 +198,9 @@ class Selection:
 
 class Trainer:
     def __init__(self, cfg, task, model: torch.nn.Module, device: torch.device, seed: int,
-                 objective: Objective | None = None, logger=None, progress=None, dist: D.DistEnv = D.SINGLE,
-                 checkpoints: Checkpoints | None = None, keep_samples: bool = False, on_evaluation=None):
+                 objective: Objective | None = None, logger=None, progress=None,
+                 dist: distributed.DistEnv = distributed.SINGLE, checkpoints: Checkpoints | None = None,
+                 keep_samples: bool = False, on_evaluation=None):
         self.cfg, self.task, self.device, self.seed = cfg, task, device, seed
         # each test evaluation's per-sample outputs (the reported one's go to the result); one
         # process's shard is not the test set, so a distributed fit keeps none
@@ -247,7 +248,7 @@ class Trainer:
 
             sampler = (DistributedSampler(dataset, self.dist.world_size, self.dist.rank, shuffle=True, seed=self.seed,
                                           drop_last=drop_last) if train
-                       else D.ShardSampler(len(dataset), self.dist.rank, self.dist.world_size))
+                       else distributed.ShardSampler(len(dataset), self.dist.rank, self.dist.world_size))
         workers = int(self.cfg.get("num_workers") or 0)
         return DataLoader(dataset, batch_size=bs, shuffle=train and sampler is None, sampler=sampler, generator=g,
                           collate_fn=self.task.collate(split), num_workers=workers, drop_last=drop_last,
@@ -264,11 +265,11 @@ class Trainer:
         kept = [] if self.keep_samples and split == "test" else None
         ctx = EvalContext(loader=lambda s: self.loader(s, train=False), device=self.device,
                           advance=(lambda: self.progress.advance(bar)) if bar is not None else (lambda: None),
-                          reduce=D.all_reduce_sums, metrics=metrics,
+                          reduce=distributed.all_reduce_sums, metrics=metrics,
                           keep=(lambda out: kept.append({k: v.detach() for k, v in out.items()})) if kept is not None else None)
         if kept is not None:
             self.test_samples = kept
-        D.broadcast_buffers(self.model)  # one model evaluated on every shard (a no-op on one process)
+        distributed.broadcast_buffers(self.model)  # one model evaluated on every shard (a no-op on one process)
         try:
             with self.autocast():
                 return self.task.evaluate(self.model, split, ctx)
@@ -362,11 +363,12 @@ class _Loop:
 
     def __init__(self, trainer: Trainer, plan: Schedule, opt, sched, scaler, result: TrainResult, selection: Selection,
                  train_loader: DataLoader):
-        self.t, self.plan, self.opt, self.sched, self.scaler = trainer, plan, opt, sched, scaler
+        self.trainer, self.plan, self.opt, self.sched, self.scaler = trainer, plan, opt, sched, scaler
         self.result, self.selection, self.train_loader = result, selection, train_loader
         self.checkpoints = trainer.checkpoints
         self.checkpoint_every = self.checkpoints.settings.every if self.checkpoints is not None else 0
-        self.stop = D.StopVote(trainer.dist)  # when a termination signal stops the fit (on every process together)
+        # when a termination signal stops the fit (on every process together)
+        self.stop = distributed.StopVote(trainer.dist)
         self.clock = RegionTimer(trainer.device)  # training time not yet added to the result (CUDA events on a GPU)
         self.epoch_start_generator: torch.Tensor | None = None  # the loader generator's state at the epoch's start
         self.train_metrics = result.train_metrics_source == "batches"
@@ -382,20 +384,20 @@ class _Loop:
 
     def run(self, position: dict | None = None) -> None:
         """The epochs of the schedule, from the first or from a checkpoint's ``position``."""
-        t, plan, train_loader = self.t, self.plan, self.train_loader
+        trainer, plan, train_loader = self.trainer, self.plan, self.train_loader
         first = 1 if position is None else plan.epochs + 1 if position["finished"] else position["epoch"]
         if position is not None and position["finished"]:
             set_rng_state(position["rng"])
         for epoch in range(first, plan.epochs + 1):
-            t.train_model.train()
+            trainer.train_model.train()
             if hasattr(train_loader.sampler, "set_epoch"):  # distributed / repeated-augmentation samplers
                 train_loader.sampler.set_epoch(epoch - 1)
             if self.bar is not None and not plan.by_steps:
-                t.progress.update(self.bar, description=f"epoch {epoch}/{plan.epochs}")
+                trainer.progress.update(self.bar, description=f"epoch {epoch}/{plan.epochs}")
             try:
                 stop = self.epoch(train_loader, epoch, position if epoch == first else None)
             except Exception:  # a model may fail on the weights a non-finite loss left: that is the cause
-                self.raise_if_diverged(D.SINGLE)
+                self.raise_if_diverged(distributed.SINGLE)
                 raise
             self.result.epochs_run = epoch
             if plan.evaluates_after(epoch):
@@ -430,10 +432,10 @@ class _Loop:
         generator = self.train_loader.generator
         position = {"epoch": epoch, "batches": batches, "step": self.step, "finished": finished, "rng": rng_state(),
                     "epoch_start_generator": self.epoch_start_generator if batches else generator.get_state()}
-        return {"position": position, "model": self.t.model.state_dict(), "optimizer": self.opt.state_dict(),
+        return {"position": position, "model": self.trainer.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict() if self.sched is not None else None,
                 "scaler": self.scaler.state_dict(), "selection": self.selection.state_dict(),
-                "objective": self.t.objective.state_dict(),
+                "objective": self.trainer.objective.state_dict(),
                 "result": {"history": self.result.history, "epochs_run": self.result.epochs_run,
                            "train_time_s": self.result.train_time_s, "epoch_times_s": list(self.result.epoch_times_s)},
                 "pending": {"losses": list(self.losses), "loss_at": [list(a) for a in self.loss_at],
@@ -443,14 +445,14 @@ class _Loop:
         """The fit as ``state`` left it (the random states and the loader's position are restored
         where the loop reaches the position: ``epoch``). A checkpoint that does not fit this model
         or optimiser is one line."""
-        t, device = self.t, self.t.device
+        trainer, device = self.trainer, self.trainer.device
         try:
-            t.model.load_state_dict(state["model"])
+            trainer.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
             if self.sched is not None:
                 self.sched.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
-            t.objective.load_state_dict(state["objective"])
+            trainer.objective.load_state_dict(state["objective"])
             self.selection.load_state_dict(state["selection"], device)
             result = state["result"]
             self.result.history = list(result["history"])
@@ -464,10 +466,10 @@ class _Loop:
             self.step_losses.load_state_dict(pending.get("step_losses"), device, self.result.history)
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as e:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise UserError(f"checkpoint {t.checkpoints.resumed_from} does not fit this run ({reason}): "
+            raise UserError(f"checkpoint {trainer.checkpoints.resumed_from} does not fit this run ({reason}): "
                             "remove it, or run with trainer.resume=false") from None
         if self.bar is not None:
-            t.progress.update(self.bar, completed=self.step)
+            trainer.progress.update(self.bar, completed=self.step)
 
     def read_losses(self) -> tuple[float, int]:
         """Sum and number of the training losses since the last evaluation, over every process,
@@ -479,14 +481,14 @@ class _Loop:
         for value in values:  # in order, not sum(): Python >= 3.12's sum() compensates
             local += value
         diverged = not all(math.isfinite(v) for v in values)
-        sums = D.all_reduce_sums({"loss": local, "batches": float(len(values)), "diverged": float(diverged)},
+        sums = distributed.all_reduce_sums({"loss": local, "batches": float(len(values)), "diverged": float(diverged)},
                                  same_keys=True)
         if sums["diverged"]:
-            self.raise_if_diverged(self.t.dist, values)
+            self.raise_if_diverged(self.trainer.dist, values)
         self.losses, self.loss_at = [], []
         return sums["loss"], int(sums["batches"])
 
-    def raise_if_diverged(self, dist: D.DistEnv, values: list[float] | None = None) -> None:
+    def raise_if_diverged(self, dist: distributed.DistEnv, values: list[float] | None = None) -> None:
         """DivergedError naming the first non-finite training loss since the last evaluation (its
         epoch and batch); in a distributed run, another process's when this one's are finite."""
         if values is None:
@@ -503,7 +505,7 @@ class _Loop:
         says stop at an evaluation inside the epoch (``eval_every_steps``). ``position``: a
         checkpoint's, inside this epoch: its batches are drawn again (the same, from the loader
         generator's state at the epoch's start) and skipped, then the random states are restored."""
-        t, plan, result = self.t, self.plan, self.result
+        trainer, plan, result = self.trainer, self.plan, self.result
         stop, before = False, result.train_time_s
         self.opt.zero_grad(set_to_none=True)
         n_batches = len(train_loader)
@@ -519,7 +521,7 @@ class _Loop:
         self.clock.start()
         for i, batch in enumerate(batches, start=skip):
             last_micro = (i + 1) % plan.accum == 0 or i + 1 == n_batches
-            self.backward(to_device(batch, t.device), last_micro, epoch, i)
+            self.backward(to_device(batch, trainer.device), last_micro, epoch, i)
             if last_micro:
                 self.optimiser_step()
                 self.step_losses.stepped(self.step, epoch)
@@ -527,7 +529,7 @@ class _Loop:
                 if evaluates:
                     result.train_time_s += self.clock.stop()
                     stop = self.evaluate_and_select(epoch)
-                    t.train_model.train()
+                    trainer.train_model.train()
                     self.clock.start()
                 if stop or self.step >= plan.total_steps:
                     break
@@ -542,11 +544,11 @@ class _Loop:
         return stop
 
     def backward(self, batch: dict, last_micro: bool, epoch: int, i: int) -> None:
-        t = self.t
+        trainer = self.trainer
         # DDP averages the gradients on the last micro-batch of a step only
-        sync = contextlib.nullcontext() if last_micro or not t.dist.active else t.train_model.no_sync()
+        sync = contextlib.nullcontext() if last_micro or not trainer.dist.active else trainer.train_model.no_sync()
         with sync:
-            loss, out = t.forward_loss(batch)
+            loss, out = trainer.forward_loss(batch)
             self.scaler.scale(loss / self.plan.accum).backward()
         # kept on the device; read and checked for divergence at the next evaluation (read_losses)
         self.losses.append(loss.detach())
@@ -554,13 +556,13 @@ class _Loop:
         self.step_losses.add(self.losses[-1])
         if self.train_metrics:
             with torch.no_grad():
-                M.accumulate(self.train_stats, t.task.batch_stats(out.detach().float(), batch))
+                accumulate(self.train_stats, trainer.task.batch_stats(out.detach().float(), batch))
 
     def optimiser_step(self) -> None:
-        t, opt = self.t, self.opt
+        trainer, opt = self.trainer, self.opt
         if self.grad_clip:
             self.scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(t.model.parameters(), self.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), self.grad_clip)
         self.scaler.step(opt)
         self.scaler.update()
         opt.zero_grad(set_to_none=True)
@@ -568,11 +570,11 @@ class _Loop:
         if self.sched is not None and self.step < self.plan.total_steps:  # the lr after the last step is never used
             self.sched.step()
         if self.bar is not None:  # the count only: its status (a metric) changes at evaluations, no tensor is read here
-            t.progress.count(self.bar, self.step)
+            trainer.progress.count(self.bar, self.step)
 
     def evaluate_and_select(self, epoch: int) -> bool:
         """One evaluation (a history row); True when early stopping says stop."""
-        t, result, selection = self.t, self.result, self.selection
+        trainer, result, selection = self.trainer, self.result, self.selection
         split = result.protocol.selects
         self.step_losses.read()  # the step losses up to here, before the evaluation row (and a divergence)
         loss_sum, batches = self.read_losses()
@@ -581,22 +583,22 @@ class _Loop:
         if self.train_metrics:  # the task's metrics over the training batches since the last evaluation
             # (dropout and augmentation on, as keras reports them); its loss metric is train_loss.
             # the statistics were summed on the device (metrics.accumulate): read here, once per evaluation
-            stats = D.all_reduce_sums(M.host_values(self.train_stats))
-            row.update({f"train_{k}": v for k, v in M.compute_all(t.task.metrics, stats).items()})
+            stats = distributed.all_reduce_sums(host_values(self.train_stats))
+            row.update({f"train_{k}": v for k, v in compute_all(trainer.task.metrics, stats).items()})
         self.train_stats = {}
-        selected = t.evaluate(split)
+        selected = trainer.evaluate(split)
         row.update({f"{split}_{k}": v for k, v in selected.items()})
-        stop = selection.offer(selected, t.model, epoch, self.step)
+        stop = selection.offer(selected, trainer.model, epoch, self.step)
         if split == "test" and (selection.epoch, selection.step) == (epoch, self.step):
-            result.samples = t.test_samples  # the paper protocol reports this evaluation (so far)
+            result.samples = trainer.test_samples  # the paper protocol reports this evaluation (so far)
         result.history.append(row)
-        if t.on_evaluation is not None:  # may stop the fit (bench_cli/engine/pruning.py: PrunedError)
-            t.on_evaluation(row)
+        if trainer.on_evaluation is not None:  # may stop the fit (bench_cli/engine/pruning.py: PrunedError)
+            trainer.on_evaluation(row)
         at = f"step {selection.step}" if self.plan.by_steps else f"epoch {selection.epoch}"  # the schedule's unit
-        if t.logger is not None:  # with the selection so far, so every line agrees with the record
-            t.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step, "best_at": at,
+        if trainer.logger is not None:  # with the selection so far, so every line agrees with the record
+            trainer.logger.log_epoch({**row, "best_epoch": selection.epoch, "best_step": selection.step, "best_at": at,
                                 f"best_{split}_{result.metric.name}": selection.best_value})
         if self.bar is not None:
-            t.progress.update(self.bar, status=f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
-                              f"best {selection.best_value:.2f} @ {at}")
+            status = f"{split} {result.metric.name} {selected[result.metric.name]:.2f}  "
+            trainer.progress.update(self.bar, status=status + f"best {selection.best_value:.2f} @ {at}")
         return stop

@@ -174,12 +174,12 @@ def model_name(cfg) -> str:
     """What was run: the model preset's name, or the attention's when the run swapped the preset's
     own attention for another (``model=softmax model.attention.name=elu_linear`` is elu_linear, not
     softmax). A model whose name is no preset (a plugin's YAML, ``model.name=...``) keeps its name."""
-    from bench_cli.config import compose as C
+    from bench_cli.config import compose
 
     name, attention = str(cfg.model.name), str(cfg.model.attention.name)
-    if name == attention or not C.option_file("model", name).is_file():
+    if name == attention or not compose.option_file("model", name).is_file():
         return name
-    preset = C.load_option("model", name)
+    preset = compose.load_option("model", name)
     own = preset.get("attention", {}).get("name") if preset.get("attention") else None
     return name if own is None or str(own) == attention else attention
 

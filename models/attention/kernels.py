@@ -220,18 +220,18 @@ def sparse_attention(
         raise ValueError(f"sparse_pattern must be 'strided' or 'fixed', got {pattern!r}")
     b, g, n, d = q.shape
     n_keys, factor, dv = keys.n_keys, keys.factor, keys.v.shape[-1]
-    l = block_size or max(1, math.ceil(math.sqrt(n_keys)))
-    nb = -(-n_keys // l)
-    n_keys_padded, n_queries_padded = nb * l, nb * l * factor
+    block_len = block_size or max(1, math.ceil(math.sqrt(n_keys)))  # Child et al.'s l (the shapes below)
+    nb = -(-n_keys // block_len)
+    n_keys_padded, n_queries_padded = nb * block_len, nb * block_len * factor
     device = q.device
     blocks = _SparseBlocks(
-        k=F.pad(keys.k, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, d),
-        v=F.pad(keys.v, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, l, dv),
-        q=F.pad(q * d**-0.5, (0, 0, 0, n_queries_padded - n)).view(b, g, nb, l * factor, d),  # 1/sqrt(D)
+        k=F.pad(keys.k, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, block_len, d),
+        v=F.pad(keys.v, (0, 0, 0, n_keys_padded - n_keys)).view(b, g, nb, block_len, dv),
+        q=F.pad(q * d**-0.5, (0, 0, 0, n_queries_padded - n)).view(b, g, nb, block_len * factor, d),  # 1/sqrt(D)
         valid=F.pad(keys.valid_mask(), (0, n_keys_padded - n_keys), value=False),  # (B|1, Nkp)
         release=F.pad(keys.release_times(), (0, n_keys_padded - n_keys), value=n_queries_padded),
-        query_pos=torch.arange(n_queries_padded, device=device).view(nb, l * factor),  # i
-        block_ids=torch.arange(nb, device=device), l=l, factor=factor, causal=causal,
+        query_pos=torch.arange(n_queries_padded, device=device).view(nb, block_len * factor),  # i
+        block_ids=torch.arange(nb, device=device), block_len=block_len, factor=factor, causal=causal,
         offsets=((-1, 0) if causal else (-1, 0, 1)) if pattern == "strided" else (0,))
     logits_local, allowed_local, v_local = _sparse_local(blocks, pattern)
     if pattern == "strided":
@@ -244,7 +244,8 @@ def sparse_attention(
     n_local = logits_local.shape[-1]
     logits = torch.cat([logits_local, logits_far], dim=-1)
     allowed = torch.cat(
-        [allowed_local.expand(-1, -1, l * factor, -1), allowed_far.expand(-1, -1, l * factor, -1)], dim=-1
+        [allowed_local.expand(-1, -1, block_len * factor, -1), allowed_far.expand(-1, -1, block_len * factor, -1)],
+        dim=-1
     )[:, None]  # (B|1, 1, nb, l*f, W)
     # masked keys get exp(min - max) = 0 exactly; rows with no allowed key are zeroed below
     probs = torch.softmax(logits.masked_fill(~allowed, torch.finfo(logits.dtype).min), dim=-1)
@@ -253,8 +254,8 @@ def sparse_attention(
     p_local, p_far = probs[..., :n_local], probs[..., n_local:]
     out = p_local @ v_local
     if pattern == "strided":
-        p_far = p_far.reshape(b, g, nb, l, factor, nb)
-        out = out + torch.einsum("bgnrfm,bgmre->bgnrfe", p_far, blocks.v).reshape(b, g, nb, l * factor, dv)
+        p_far = p_far.reshape(b, g, nb, block_len, factor, nb)
+        out = out + torch.einsum("bgnrfm,bgmre->bgnrfe", p_far, blocks.v).reshape(b, g, nb, block_len * factor, dv)
     else:
         out = out + p_far @ v_far[:, :, None]
     out = out * allowed.any(-1, keepdim=True)
@@ -273,7 +274,7 @@ class _SparseBlocks:
     release: torch.Tensor  # (B|1, nb*l)
     query_pos: torch.Tensor  # (nb, l*factor): i
     block_ids: torch.Tensor  # (nb,)
-    l: int
+    block_len: int  # Child et al.'s l
     factor: int
     causal: bool
     offsets: tuple[int, ...]  # the blocks of A1 relative to the query's
@@ -286,17 +287,18 @@ class _SparseBlocks:
 def _sparse_local(s: _SparseBlocks, pattern: str):
     """A1, block-local: (logits, allowed, values) over the own block (plus the previous/next one
     for strided)."""
-    l, device = s.l, s.q.device
-    n_keys_padded = s.block_ids.numel() * l
+    block_len, device = s.block_len, s.q.device
+    n_keys_padded = s.block_ids.numel() * block_len
     k_local = torch.cat([_shift_blocks(s.k, o) for o in s.offsets], dim=3)  # (B,G,nb,w*l,D)
     v_local = torch.cat([_shift_blocks(s.v, o) for o in s.offsets], dim=3)
-    j_local = torch.cat([(s.block_ids + o)[:, None] * l + torch.arange(l, device=device) for o in s.offsets], -1)
+    j_local = torch.cat([(s.block_ids + o)[:, None] * block_len + torch.arange(block_len, device=device)
+                         for o in s.offsets], -1)
     in_range = (j_local >= 0) & (j_local < n_keys_padded)
     j_local = j_local.clamp(0, n_keys_padded - 1)  # (nb, w*l)
     member = in_range[:, None, :]
     if pattern == "strided":
         lag = s.grid_pos[:, :, None] - j_local[:, None, :]
-        member = member & ((lag >= 0) & (lag <= l) if s.causal else lag.abs() <= l)
+        member = member & ((lag >= 0) & (lag <= block_len) if s.causal else lag.abs() <= block_len)
     allowed_local = member & s.valid[:, j_local][:, :, None, :]  # (B|1, nb, l*f, w*l)
     if s.causal:
         allowed_local = allowed_local & (s.release[:, j_local][:, :, None, :] <= s.query_pos[:, :, None])
@@ -306,9 +308,9 @@ def _sparse_local(s: _SparseBlocks, pattern: str):
 def _sparse_strided_far(s: _SparseBlocks):
     """A2 of strided: the keys j = m*l + r at the query's in-block offset r, in blocks m outside
     the local window (a column of the (N/l) x l grid): (logits, allowed)."""
-    b, g, nb, l, d = s.k.shape
+    b, g, nb, block_len, d = s.k.shape
     factor, device, block_ids = s.factor, s.q.device, s.block_ids
-    j_far = block_ids[None, :] * l + torch.arange(l, device=device)[:, None]  # (l, nb_k)
+    j_far = block_ids[None, :] * block_len + torch.arange(block_len, device=device)[:, None]  # (l, nb_k)
     outside = torch.ones(nb, nb, dtype=torch.bool, device=device)
     for o in s.offsets:
         outside &= (block_ids[None, :] - block_ids[:, None]) != o
@@ -317,26 +319,27 @@ def _sparse_strided_far(s: _SparseBlocks):
     allowed_far = outside[None, :, None, None, :] & s.valid[:, j_far][:, None, :, None, :]  # (B|1,nb,l,1,nb)
     if s.causal:
         release_far = s.release[:, j_far][:, None, :, None, :]
-        allowed_far = allowed_far & (release_far <= s.query_pos.view(nb, l, factor)[None, ..., None])
-    allowed_far = allowed_far.expand(-1, -1, -1, factor, -1).reshape(-1, nb, l * factor, nb)
-    q_grid = s.q.view(b, g, nb, l, factor, d)
-    logits_far = torch.einsum("bgnrfd,bgmrd->bgnrfm", q_grid, s.k).reshape(b, g, nb, l * factor, nb)
+        allowed_far = allowed_far & (release_far <= s.query_pos.view(nb, block_len, factor)[None, ..., None])
+    allowed_far = allowed_far.expand(-1, -1, -1, factor, -1).reshape(-1, nb, block_len * factor, nb)
+    q_grid = s.q.view(b, g, nb, block_len, factor, d)
+    logits_far = torch.einsum("bgnrfd,bgmrd->bgnrfm", q_grid, s.k).reshape(b, g, nb, block_len * factor, nb)
     return logits_far, allowed_far
 
 
 def _sparse_fixed_far(s: _SparseBlocks, summary_size: int | None):
     """A2 of fixed: the last c keys (the summary) of every other block: (logits, allowed, values)."""
-    b, g, nb, l, d = s.k.shape
+    b, g, nb, block_len, d = s.k.shape
     dv, device, block_ids = s.v.shape[-1], s.q.device, s.block_ids
-    c = max(1, min(summary_size or l // 8, l))
-    j_far = (block_ids[:, None] * l + torch.arange(l - c, l, device=device)).reshape(-1)  # (nb*c)
-    far_block = j_far // l
+    c = max(1, min(summary_size or block_len // 8, block_len))
+    j_far = (block_ids[:, None] * block_len
+             + torch.arange(block_len - c, block_len, device=device)).reshape(-1)  # (nb*c)
+    far_block = j_far // block_len
     outside = far_block[None, :] != block_ids[:, None]
     if s.causal:
         outside &= far_block[None, :] < block_ids[:, None]
     allowed_far = outside[None, :, None, :] & s.valid[:, j_far][:, None, None, :]  # (B|1, nb, 1, nb*c)
     if s.causal:
         allowed_far = allowed_far & (s.release[:, j_far][:, None, None, :] <= s.query_pos[None, :, :, None])
-    k_summary = s.k[:, :, :, l - c :].reshape(b, g, nb * c, d)
-    v_summary = s.v[:, :, :, l - c :].reshape(b, g, nb * c, dv)
+    k_summary = s.k[:, :, :, block_len - c :].reshape(b, g, nb * c, d)
+    v_summary = s.v[:, :, :, block_len - c :].reshape(b, g, nb * c, dv)
     return torch.einsum("bgnqd,bgsd->bgnqs", s.q, k_summary), allowed_far, v_summary

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import RandomSampler
 
-from bench_cli.core import metrics as M
+from bench_cli.core.metrics import compute_all, Mean
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
 from bench_cli.core.task import Task
@@ -62,7 +62,7 @@ def expected_file(dataset: str, data_root: Path) -> Path:
 class D4RLTask(Task):
     name = "d4rl"
     fetcher = "d4rl"
-    metrics = (M.Mean("normalized_return"), M.Mean("return"))
+    metrics = (Mean("normalized_return"), Mean("return"))
     selection = "normalized_return"
 
     def __init__(self, cfg, data_root):
@@ -152,9 +152,9 @@ class D4RLTask(Task):
             out.update({f"normalized_return_{tag}": float(scores.mean()), f"normalized_return_std_{tag}": float(scores.std()),
                         f"return_{tag}": float(returns.mean()), f"episode_length_{tag}": float(lengths.mean())})
             if i == 0:  # the default reported number: the first target's
-                stats = {**M.Mean("normalized_return").update(None, {"normalized_return": scores}),
-                         **M.Mean("return").update(None, {"return": returns})}
-                out.update(M.compute_all(self.metrics, stats))
+                stats = {**Mean("normalized_return").update(None, {"normalized_return": scores}),
+                         **Mean("return").update(None, {"return": returns})}
+                out.update(compute_all(self.metrics, stats))
             else:  # by position: the columns of a table over environments with different targets
                 out[f"normalized_return_target{i + 1}"] = out[f"normalized_return_{tag}"]
             ctx.advance()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench_cli.core import metrics as M
+from bench_cli.core.metrics import accumulate, compute_all, CrossEntropy, Perplexity
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.core.extras import require
 from tasks import register_task
@@ -76,7 +76,7 @@ def load_hf(why_missing: str):
 class LanguageModelling(Task):
     name = "lm"
     fetcher = "wikitext"
-    metrics = (M.Perplexity(ignore_index=IGNORE), M.CrossEntropy(ignore_index=IGNORE))
+    metrics = (Perplexity(ignore_index=IGNORE), CrossEntropy(ignore_index=IGNORE))
     selection = "perplexity"
 
     def __init__(self, cfg, data_root):
@@ -186,9 +186,9 @@ class LanguageModelling(Task):
             scored = batch["y"] != IGNORE
             h, y = model.features(batch["x"])[scored], batch["y"][scored]
             for hc, yc in zip(h.split(SCORE_CHUNK), y.split(SCORE_CHUNK)):
-                M.accumulate(stats, self.batch_stats(model.logits(hc), {"y": yc}))
+                accumulate(stats, self.batch_stats(model.logits(hc), {"y": yc}))
             ctx.advance()
-        return M.compute_all(self.metrics, ctx.reduce(stats))  # every process scored its shard
+        return compute_all(self.metrics, ctx.reduce(stats))  # every process scored its shard
 
     def describe(self) -> dict:
         out = {"source": str(self.source), "vocab_size": self.vocab_size,

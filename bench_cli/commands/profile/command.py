@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.config.args import parse
 from bench_cli.commands.profile.config import load_config
 from bench_cli.core.files import write_atomically
@@ -42,7 +42,7 @@ def cmd_profile(args: list[str]) -> None:
     if p.get("-h") or p.get("--help"):
         from bench_cli.core.ui import usage_text
 
-        print(usage_text(USAGE.format(presets=", ".join(C.group_options("profile")))))
+        print(usage_text(USAGE.format(presets=", ".join(compose.group_options("profile")))))
         return
     show_cfg, replot, overrides = bool(p.get("--cfg") or p.get("-c")), bool(p.get("--replot")), p.overrides
     cfg = load_config(overrides)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.core.errors import UserError, unknown_choice
 from bench_cli.commands.profile.settings import int_list
 
@@ -28,14 +28,14 @@ def profile_overrides(overrides: list[str]) -> list[str]:
         else:
             rest.append(o)
     chosen = chosen or "default"
-    options = C.group_options("profile")
+    options = compose.group_options("profile")
     if chosen not in options:
         raise unknown_choice("profile", chosen, options)
     return [f"{'' if listed else '+'}profile={chosen}", *rest]
 
 
 def _root_lists_profile() -> bool:
-    root = OmegaConf.load(C.conf_dir() / f"{C.CONFIG_NAME}.yaml")
+    root = OmegaConf.load(compose.conf_dir() / f"{compose.CONFIG_NAME}.yaml")
     for entry in root.get("defaults", []) or []:
         if isinstance(entry, (dict, DictConfig)) and any(str(k).split()[-1] == "profile" for k in entry):
             return True
@@ -44,7 +44,7 @@ def _root_lists_profile() -> bool:
 
 def load_config(args: list[str]) -> DictConfig:
     """Compose conf/ for ``attnbench profile`` from command-line overrides; validate it."""
-    cfg = C.compose(profile_overrides(args))
+    cfg = compose.compose(profile_overrides(args))
     validate(cfg)
     return cfg
 
@@ -110,7 +110,7 @@ def validate(cfg: DictConfig) -> None:
 
         validate_pba(p)
         return
-    models = C.group_options("model")
+    models = compose.group_options("model")
     baseline = cfg.get("baseline")
     if baseline is not None and str(baseline) not in models:
         raise unknown_choice("baseline model", str(baseline), models)
@@ -122,7 +122,7 @@ def validate(cfg: DictConfig) -> None:
             raise unknown_choice("profile.models entry", str(m), models)
     if len(p.get("models") or []) > 1 and p.get("plot") not in (None, "auto"):
         raise UserError("profile.plot: several profile.models need plot=auto (one figure per model) or null")
-    tasks = C.group_options("task")
+    tasks = compose.group_options("task")
     for entry in p.get("tasks") or []:
         if not isinstance(entry, DictConfig) or str(entry.get("task")) not in tasks:
             raise unknown_choice("profile.tasks entry's task", str(entry.get("task") if isinstance(entry, DictConfig)

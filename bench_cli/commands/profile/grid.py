@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.commands.profile.settings import int_list
-from bench_cli.commands.profile import harness as H
+from bench_cli.commands.profile import harness
 from bench_cli.commands.profile.paper_table import PAPER_RATIO_COLUMNS, PaperRatios
 from bench_cli.commands.profile.render import label
 from bench_cli.commands.reproduce.reductions import PAPER_COLUMNS, REDUCTIONS, paper_columns
@@ -122,10 +122,10 @@ def _model_cfgs(cfg: DictConfig) -> list:
     names = cfg.profile.get("models")
     if not names:
         return [cfg.model]
-    return [_with_model(cfg, C.load_option("model", str(n))).model for n in names]
+    return [_with_model(cfg, compose.load_option("model", str(n))).model for n in names]
 
 
-def _build_side(side: H.Side, cfg: DictConfig, task, seq_len: int, device) -> None:
+def _build_side(side: harness.Side, cfg: DictConfig, task, seq_len: int, device) -> None:
     """The side's model, its synthetic batch and the run's objective on it; its optimiser, lr
     scheduler and GradScaler as the trainer makes them (bench_cli.engine.trainer.Trainer.optimisation);
     the papers' regime of its attention (profile.regime; not for the fused side: today's)."""
@@ -163,24 +163,26 @@ def _sides(cfg: DictConfig) -> list[tuple[str, object]]:
     fused baseline (profile.fused_baseline)."""
     sides = [("model", m) for m in _model_cfgs(cfg)]
     if cfg.get("baseline") is not None:
-        sides.append(("baseline", _with_model(cfg, C.load_option("model", str(cfg.baseline))).model))
+        sides.append(("baseline", _with_model(cfg, compose.load_option("model", str(cfg.baseline))).model))
     if cfg.profile.get("fused_baseline") is not None:
-        sides.append(("fused", _with_model(cfg, C.load_option("model", str(cfg.profile.fused_baseline))).model))
+        sides.append(("fused", _with_model(cfg, compose.load_option("model", str(cfg.profile.fused_baseline))).model))
     return sides
 
 
 def _measure_point(cfg: DictConfig, side_cfgs, task, backend: str, seq_len: int, device, budget_bytes,
-                   timed: bool) -> list[H.Side]:
+                   timed: bool) -> list[harness.Side]:
     """Build and measure every side at one point; time them together when ``timed``. The fused
     side runs under ``auto`` (torch's choice among its fused kernels), the others under ``backend``."""
     from bench_cli.commands.profile.steps import time_sides
 
     p = cfg.profile
-    sides = [H.Side(role, mcfg, H.Budget(p.get("timeout_s")), backend="auto" if role == "fused" else backend)
+    sides = [harness.Side(role, mcfg, harness.Budget(p.get("timeout_s")),
+                          backend="auto" if role == "fused" else backend)
              for role, mcfg in side_cfgs]
     for side in sides:
-        H.guarded(side, "build", lambda side=side: _build_side(side, cfg, task, seq_len, device), p.get("timeout_s"))
-        H.guarded(side, "measure", lambda side=side: H.measure_static(
+        harness.guarded(side, "build", lambda side=side: _build_side(side, cfg, task, seq_len, device),
+                        p.get("timeout_s"))
+        harness.guarded(side, "measure", lambda side=side: harness.measure_static(
             side, int(p.batch_size), str(p.flops), str(p.memory), device, budget_bytes), p.get("timeout_s"))
     if timed:
         time_sides([s for s in sides if s.ok], p.timing, device, p.get("timeout_s"),
@@ -206,7 +208,7 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     device = select_device(str(cfg.trainer.device))
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(int(cfg.trainer.num_threads))
-    budget_bytes = H.memory_budget_bytes(p.get("memory_budget_gb"), device)
+    budget_bytes = harness.memory_budget_bytes(p.get("memory_budget_gb"), device)
     side_cfgs = _sides(cfg)
     for _, mcfg in side_cfgs:
         check_model_fits_task(build_task(cfg), _with_model(cfg, mcfg))
@@ -252,7 +254,7 @@ def run_profile(cfg: DictConfig, on_row: Callable[[dict], None] | None = None, p
     return rows
 
 
-def _throughput(side: H.Side, tokens: int, samples: int, prefix: str) -> dict:
+def _throughput(side: harness.Side, tokens: int, samples: int, prefix: str) -> dict:
     out = {}
     for step in ("train", "infer"):
         t = side.metrics.get(f"time_{step}_s")
@@ -261,7 +263,7 @@ def _throughput(side: H.Side, tokens: int, samples: int, prefix: str) -> dict:
     return out
 
 
-def _fused_columns(model: H.Side, fused: H.Side | None, tokens: int, samples: int, timed: bool) -> dict:
+def _fused_columns(model: harness.Side, fused: harness.Side | None, tokens: int, samples: int, timed: bool) -> dict:
     """The fused baseline's measurements, every model's ratios to it (the time ratios the median
     of the rounds' ratios, with their quartiles) and the kernels it ran; {} without one."""
     from bench_cli.engine.timing import ratio_spread
@@ -283,7 +285,7 @@ def _fused_columns(model: H.Side, fused: H.Side | None, tokens: int, samples: in
     return out
 
 
-def _kernels_text(side: H.Side) -> str:
+def _kernels_text(side: harness.Side) -> str:
     """'train: math; infer: flash_attention_for_cpu' (what the side's warm-up ran; '' untimed or
     without scaled_dot_product_attention)."""
     kernels = side.kernels or {}
@@ -292,7 +294,7 @@ def _kernels_text(side: H.Side) -> str:
     return "; ".join(f"{step}: {ran or '-'}" for step, ran in kernels.items())
 
 
-def _timing_columns(model: H.Side, baseline: H.Side | None, tokens: int, samples: int, session) -> dict:
+def _timing_columns(model: harness.Side, baseline: harness.Side | None, tokens: int, samples: int, session) -> dict:
     """Quartiles of the timed metrics and of their round-by-round ratios, throughput, the load and
     threads, and ``timing_noisy`` (why the times are not to be trusted; empty when they are)."""
     from bench_cli.engine.timing import ratio_spread
@@ -317,7 +319,7 @@ def _ratio(a, b):
     return a / b
 
 
-def _row(cfg, pcfg, model: H.Side, baseline: H.Side | None, backend, seq_len, device, prov, run_id, command,
+def _row(cfg, pcfg, model: harness.Side, baseline: harness.Side | None, backend, seq_len, device, prov, run_id, command,
          timed: bool) -> dict:
     import torch
 

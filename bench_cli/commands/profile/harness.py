@@ -15,7 +15,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from bench_cli.engine.counting import PredictedOOM, is_oom  # noqa: F401  (PredictedOOM: raised by the one measurement path)
 

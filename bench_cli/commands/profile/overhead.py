@@ -134,7 +134,7 @@ class BareLoop:
         """Train on the config's schedule; returns the reported test metric and the train seconds."""
         import torch
 
-        from bench_cli.core import metrics as M
+        from bench_cli.core.metrics import accumulate
         from bench_cli.core.task import to_device
         from bench_cli.engine.env import autocast
 
@@ -156,7 +156,7 @@ class BareLoop:
                 self.losses.append(loss.detach())
                 if batch_metrics:
                     with torch.no_grad():
-                        M.accumulate(stats, self.task.batch_stats(out.detach().float(), batch))
+                        accumulate(stats, self.task.batch_stats(out.detach().float(), batch))
                 if (i + 1) % plan.accum and i + 1 < len(loader):
                     continue
                 if clip:
@@ -182,16 +182,16 @@ class BareLoop:
 
     def select(self, epoch: int, step: int, stats: dict) -> None:
         """The protocol's selecting split evaluated; the best weights so far kept (a device copy)."""
-        from bench_cli.core import metrics as M
+        from bench_cli.core.metrics import compute_all, selection_key
 
         split = self.rule.selects
         train_loss = sum(torch_values(self.losses)) / max(len(self.losses), 1)  # read once per evaluation
         self.losses = []
         if stats:
-            M.compute_all(self.task.metrics, stats)
+            compute_all(self.task.metrics, stats)
             stats.clear()
         metrics = self.evaluate(split)
-        key = M.selection_key(self.task.selection_metric(), metrics, self.task.loss_metric())
+        key = selection_key(self.task.selection_metric(), metrics, self.task.loss_metric())
         if self.best is None or key > self.best["key"] or self.rule.keeps == "last":
             weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.best = {"key": key, "at": (epoch, step), "weights": weights, "metrics": metrics}

@@ -59,7 +59,7 @@ class PaperRatios:
         self.spec, self.values = spec, values
 
     @classmethod
-    def of(cls, spec: DictConfig | None) -> "PaperRatios":
+    def of(cls, spec: DictConfig | None) -> PaperRatios:
         if spec is None:
             return cls(None, {})
         spec = OmegaConf.to_container(spec, resolve=True)

@@ -49,7 +49,7 @@ from bench_cli.commands.sweep.summary import print_lacking, print_plan, summariz
 from bench_cli.config import compose
 from bench_cli.config.args import parse
 from bench_cli.core.errors import UserError, exit_code_of, interruption_name
-from bench_cli.results import claims, code_identity, csv_store, job_keys
+from bench_cli.results import claims, code_identity, csv_store
 
 __all__ = [  # what the CLI, the Optuna search (study.py) and the tests use
     "USAGE", "MAX_EXIT", "plan_command", "run_grid", "run_sweep",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.results import code_identity, csv_store
 from bench_cli.results.job_records import one_row_per_job
 from bench_cli.results.provenance import PROJECT_ROOT
@@ -207,14 +207,14 @@ def find_records(name: str, cfg, opts: dict) -> Sources:
 
 def _load(names: list[str], overrides: list[str], opts: dict):
     """(name, composed config, the records read)."""
-    experiments = C.group_options("experiment")
+    experiments = compose.group_options("experiment")
     if len(names) != 1:
         raise UserError(f"give one experiment name; valid: {', '.join(experiments)}")
     name = names[0].removeprefix("experiment=")
     if name not in experiments:
         raise unknown_choice("experiment", name, experiments)
-    C.check_group_choices(overrides)
-    cfg = C.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
+    compose.check_group_choices(overrides)
+    cfg = compose.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
     settings = cfg.get("report")
     if settings is None or not (settings.get("paper_csv") or settings.get("kind") in ("zoo", "study")):
         raise UserError(f"experiment {name} has no report settings (report.paper_csv)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.results import code_identity, csv_store
 from bench_cli.results.job_keys import NON_SEMANTIC, NON_SEMANTIC_KEYS
 from bench_cli.results.job_records import one_row_per_job
@@ -120,11 +120,11 @@ def report_records(overrides: list[str], opts: dict) -> None:
     """The command: read, group, print and write ``<out>/<records stem>.md`` and ``.csv``."""
     from bench_cli.core.ui import console
 
-    C.check_group_choices(overrides)
-    path = Path(opts["records"] or C.compose_unchecked(overrides).results.path)
+    compose.check_group_choices(overrides)
+    path = Path(opts["records"] or compose.compose_unchecked(overrides).results.path)
     if not path.is_file():
         raise UserError(f"give the experiment to report (attnbench report NAME; valid: "
-                        f"{', '.join(C.group_options('experiment'))}) or a records file (--records FILE): "
+                        f"{', '.join(compose.group_options('experiment'))}) or a records file (--records FILE): "
                         f"{path} does not exist")
     rows, dropped = one_row_per_job(csv_store.read_records(path))
     if not rows:
@@ -181,7 +181,7 @@ def single_experiment(rows: list[dict]) -> str | None:
     """The experiment every record names, when they name one and it is known here."""
     names = {r.get("experiment") or "" for r in rows}
     name = names.pop() if len(names) == 1 else ""
-    return name if name and name in C.group_options("experiment") else None
+    return name if name and name in compose.group_options("experiment") else None
 
 
 def latex_of(path: Path, rows: list[dict], used: list[dict]) -> str:

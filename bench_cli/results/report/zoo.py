@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bench_cli.config import compose as C
+from bench_cli.config import compose
 from bench_cli.results.job_records import one_row_per_job
 from bench_cli.results.provenance import PROJECT_ROOT
 from bench_cli.core.spread import interval_text
@@ -66,7 +66,7 @@ def sweep_axis(cfg, key: str) -> list[str]:
     model group is every option of it, as Hydra's glob expands it."""
     value = str(OmegaConf.select(cfg, f"hydra.sweeper.params.{key}", default="") or "")
     if key == "model" and value.replace(" ", "") == "glob(*)":
-        return C.group_options("model")
+        return compose.group_options("model")
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
@@ -88,7 +88,7 @@ def refusals(case_cfg, models: list[str]) -> dict[str, str]:
     task, out = build_task(case_cfg), {}
     for model in models:
         probe = OmegaConf.create({"task": {"name": str(case_cfg.task.name)}})
-        probe.model = C.load_option("model", model)
+        probe.model = compose.load_option("model", model)
         try:
             check_model_fits_task(task, probe)
         except UserError as e:
@@ -102,7 +102,7 @@ def presetless_attentions(models: list[str]) -> list[str]:
 
     named = set()
     for model in models:
-        preset = C.option_data("model", model)
+        preset = compose.option_data("model", model)
         named |= {(preset.get(role) or {}).get("name") for role in ("attention", "final_attention", "cross_attention")}
     from bench_cli.core.registry import is_builtin
 
@@ -111,10 +111,10 @@ def presetless_attentions(models: list[str]) -> list[str]:
 
 def zoo_plan(name: str, overrides: list[str] = ()) -> tuple[ZooPlan, object]:
     """The zoo's cases (each composed once), models and refused pairs; and the experiment's config."""
-    cfg = C.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
+    cfg = compose.compose_unchecked([f"experiment={name}", *overrides], with_hydra=True)
     axis, models = _case_axis(cfg), sweep_axis(cfg, "model")
     cases = []
-    with C.composer() as compose_one:
+    with compose.composer() as compose_one:
         for option in sweep_axis(cfg, axis):
             case_cfg = compose_one([f"experiment={name}", f"{axis}={option}", *overrides])
             cases.append(Case(option, str(case_cfg.task.name), str(case_cfg.task.get("dataset", "")),
@@ -380,5 +380,5 @@ if __name__ == "__main__":  # `python -m bench_cli.results.report.zoo models`: t
 
     if sys.argv[1:] != ["models"]:
         raise SystemExit("usage: python -m bench_cli.results.report.zoo models")
-    zoo_cfg = C.compose_unchecked(["experiment=zoo/offline"], with_hydra=True)
+    zoo_cfg = compose.compose_unchecked(["experiment=zoo/offline"], with_hydra=True)
     print("[" + ",".join(m for m in sweep_axis(zoo_cfg, "model") if m != zoo_cfg.report.baseline) + "]")

@@ -45,7 +45,7 @@ def code_nystrom(m, Q, K, V, mask, seq_len):
 
 
 def code_iterative_inv(mat, init_option, n_iter=6):
-    I = torch.eye(mat.size(-1))
+    identity = torch.eye(mat.size(-1))
     K = mat
     if init_option == "original":
         V = 1 / torch.max(torch.sum(K, dim=-2)) * K.transpose(-1, -2)
@@ -53,5 +53,6 @@ def code_iterative_inv(mat, init_option, n_iter=6):
         V = 1 / torch.max(torch.sum(K, dim=-2), dim=-1).values[:, :, None, None] * K.transpose(-1, -2)
     for _ in range(n_iter):
         KV = torch.matmul(K, V)
-        V = torch.matmul(0.25 * V, 13 * I - torch.matmul(KV, 15 * I - torch.matmul(KV, 7 * I - KV)))
+        V = torch.matmul(0.25 * V,
+                         13 * identity - torch.matmul(KV, 15 * identity - torch.matmul(KV, 7 * identity - KV)))
     return V

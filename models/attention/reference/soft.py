@@ -13,16 +13,16 @@ from models.attention.reference.common import linear
 
 def code_newton_inv(mat, max_iter):
     P = mat
-    I = torch.eye(mat.size(-1))
+    identity = torch.eye(mat.size(-1))
     alpha = 2 / (torch.max(torch.sum(mat, dim=-1)) ** 2)
     beta = 0.5
     V = alpha * P
-    pnorm = torch.max(torch.sum(torch.abs(I - torch.matmul(P, V)), dim=-2))
+    pnorm = torch.max(torch.sum(torch.abs(identity - torch.matmul(P, V)), dim=-2))
     err_cnt = 0
     while pnorm > 1.01 and err_cnt < 10:
         alpha *= beta
         V = alpha * P
-        pnorm = torch.max(torch.sum(torch.abs(I - torch.matmul(P, V)), dim=-2))
+        pnorm = torch.max(torch.sum(torch.abs(identity - torch.matmul(P, V)), dim=-2))
         err_cnt += 1
     for _ in range(max_iter):
         C = 2 * V - V @ P @ V
