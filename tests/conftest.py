@@ -59,7 +59,7 @@ def attnbench(*args: str, env: dict | None = None, timeout: float = 300, **kw) -
 def causal_models(decoder_layers: int) -> list[str]:
     """The model presets that can serve as a causal decoder of ``decoder_layers`` layers (test_lm's
     and test_d4rl's parametrisations, computed while collecting)."""
-    from models.roles import capability_problems
+    from attnbench.models.roles import capability_problems
 
     return [name for name, model in composed_models().items()
             if not capability_problems(model, {"decoder": decoder_layers})]

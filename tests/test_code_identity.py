@@ -20,7 +20,7 @@ from test_sweep import sweep, tiny
 def edit_plugin(folder, old: str, new: str) -> None:
     """Change the plugin's source and forget it, so the next command imports the new code
     (as a new process would)."""
-    from models.attention import registry
+    from attnbench.models.attention import registry
 
     path = folder / "mymod.py"
     text = path.read_text()

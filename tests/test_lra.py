@@ -19,11 +19,11 @@ from bench_cli.config.compose import compose
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.results.csv_store import read_records
 from bench_cli.results.job_keys import semantic_config
-from tasks import task_class
-from tasks.fetch import fetcher
+from attnbench.tasks import task_class
+from attnbench.tasks.fetch import fetcher
 from image_data import write_cifar10
-from tasks.lra import listops_generator as G
-from tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
+from attnbench.tasks.lra import listops_generator as G
+from attnbench.tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
                        rgb_to_gray)
 
 SMALL_GEN = dict(min_length=10, max_length=60, max_depth=10, max_args=10)
@@ -432,7 +432,7 @@ def test_data_command_generates_listops_offline(workdir, capsys):
 
 # --- models -------------------------------------------------------------------------------------------
 def test_retrieval_dual_encoder_shares_weights():
-    from models.lra import LRAClassifier, LRADualEncoder, LRAEncoder
+    from attnbench.models.lra import LRAClassifier, LRADualEncoder, LRAEncoder
 
     cfg = lra_cfg("lra_retrieval")
     task = task_class("lra_retrieval")(cfg.task, "/nonexistent")

@@ -10,7 +10,7 @@ import torch.nn as nn
 from torch.utils import flop_counter
 
 from bench_cli.engine import counting
-from models.attention import build_attention
+from attnbench.models.attention import build_attention
 
 B, N, D, H = 2, 16, 32, 2
 d = D // H

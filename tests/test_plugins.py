@@ -57,8 +57,8 @@ def config_dir(tmp_path) -> Path:
 def isolated(monkeypatch, plugin_dir):
     """In-process plugin imports without leaking into other tests: registries, imported plugins,
     config folders and the test modules are restored afterwards."""
-    import tasks
-    from models.attention import registry
+    import attnbench.tasks as tasks
+    from attnbench.models.attention import registry
 
     tasks.discover()  # the families stay registered after the test only if discovered first
     monkeypatch.setattr(plugins, "_LOADED", {})
@@ -116,7 +116,7 @@ def test_config_key_and_config_dir_select_the_plugin_model(uea_fixture, plugin_d
 
 
 def test_hydra_searchpath_and_plugins_override_in_process(uea_fixture, isolated, config_dir, capsys):
-    from models.attention import attention_spec
+    from attnbench.models.attention import attention_spec
 
     main(["validate", f"hydra.searchpath=[file://{config_dir}]", "model=elu", "plugins=[mymod]",
           "task.dataset=Fixture"])
@@ -193,7 +193,7 @@ def test_broken_plugin_from_the_console_script(plugin_dir, workdir):
 
 
 def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, monkeypatch):
-    code = 'from models.attention import Capabilities, ProjectedAttention, register_attention\n' \
+    code = 'from attnbench.models.attention import Capabilities, ProjectedAttention, register_attention\n' \
            '@register_attention("{name}", paper="p", equation="e")\nclass A(ProjectedAttention):\n    """A."""\n'
     (isolated / "dup_builtin.py").write_text(code.format(name="softmax"))
     monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_builtin")
@@ -206,7 +206,7 @@ def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, m
     err = fail_line(capsys, "ls")
     assert "attention 'mine' is already registered by first_mod" in err and "second_mod cannot" in err
 
-    (isolated / "dup_task.py").write_text("from bench_cli.core.task import Task\nfrom tasks import register_task\n"
+    (isolated / "dup_task.py").write_text("from bench_cli.core.task import Task\nfrom attnbench.tasks import register_task\n"
                                           "@register_task\nclass Uea(Task):\n    name = 'uea'\n")
     monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_task")
     err = fail_line(capsys, "ls")
@@ -262,7 +262,7 @@ def test_evaluate_imports_no_module_a_checkpoint_names_and_asks_for_the_plugin_i
     run was made with are recorded by name, and evaluating without them is one line naming them."""
     import torch
 
-    from models.attention import registry
+    from attnbench.models.attention import registry
 
     monkeypatch.setenv(plugins.PLUGINS_ENV, "mymod")
     main(["run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv", "trainer.checkpoint.keep_final=true"])

@@ -80,10 +80,10 @@ def test_restoring_forgets_what_was_registered_inside():
 
 # --- the four registries ---------------------------------------------------------------------------
 def the_four() -> dict[str, Registry]:
-    import tasks
+    import attnbench.tasks as tasks
     from bench_cli.commands.cli import COMMANDS
     from bench_cli.core.fetch import FETCHERS
-    from models.attention import ATTENTIONS
+    from attnbench.models.attention import ATTENTIONS
 
     tasks.discover()
     return {"attention": ATTENTIONS, "task": tasks.TASKS, "dataset source": FETCHERS, "command": COMMANDS}
@@ -98,12 +98,12 @@ def test_attentions_tasks_fetchers_and_commands_are_each_the_registry():
 def duplicate_in(kind: str) -> None:
     """Register, from this module, a name a built-in holds, through the registry's public way in."""
     if kind == "attention":
-        from models.attention import ProjectedAttention, register_attention
+        from attnbench.models.attention import ProjectedAttention, register_attention
 
         register_attention("softmax", paper="-", equation="-")(type("Dup", (ProjectedAttention,), {}))
     elif kind == "task":
         from bench_cli.core.task import Task
-        from tasks import register_task
+        from attnbench.tasks import register_task
 
         register_task(type("Dup", (Task,), {"name": "uea", "__module__": __name__}))
     elif kind == "dataset source":
@@ -129,9 +129,9 @@ def test_each_registry_refuses_a_taken_name_with_the_one_error(kind):
 
 @pytest.mark.parametrize("kind", ["attention", "task", "dataset source"])
 def test_each_lookup_answers_an_unknown_name_with_the_valid_ones(kind):
-    from models.attention import attention_spec
-    from tasks import task_class
-    from tasks.fetch import fetcher
+    from attnbench.models.attention import attention_spec
+    from attnbench.tasks import task_class
+    from attnbench.tasks.fetch import fetcher
 
     lookup = {"attention": attention_spec, "task": task_class, "dataset source": fetcher}[kind]
     with pytest.raises(UserError) as e:

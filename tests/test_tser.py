@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.results.csv_store import read_records
-from tasks.tser import TSERFetcher, TSERRegression
+from attnbench.tasks.tser import TSERFetcher, TSERRegression
 
 
 def task_cfg(dataset="RegFixture", protocol="paper", **kw):
@@ -122,7 +122,7 @@ def test_selection_keeps_the_lowest_rmse(tser_fixture, protocol):
 def test_fetch_downloads_both_files_and_records_checksums(tser_fixture, tmp_path, monkeypatch):
     import hashlib
 
-    import tasks.tser as tser
+    import attnbench.tasks.tser as tser
 
     served = tmp_path / "served"
     served.mkdir()
@@ -139,7 +139,7 @@ def test_fetch_downloads_both_files_and_records_checksums(tser_fixture, tmp_path
 
 
 def test_missing_dataset_is_one_line_and_download_failure_leaves_nothing(tmp_path, monkeypatch):
-    import tasks.tser as tser
+    import attnbench.tasks.tser as tser
 
     with pytest.raises(DataNotFoundError) as e:
         TSERRegression(task_cfg("AppliancesEnergy"), tmp_path).check_data()
