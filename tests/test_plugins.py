@@ -198,7 +198,7 @@ def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, m
     (isolated / "dup_builtin.py").write_text(code.format(name="softmax"))
     monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_builtin")
     err = fail_line(capsys, "ls", "models")
-    assert "attention 'softmax'" in err and "models.attention.softmax" in err and "dup_builtin" in err
+    assert "attention 'softmax'" in err and "attnbench.models.attention.softmax" in err and "dup_builtin" in err
 
     (isolated / "first_mod.py").write_text(code.format(name="mine"))
     (isolated / "second_mod.py").write_text(code.format(name="mine"))
@@ -210,7 +210,7 @@ def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, m
                                           "@register_task\nclass Uea(Task):\n    name = 'uea'\n")
     monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_task")
     err = fail_line(capsys, "ls")
-    assert "task 'uea' is already registered by tasks.uea" in err and "dup_task cannot" in err
+    assert "task 'uea' is already registered by attnbench.tasks.uea" in err and "dup_task cannot" in err
 
 
 def test_yaml_error_in_a_user_folder_is_one_line_naming_the_file(isolated, tmp_path, workdir, capsys):

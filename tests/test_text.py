@@ -528,8 +528,8 @@ def test_cli_reports_a_missing_dataset_in_one_line(workdir, monkeypatch, tmp_pat
 
 
 def test_nothing_of_the_text_tasks_is_imported_until_used():
-    code = ("import sys, tasks; tasks.discover(); "
-            "print(sorted(m for m in ('sacrebleu', 'datasets', 'pandas', 'models.text') if m in sys.modules))")
+    code = ("import sys, attnbench.tasks as tasks; tasks.discover(); "
+            "print(sorted(m for m in ('sacrebleu', 'datasets', 'pandas', 'attnbench.models.text') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

@@ -130,7 +130,7 @@ def test_fetch_downloads_both_files_and_records_checksums(tser_fixture, tmp_path
         (served / f"Covid3Month_{split}.ts").write_bytes((tser_fixture / f"RegFixture_{split}.ts").read_bytes())
     monkeypatch.setattr(tser, "ZENODO_URL", served.as_uri() + "/{name}_{split}.ts")
     monkeypatch.setattr(tser, "packaged_dir", lambda name: None, raising=False)
-    monkeypatch.setattr("tasks.timeseries.packaged_dir", lambda name: None)
+    monkeypatch.setattr("attnbench.tasks.timeseries.packaged_dir", lambda name: None)
     target = TSERFetcher().fetch("Covid3Month", tmp_path / "root")
     sums = (target / "SHA256SUMS").read_text().splitlines()
     digest = hashlib.sha256((served / "Covid3Month_TRAIN.ts").read_bytes()).hexdigest()

@@ -26,7 +26,7 @@ def probe_attention(tmp_path, monkeypatch):
     softmax = registry.attention_spec("softmax")
     spec = registry.AttentionSpec(name="zoo_probe", factory=softmax.factory, paper="a test", equation="-",
                                   capabilities=registry.Capabilities(padding_mask=False),
-                                  owner="models.attention.zoo_probe")
+                                  owner="attnbench.models.attention.zoo_probe")
     (tmp_path / "conf" / "model").mkdir(parents=True)
     preset = tmp_path / "conf" / "model" / "zoo_probe.yaml"
     monkeypatch.setattr(search_path, "_CONFIG_DIRS", [tmp_path / "conf"])
