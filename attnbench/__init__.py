@@ -46,4 +46,4 @@ def __getattr__(name: str):
 
 from attnbench import legacy_paths  # noqa: E402
 
-legacy_paths.install()
+legacy_paths.install(__path__)  # noqa: F821 - a package's __path__

@@ -22,21 +22,19 @@ LEGACY = ("models", "tasks")
 MESSAGE_START = r"'import (models|tasks)' is deprecated"
 
 
-def _ours(top: str) -> Path:
-    import attnbench
-
-    for entry in attnbench.__path__:
-        if (Path(entry) / top / "__init__.py").is_file():
-            return (Path(entry) / top).resolve()
-    return Path(attnbench.__file__).resolve().parent / top
+def _ours(top: str, namespace_path: list[str]) -> Path | None:
+    """The folder attnbench.<top> is imported from (``namespace_path``: attnbench's __path__)."""
+    return next(((Path(entry) / top).resolve() for entry in namespace_path
+                 if (Path(entry) / top / "__init__.py").is_file()), None)
 
 
-def _foreign(top: str) -> bool:
+def _foreign(top: str, namespace_path: list[str]) -> bool:
     """Whether ``top`` is importable from sys.path as another project's package, not ours."""
     spec = importlib.machinery.PathFinder.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
         return spec is not None  # a module of that name (models.py) is someone else's too
-    return all(Path(location).resolve() != _ours(top) for location in spec.submodule_search_locations)
+    ours = _ours(top, namespace_path)
+    return all(Path(location).resolve() != ours for location in spec.submodule_search_locations)
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -53,9 +51,12 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class LegacyPathFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, namespace_path: list[str]) -> None:
+        self.namespace_path = namespace_path  # attnbench's __path__, the very list (read at each import)
+
     def find_spec(self, fullname: str, path=None, target=None):
         top = fullname.partition(".")[0]
-        if top not in LEGACY or _foreign(top):
+        if top not in LEGACY or _foreign(top, self.namespace_path):
             return None
         new = f"attnbench.{fullname}"
         if importlib.util.find_spec(f"attnbench.{top}") is None:
@@ -68,10 +69,10 @@ class LegacyPathFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, loader, is_package=hasattr(module, "__path__"))
 
 
-def install() -> None:
+def install(namespace_path: list[str]) -> None:
     """Put the finder first (once per process), so that it answers before the path finder would
     import our own folders a second time under their old names."""
     if not any(isinstance(finder, LegacyPathFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, LegacyPathFinder())
+        sys.meta_path.insert(0, LegacyPathFinder(namespace_path))
         # shown (once) where Python's defaults would hide a DeprecationWarning raised in a library
         warnings.filterwarnings("default", message=MESSAGE_START, category=DeprecationWarning)
