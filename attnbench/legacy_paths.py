@@ -69,6 +69,16 @@ class LegacyPathFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, loader, is_package=hasattr(module, "__path__"))
 
 
+def adopt(old_name: str) -> None:
+    """Called by models/__init__.py or tasks/__init__.py imported under its old top-level name
+    before attnbench was (a checkout on sys.path, nothing having installed the finder yet): the old
+    name becomes the alias of attnbench.<name>, so that there is still one copy of each module."""
+    new = f"attnbench.{old_name}"
+    warnings.warn(f"'import {old_name}' is deprecated: import {new} (or `from attnbench import ...`)",
+                  DeprecationWarning, stacklevel=3)
+    sys.modules[old_name] = importlib.import_module(new)
+
+
 def install(namespace_path: list[str]) -> None:
     """Put the finder first (once per process), so that it answers before the path finder would
     import our own folders a second time under their old names."""

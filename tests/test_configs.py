@@ -111,7 +111,7 @@ def test_task_discovery_imports_no_family_dependency():
     import subprocess
     import sys
 
-    code = ("import sys, tasks; tasks.discover(); "
+    code = ("import sys, attnbench.tasks as tasks; tasks.discover(); "
             "heavy = {'torchvision', 'timm', 'sacrebleu', 'datasets', 'gymnasium', 'mujoco', 'h5py', 'sktime', 'PIL'}; "
             "print(sorted(heavy & set(m.split('.')[0] for m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

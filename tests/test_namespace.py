@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import attnbench
+from conftest import attnbench, python_path_with
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = ("models", "tasks", "conf")
@@ -24,13 +24,9 @@ def foreign_project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def path_with_first(folder: Path) -> str:
-    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
-
-
 def test_a_projects_own_models_and_tasks_first_on_the_path_change_nothing(tmp_path):
     project = foreign_project(tmp_path)
-    env = {"PYTHONPATH": path_with_first(project), "COLUMNS": "80"}
+    env = {"PYTHONPATH": python_path_with(project), "COLUMNS": "80"}
     listing = attnbench("ls", "models", env=env, cwd=project, timeout=120)
     assert listing.returncode == 0 and "softmax" in listing.stdout, listing.stderr
     validated = attnbench("validate", "task=uea", "model=softmax", env=env, cwd=project, timeout=120)
@@ -51,13 +47,19 @@ def test_the_old_plugin_path_works_with_a_warning_naming_the_new_one(tmp_path):
                          check=True).stdout.splitlines()
     assert out[0] == "True True"  # the same module object: one registry, not a second copy
     assert "deprecated" in out[1] and "attnbench.models" in out[1]
+    before = ("from models.attention import register_attention\n"  # before anything imported attnbench
+              "import attnbench.models.attention as new, tasks, attnbench.tasks\n"
+              "print(register_attention is new.register_attention, tasks is attnbench.tasks)")
+    again = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c", before], capture_output=True,
+                           text=True, cwd=tmp_path, check=True)
+    assert again.stdout.strip() == "True True" and "deprecated: import attnbench.models" in again.stderr
 
 
 def test_a_projects_own_models_is_imported_as_its_own(tmp_path):
     project = foreign_project(tmp_path)
     code = "import attnbench.models.attention, models, tasks; print(models.WHOSE, '|', tasks.WHOSE)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=project, check=True,
-                         env={**os.environ, "PYTHONPATH": path_with_first(project)}).stdout
+                         env={**os.environ, "PYTHONPATH": python_path_with(project)}).stdout
     assert out.strip() == "the project's own models | the project's own tasks"
 
 

@@ -15,7 +15,7 @@ from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
 from bench_cli.results.job_keys import job_key
-from conftest import attnbench
+from conftest import attnbench, python_path_with
 
 MODELS_DOC = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
@@ -88,7 +88,7 @@ def fail_line(capsys, *args: str) -> str:
 
 # --- found three ways -----------------------------------------------------------------------------
 def test_ls_models_lists_a_plugin_attention_with_its_module(plugin_dir, workdir):
-    r = attnbench("ls", "models", env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod", "COLUMNS": "80"},
+    r = attnbench("ls", "models", env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "mymod", "COLUMNS": "80"},
                   timeout=120)
     assert r.returncode == 0, r.stderr
     assert "attention: elu_linear (plugin: mymod)" in r.stdout  # 80 columns: one block per row
@@ -99,7 +99,7 @@ def test_ls_models_lists_a_plugin_attention_with_its_module(plugin_dir, workdir)
 def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plugin_dir, workdir):
     """A registered attention without a yaml is selectable in the default model."""
     r = attnbench("run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv",
-                  env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
+                  env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
     assert r.returncode == 0, r.stderr
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok" and row["attention"] == "elu_linear" and row["model"] == "elu_linear"
@@ -110,7 +110,7 @@ def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plug
 def test_config_key_and_config_dir_select_the_plugin_model(uea_fixture, plugin_dir, config_dir, workdir):
     """No ATTNBENCH_PLUGINS: the experiment in the user folder names the plugin (`plugins:`)."""
     r = attnbench("validate", "--config-dir", str(config_dir), "experiment=elu_fixture", "task.dataset=Fixture",
-                  env={"PYTHONPATH": str(plugin_dir)}, timeout=120)
+                  env={"PYTHONPATH": python_path_with(plugin_dir)}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "ok: model elu:" in r.stdout and "elu_linear" in r.stdout
 
@@ -159,7 +159,7 @@ def test_joblib_sweep_workers_import_the_configured_plugin(plugin_dir, workdir):
     paths = [f"paths.data_root={workdir / 'data'}", f"paths.output_dir={workdir / 'outputs'}",
              f"results.path={workdir / 'res.csv'}"]
     r = attnbench("sweep", *TINY, *paths, "plugins=[mymod]", "model.attention.name=elu_linear", "seed=0",
-                  "hydra/launcher=joblib_cpu", env={"PYTHONPATH": str(plugin_dir)})
+                  "hydra/launcher=joblib_cpu", env={"PYTHONPATH": python_path_with(plugin_dir)})
     assert r.returncode == 0, r.stdout + r.stderr
     rows = read_records(workdir / "res.csv")
     assert [r["status"] for r in rows] == ["ok"]
@@ -187,7 +187,7 @@ def test_a_plugin_that_exits_at_import_is_one_line_naming_it(isolated, workdir, 
 
 def test_broken_plugin_from_the_console_script(plugin_dir, workdir):
     (plugin_dir / "broken.py").write_text("def f(:\n")
-    r = attnbench("ls", env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "broken"}, timeout=120)
+    r = attnbench("ls", env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "broken"}, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "plugin broken" in r.stderr and "SyntaxError" in r.stderr
 

@@ -107,7 +107,7 @@ def test_only_the_shim_imports_torchvision_and_timm():
 
 def test_startup_imports_neither_torchvision_nor_timm():
     out = run_python("""
-        import sys, tasks
+        import sys, attnbench.tasks as tasks
         tasks.discover()
         print("vit" in tasks.available_tasks(), "torchvision" in sys.modules, "timm" in sys.modules,
               "mlxtend" in sys.modules)
