@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.layers import EncoderLayer
+from attnbench.models.layers import EncoderLayer
 
 
 class CausalDecoder(nn.Module):
@@ -35,7 +35,7 @@ class CausalDecoder(nn.Module):
 def build_causal_decoder(model_cfg, backbone: dict, seq_len: int) -> CausalDecoder:
     """The stack for a task's ``backbone`` (n_layers, d_model, n_heads, d_ff, dropout, activation,
     attention_dropout) around the attentions of ``model_cfg`` (role ``decoder``)."""
-    from models.roles import build_layer_attentions
+    from attnbench.models.roles import build_layer_attentions
 
     b = dict(backbone)
     d_model, n_layers = int(b["d_model"]), int(b["n_layers"])

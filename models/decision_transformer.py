@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.causal import CausalDecoder, build_causal_decoder
+from attnbench.models.causal import CausalDecoder, build_causal_decoder
 
 
 def gpt2_init_(module: nn.Module, std: float = 0.02) -> None:

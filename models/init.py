@@ -30,7 +30,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.attention.base import AttentionBase
+from attnbench.models.attention.base import AttentionBase
 
 KERAS_EMBEDDING_BOUND = 0.05  # keras.initializers.RandomUniform() default range
 INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # EinsumDense "abc,cde->abde": kernel (d, h, d_k)

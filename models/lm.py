@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.causal import CausalDecoder, build_causal_decoder
+from attnbench.models.causal import CausalDecoder, build_causal_decoder
 
 
 def fairseq_sinusoids(positions: torch.Tensor, dim: int) -> torch.Tensor:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention import accumulate_auxiliary_losses
-from models.layers import EncoderLayer
+from attnbench.models.attention import accumulate_auxiliary_losses
+from attnbench.models.layers import EncoderLayer
 
 
 class LRAEmbedding(nn.Module):
@@ -110,7 +110,7 @@ def build_lra_model(model_cfg, backbone, vocab_size: int, max_len: int, n_classe
     """
     from omegaconf import OmegaConf
 
-    from models.roles import build_layer_attentions
+    from attnbench.models.roles import build_layer_attentions
 
     b = dict(OmegaConf.to_container(backbone, resolve=True)) if not isinstance(backbone, dict) else dict(backbone)
     n_layers, n_heads = int(b.pop("n_layers")), int(b.pop("n_heads"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn as nn
 from omegaconf import DictConfig, OmegaConf
 
-from models.attention import attention_spec, build_attention
+from attnbench.models.attention import attention_spec, build_attention
 
 
 def _options(cfg) -> dict:

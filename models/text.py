@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.init import keras_init_
-from models.layers import DecoderLayer, EncoderLayer
+from attnbench.models.init import keras_init_
+from attnbench.models.layers import DecoderLayer, EncoderLayer
 
 
 class TokenAndPositionEmbedding(nn.Module):
@@ -95,7 +95,7 @@ def build_text_classifier(model_cfg, backbone, vocab_size: int, max_len: int, n_
     """The classifier of ``backbone`` (n_layers, d_model, n_heads, d_ff, dropout, activation,
     norm_eps, head_hidden, head_dropout, init) with the attention of ``model_cfg`` in every layer;
     Super attention's l is ``max_len`` (the padded length)."""
-    from models.roles import build_layer_attentions
+    from attnbench.models.roles import build_layer_attentions
 
     b = _backbone(backbone)
     n_layers, n_heads, d_model = int(b.pop("n_layers")), int(b.pop("n_heads")), int(b.pop("d_model"))
@@ -183,7 +183,7 @@ def build_translation_model(model_cfg, backbone, src_vocab: int, tgt_vocab: int,
     activation, norm_eps, init; the layer counts come as the task's ``stacks``) with the
     attentions of ``model_cfg`` in every role: encoder self-attention, causal decoder
     self-attention, cross-attention (models.roles.build_role_attentions)."""
-    from models.roles import build_role_attentions
+    from attnbench.models.roles import build_role_attentions
 
     b = _backbone(backbone)
     for k in ("n_encoder_layers", "n_decoder_layers"):

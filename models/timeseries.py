@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.layers import _ACTIVATIONS, EncoderLayer, PositionalEncoding
+from attnbench.models.layers import _ACTIVATIONS, EncoderLayer, PositionalEncoding
 
 
 class TimeSeriesTransformer(nn.Module):

@@ -33,8 +33,8 @@ import math
 import torch
 import torch.nn as nn
 
-from models.init import keras_init_
-from models.layers import EncoderLayer
+from attnbench.models.init import keras_init_
+from attnbench.models.layers import EncoderLayer
 
 
 def token_count(image_size: int, patch_size: int, cls_token: bool) -> int:
@@ -172,7 +172,7 @@ def build_vision_transformer(model_cfg, backbone: dict, in_channels: int, n_clas
     example's MultiHeadAttention(dropout=0.1)), overriding ``model.attention.dropout``."""
     from omegaconf import OmegaConf
 
-    from models.roles import build_layer_attentions
+    from attnbench.models.roles import build_layer_attentions
 
     b = dict(backbone)
     unknown = sorted(set(b) - set(BACKBONE_KEYS) - {"size"})

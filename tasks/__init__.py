@@ -9,6 +9,11 @@ by the project's one ``Registry`` (bench_cli/core/registry.py).
 """
 from __future__ import annotations
 
+if __name__ == "tasks":  # the old top-level name, imported before attnbench: one copy, under attnbench
+    import attnbench.legacy_paths
+
+    attnbench.legacy_paths.adopt(__name__)
+
 import importlib
 import pkgutil
 

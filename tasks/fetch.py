@@ -7,7 +7,7 @@ from bench_cli.core.fetch import FETCHERS, Fetcher
 
 
 def available_fetchers() -> list[str]:
-    from tasks import discover
+    from attnbench.tasks import discover
 
     discover()
     return FETCHERS.names()

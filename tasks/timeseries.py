@@ -17,7 +17,7 @@ import torch
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
 from bench_cli.core.files import write_atomically
 from bench_cli.core.task import Task, TensorDictDataset
-from tasks.data import download, fresh_folder, pad_series, unpack, validation_split
+from attnbench.tasks.data import download, fresh_folder, pad_series, unpack, validation_split
 from bench_cli.core.fetch import Fetcher
 
 
@@ -90,7 +90,7 @@ def read_ts_cached(path: Path, data_root: Path) -> tuple[list[np.ndarray], np.nd
     """``read_ts`` through the cache under ``<data root>/ts_cache/`` (keyed by the file's path,
     size and mtime): a sweep parses each file (and imports sktime) once, not once per job. The
     values round-trip exactly (float64 tensors)."""
-    from tasks.data import cached, file_signature
+    from attnbench.tasks.data import cached, file_signature
 
     def build():
         series, labels = read_ts(path)
@@ -280,8 +280,8 @@ class TimeSeriesTask(Task):
         }
 
     def build_model(self, model_cfg):
-        from models.roles import build_layer_attentions
-        from models.timeseries import TimeSeriesTransformer
+        from attnbench.models.roles import build_layer_attentions
+        from attnbench.models.timeseries import TimeSeriesTransformer
 
         b = self.cfg.backbone
         attentions = build_layer_attentions(model_cfg, int(b.n_layers), int(b.d_model), int(b.n_heads), self.max_len,

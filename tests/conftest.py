@@ -56,10 +56,16 @@ def attnbench(*args: str, env: dict | None = None, timeout: float = 300, **kw) -
                           env={**os.environ, **(env or {})}, **kw)
 
 
+def python_path_with(folder) -> str:
+    """PYTHONPATH with ``folder`` first and the one this process was given after it (the checkout
+    under test stays importable in the child)."""
+    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def causal_models(decoder_layers: int) -> list[str]:
     """The model presets that can serve as a causal decoder of ``decoder_layers`` layers (test_lm's
     and test_d4rl's parametrisations, computed while collecting)."""
-    from models.roles import capability_problems
+    from attnbench.models.roles import capability_problems
 
     return [name for name, model in composed_models().items()
             if not capability_problems(model, {"decoder": decoder_layers})]

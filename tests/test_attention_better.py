@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from models.attention import build_attention
+from attnbench.models.attention import build_attention
 
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")

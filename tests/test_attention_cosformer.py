@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.attention import attention_spec, build_attention
-from models.attention.kernels import causal_linear_product
-from models.attention.reference.cosformer import code_cosformer, code_left_product
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.kernels import causal_linear_product
+from attnbench.models.attention.reference.cosformer import code_cosformer, code_left_product
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.attention import attention_spec, available_attentions, build_attention
+from attnbench.models.attention import attention_spec, available_attentions, build_attention
 
 # Which variants attend to a second sequence, and why the others do not (see each module).
 CROSS = {
@@ -267,7 +267,7 @@ TRANSLATION = {"encoder": 1, "decoder": 2, "cross": 2}  # papers/002 B.4.2: 1 en
 
 
 def test_capability_problems_name_the_variant_role_and_layers():
-    from models.roles import capability_problems
+    from attnbench.models.roles import capability_problems
 
     assert capability_problems(model_cfg(attention="efficient"), TRANSLATION) == []
     assert capability_problems(model_cfg(attention="softmax", cross_attention="primal"), TRANSLATION) == [
@@ -285,9 +285,9 @@ def test_capability_problems_name_the_variant_role_and_layers():
 
 
 def test_build_role_attentions_builds_every_role_or_refuses():
-    from models.attention.better import BetterAttention
-    from models.attention.softmax import SoftmaxAttention
-    from models.roles import build_role_attentions
+    from attnbench.models.attention.better import BetterAttention
+    from attnbench.models.attention.softmax import SoftmaxAttention
+    from attnbench.models.roles import build_role_attentions
 
     stacks = build_role_attentions(model_cfg(attention="super", cross_attention="softmax"), TRANSLATION,
                                    D_MODEL, HEADS, {"encoder": 7, "decoder": 5})
@@ -308,7 +308,7 @@ SELF_OPTIONS = {"primal": {"data_dependent": False}, "super": {"max_len": 9}, "s
 
 
 def decoder(name, norm_first, cross="softmax", **kwargs):
-    from models.layers import DecoderLayer
+    from attnbench.models.layers import DecoderLayer
 
     torch.manual_seed(0)
     options = SELF_OPTIONS.get(name.split("_")[0], {})

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import attention_spec, build_attention
-from models.attention.reference.flowformer import code_timeseries, code_core, code_lra, code_rl_causal, code_nlp_causal
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.reference.flowformer import code_timeseries, code_core, code_lra, code_rl_causal, code_nlp_causal
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 

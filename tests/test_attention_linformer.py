@@ -7,9 +7,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from models.attention import attention_spec, build_attention
-from models.attention.linformer import share_projection_across_layers
-from models.attention.reference.linformer import code_attention
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.linformer import share_projection_across_layers
+from attnbench.models.attention.reference.linformer import code_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS, K, MAX_LEN = 8, 2, 3, 7
@@ -71,7 +71,7 @@ def test_refusals():
 
 
 def test_projection_init_and_roles_pass_the_task_length():
-    from models.roles import build_layer_attentions
+    from attnbench.models.roles import build_layer_attentions
 
     m = make(linformer_k=64, max_len=300)
     assert m.projection.shape == (HEADS, 64, 300)

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from models.attention import attention_spec, build_attention
-from models.attention.reference.common import linear
-from models.attention.reference.longformer import code_longformer
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.reference.common import linear
+from attnbench.models.attention.reference.longformer import code_longformer
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS = 8, 2

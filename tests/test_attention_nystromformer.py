@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.attention import attention_spec, build_attention
-from models.attention.base import depthwise_sequence_conv
-from models.attention.nystromformer import iterative_pinv
-from models.attention.reference.nystromformer import code_attention
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.base import depthwise_sequence_conv
+from attnbench.models.attention.nystromformer import iterative_pinv
+from attnbench.models.attention.reference.nystromformer import code_attention
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS, LANDMARKS, CONV = 8, 2, 4, 5

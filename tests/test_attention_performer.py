@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import attention_spec, build_attention
-from models.attention.performer import orthogonal_gaussian_matrix, softmax_features
-from models.attention.reference.performer import code_attention, code_gaussian_orthogonal_random_matrix
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.performer import orthogonal_gaussian_matrix, softmax_features
+from attnbench.models.attention.reference.performer import code_attention, code_gaussian_orthogonal_random_matrix
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS, FEATURES = 8, 2, 10  # d_head 4: two full orthogonal blocks and a partial one

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from models.attention import build_attention, collect_auxiliary_loss
+from attnbench.models.attention import build_attention, collect_auxiliary_loss
 
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")

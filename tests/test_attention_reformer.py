@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import attention_spec, build_attention
-from models.attention.reference.reformer import code_num_buckets, code_lsh
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.reference.reformer import code_num_buckets, code_lsh
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS = 8, 2

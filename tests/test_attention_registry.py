@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import attention_spec, available_attentions, build_attention, collect_auxiliary_loss
+from attnbench.models.attention import attention_spec, available_attentions, build_attention, collect_auxiliary_loss
 
 EXPECTED = {
     "softmax", "attention_bn", "attention_sh", "attention_bn_sh",

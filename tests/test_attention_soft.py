@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
-from models.attention import attention_spec, build_attention
-from models.attention.soft import newton_pseudo_inverse
-from models.attention.reference.soft import code_newton_inv, code_soft
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.soft import newton_pseudo_inverse
+from attnbench.models.attention.reference.soft import code_newton_inv, code_soft
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 
@@ -126,7 +126,7 @@ def test_parameter_count_uea():
 
 def test_task_length_sizes_the_landmark_conv():
     """sized_by_max_len: models.roles passes the task's length as max_len."""
-    from models.roles import build_layer_attentions
+    from attnbench.models.roles import build_layer_attentions
 
     cfg = OmegaConf.create({"attention": {"name": "soft"}})
     (m,) = build_layer_attentions(cfg, 1, 64, 2, seq_len=1024)

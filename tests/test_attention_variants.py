@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.attention import build_attention
-from models.attention.kernels import linear_attention
-from models.attention.modifiers import KeySet, masked_average_pool
+from attnbench.models.attention import build_attention
+from attnbench.models.attention.kernels import linear_attention
+from attnbench.models.attention.modifiers import KeySet, masked_average_pool
 
 EPS = 1e-5  # BN epsilon of Eqn. 23
 
@@ -388,7 +388,7 @@ def test_conv_kernel_is_shared_by_every_channel_and_by_queries_and_keys():
 @pytest.mark.parametrize("factor", [1, 3])
 def test_softmax_query_folding_for_cpu_backward_is_exact(monkeypatch, causal, factor):
     """Folding query chunks into the batch (CPU backward parallelism) must not change results."""
-    from models.attention import kernels
+    from attnbench.models.attention import kernels
 
     monkeypatch.setattr(kernels, "MIN_QUERIES_PER_SPLIT", 2)
     x, mask = inputs(batch=2, length=11, d_model=4)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.attention import attention_spec, build_attention
-from models.attention.reference.yoso import code_yoso_e
+from attnbench.models.attention import attention_spec, build_attention
+from attnbench.models.attention.reference.yoso import code_yoso_e
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 D_MODEL, HEADS = 8, 2

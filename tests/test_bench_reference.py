@@ -62,7 +62,7 @@ def test_transformers_module_on_copied_weights_gives_our_outputs(name):
     pytest.importorskip("transformers")
     import torch
 
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     n = 256  # four LSH chunks, two Longformer windows
     torch.manual_seed(0)
@@ -91,7 +91,7 @@ def test_transformers_module_on_copied_weights_gives_our_outputs(name):
 
 def test_a_length_transformers_cannot_take_is_refused():
     pytest.importorskip("transformers")
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     for name, n, what in (("reformer", 100, "chunk length 64"), ("longformer", 200, "window 128")):
         module = build_attention(name, d_model=16, n_heads=2, **bench_reference.layer_options(name, n))

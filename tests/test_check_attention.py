@@ -11,8 +11,8 @@ import torch
 
 from bench_cli.commands.check_attention import PROPERTIES
 from bench_cli.commands.cli import main
-from models.attention import ATTENTIONS, Capabilities, ProjectedAttention, available_attentions, register_attention
-from models.attention.base import softmax_kernel
+from attnbench.models.attention import ATTENTIONS, Capabilities, ProjectedAttention, available_attentions, register_attention
+from attnbench.models.attention.base import softmax_kernel
 from tests.conftest import attnbench
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -212,8 +212,8 @@ def test_mistakes_are_one_line_and_exit_2(capsys, args, message):
 def test_a_plugin_attention_is_checked_from_the_command_line(tmp_path):
     """As a user runs it: a module outside the repository named in ATTNBENCH_PLUGINS."""
     (tmp_path / "my_leaky_attention.py").write_text(textwrap.dedent("""
-        from models.attention import Capabilities, ProjectedAttention, register_attention
-        from models.attention.base import softmax_kernel
+        from attnbench.models.attention import Capabilities, ProjectedAttention, register_attention
+        from attnbench.models.attention.base import softmax_kernel
 
         @register_attention("leaky", paper="nobody", equation="-",
                             capabilities=Capabilities(causal=True, padding_mask=True))

@@ -163,7 +163,7 @@ def test_help_lists_ls_runs_and_run_help_lists_the_options_not_hydras_banner(cap
 
 
 def test_a_failed_download_does_not_suggest_the_command_that_failed(capsys, workdir, monkeypatch):
-    from tasks.vision import datasets as vision_datasets
+    from attnbench.tasks.vision import datasets as vision_datasets
 
     def no_network(root):
         raise OSError("Error downloading train-images-idx3-ubyte.gz:")

@@ -20,7 +20,7 @@ from test_sweep import sweep, tiny
 def edit_plugin(folder, old: str, new: str) -> None:
     """Change the plugin's source and forget it, so the next command imports the new code
     (as a new process would)."""
-    from models.attention import registry
+    from attnbench.models.attention import registry
 
     path = folder / "mymod.py"
     text = path.read_text()
@@ -39,7 +39,7 @@ def test_a_changed_plugin_makes_its_job_to_run_again(isolated, workdir, capsys, 
     (row,) = read_records(workdir / "res.csv")
     hashes = json.loads(row["code_hashes"])
     assert hashes["mymod"] == code_identity.module_digest("mymod")
-    assert "tasks.uea" in hashes  # the task's module too
+    assert "attnbench.tasks.uea" in hashes  # the task's module too
     capsys.readouterr()
 
     assert sweep(*grid, "--dry-run") == 0  # unchanged: done
@@ -60,7 +60,7 @@ def record(seed: int, plugin_hash: str) -> dict:
     return {"run_id": f"r{seed}", "time": f"2026-01-0{seed + 1}", "status": "ok", "error": "", "task": "uea",
             "dataset": "Fixture", "model": "elu_linear", "seed": seed, "protocol": "holdout", "job_key": f"j{seed}",
             "variant_key": "v", "test_score": 50.0 + seed, "metric": "accuracy", "higher_is_better": True,
-            "code_hashes": {"mymod": plugin_hash, "tasks.uea": "cafe"}}
+            "code_hashes": {"mymod": plugin_hash, "attnbench.tasks.uea": "cafe"}}
 
 
 def test_the_report_refuses_to_average_records_made_by_different_code(workdir, capsys):
@@ -81,6 +81,6 @@ def test_records_without_hashes_are_neither_stale_nor_mixed():
     old = {"status": "ok", "job_key": "k", "seed": "0"}
     assert code_identity.stale_jobs([old]) == {}
     assert code_identity.mixed_code([old, {**old, "seed": "1", "code_hashes": '{"mymod": "aa"}'}]) is None
-    gone = {**old, "code_hashes": '{"no_such_plugin_module": "aa", "tasks.uea": "bb"}'}
+    gone = {**old, "code_hashes": '{"no_such_plugin_module": "aa", "attnbench.tasks.uea": "bb"}'}
     assert code_identity.stale_jobs([gone]) == {"k": "plugin changed since the record: no_such_plugin_module "
                                                      "(not found)"}  # built-in modules are git's, not the sweep's

@@ -22,8 +22,8 @@ from bench_cli.core.errors import UserError
 from bench_cli.results.report.spec import paper_runs as paper_runs_of
 from bench_cli.engine.env import seed_everything
 from bench_cli.engine.trainer import Selection, Trainer
-from tasks import task_class
-from tasks.text.classification import TextClassification
+from attnbench.tasks import task_class
+from attnbench.tasks.text.classification import TextClassification
 from test_text import write_imdb
 
 pytestmark = pytest.mark.usefixtures("single_thread")

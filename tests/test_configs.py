@@ -13,8 +13,8 @@ from bench_cli.config.compose import compose, group_options, load_option
 from bench_cli.core.errors import UserError
 from bench_cli.config.taskfit import build_task, check_model_fits_task
 from bench_cli.commands.validate import check_model_builds
-from models.attention import collect_auxiliary_loss
-from models.roles import capability_problems, layer_attention_configs
+from attnbench.models.attention import collect_auxiliary_loss
+from attnbench.models.roles import capability_problems, layer_attention_configs
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny shapes: 2 threads only spin on a busy machine
 
@@ -111,7 +111,7 @@ def test_task_discovery_imports_no_family_dependency():
     import subprocess
     import sys
 
-    code = ("import sys, tasks; tasks.discover(); "
+    code = ("import sys, attnbench.tasks as tasks; tasks.discover(); "
             "heavy = {'torchvision', 'timm', 'sacrebleu', 'datasets', 'gymnasium', 'mujoco', 'h5py', 'sktime', 'PIL'}; "
             "print(sorted(heavy & set(m.split('.')[0] for m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -120,7 +120,7 @@ def test_task_discovery_imports_no_family_dependency():
 
 
 def test_every_task_config_names_a_registered_task():
-    from tasks import available_tasks
+    from attnbench.tasks import available_tasks
 
     assert sorted(compose([f"task={t}"]).task.name for t in TASKS) == available_tasks()
 

@@ -15,9 +15,9 @@ from bench_cli.commands.cli import main
 from bench_cli.config.compose import compose
 from bench_cli.results.csv_store import read_records
 from conftest import causal_models
-from tasks import task_class
-from tasks.fetch import fetcher
-from tasks.d4rl.data import TrajectoryWindows, d4rl_filename, normalized_score, read_hdf5, trajectory_bounds
+from attnbench.tasks import task_class
+from attnbench.tasks.fetch import fetcher
+from attnbench.tasks.d4rl.data import TrajectoryWindows, d4rl_filename, normalized_score, read_hdf5, trajectory_bounds
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -88,7 +88,7 @@ def test_both_target_returns_are_reported_the_first_as_default(monkeypatch):
     from types import SimpleNamespace
 
     from bench_cli.core.task import EvalContext
-    from tasks.d4rl import rollout
+    from attnbench.tasks.d4rl import rollout
 
     returns_by_target = {12000.0: np.array([9000.0, 11000.0]), 6000.0: np.array([5000.0, 5200.0])}
     monkeypatch.setattr(rollout, "rollouts", lambda model, env, seeds, target, **kw: (
@@ -128,7 +128,7 @@ class ZeroPolicy(torch.nn.Module):
 def test_rollouts_match_gymnasium_stepped_by_hand():
     import gymnasium as gym
 
-    from tasks.d4rl.rollout import rollouts
+    from attnbench.tasks.d4rl.rollout import rollouts
 
     model = ZeroPolicy()
     returns, lengths = rollouts(model, "hopper", [7, 8], 3600.0, state_mean=np.zeros(11), state_std=np.ones(11),
@@ -232,7 +232,7 @@ def test_decision_transformer_init_is_the_reference_codes(model):
 
 
 def test_fetcher_downloads_to_d4rl_file_name_with_checksum(workdir, monkeypatch, tmp_path):
-    from tasks import d4rl
+    from attnbench.tasks import d4rl
 
     src = hand_made(tmp_path / "src" / "hopper_medium-v2.hdf5")
     monkeypatch.setattr(d4rl, "D4RL_URL", src.parent.as_uri() + "/{file}")

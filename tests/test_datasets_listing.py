@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench_cli.commands.cli import main
-from tasks import available_tasks, task_class
-from tasks.fetch import fetcher
+from attnbench.tasks import available_tasks, task_class
+from attnbench.tasks.fetch import fetcher
 
 
 def test_ls_datasets_shows_where_each_dataset_goes_in_80_columns(workdir, capsys):

@@ -204,7 +204,7 @@ def cheap_form(cmd: Command, argv: list[str], tmp: Path) -> tuple[list[str], int
 def check_data_command(cmd: Command, rest: list[str]) -> None:
     """`attnbench data SOURCE [NAME] [--options]`: the source knows NAME and the options; nothing fetched."""
     from bench_cli.config.args import parse
-    from tasks.fetch import available_fetchers, fetcher
+    from attnbench.tasks.fetch import available_fetchers, fetcher
 
     p = parse("data", rest, {"--force": False}, free_options=True)
     assert p.positional and p.positional[0] in available_fetchers(), f"{cmd}: unknown data source"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench_cli.core.errors import DataNotFoundError
-from tasks.data import download
+from attnbench.tasks.data import download
 
 PAYLOAD = bytes(range(256)) * 1200  # 307,200 bytes: several 1 MB-or-less reads, a drop midway
 SHA256 = hashlib.sha256(PAYLOAD).hexdigest()

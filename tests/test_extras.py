@@ -65,7 +65,7 @@ def test_require_names_the_extra():
 
 
 def test_missing_h5py_is_one_line_naming_rl(monkeypatch, tmp_path):
-    from tasks.d4rl.data import read_hdf5
+    from attnbench.tasks.d4rl.data import read_hdf5
 
     monkeypatch.setitem(sys.modules, "h5py", None)  # `import h5py` now fails as if not installed
     with pytest.raises(MissingExtraError, match=r"task=d4rl needs h5py, .*pip install 'attnbench\[rl\]'"):

@@ -55,7 +55,7 @@ def write_lra(task: str):
 
 
 def write_deit(data: Path) -> None:
-    from tasks.vision.datasets import imagenet100_classes
+    from attnbench.tasks.vision.datasets import imagenet100_classes
     from tests.image_data import write_image_folder
 
     classes = list(imagenet100_classes())

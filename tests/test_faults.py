@@ -210,7 +210,7 @@ def test_hub_dataset_without_network_is_one_line_at_once(workdir, monkeypatch):
     import time
 
     from bench_cli.core.errors import DataNotFoundError
-    from tasks.data import load_hf_dataset
+    from attnbench.tasks.data import load_hf_dataset
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
@@ -280,7 +280,7 @@ def test_dry_run_lists_every_job_and_marks_missing_data(workdir, capsys):
 def broken_attentions():
     """Two registered attentions that misbehave: 'boomatt' raises in its kernel, 'narrowatt'
     returns (B, H, 1, d) (one query's output), which would broadcast in the residual sum."""
-    from models.attention import ATTENTIONS, Capabilities, ProjectedAttention, register_attention
+    from attnbench.models.attention import ATTENTIONS, Capabilities, ProjectedAttention, register_attention
 
     with ATTENTIONS.restoring():
         caps = Capabilities(causal=False, padding_mask=True)
@@ -360,7 +360,7 @@ def test_a_cache_entry_of_another_shape_is_a_miss_rebuilt_with_a_warning(uea_fix
     import torch
 
     from bench_cli.core import errors
-    from tasks.timeseries import read_ts_cached
+    from attnbench.tasks.timeseries import read_ts_cached
 
     source = uea_fixture / "Fixture_TRAIN.ts"
     series, labels = read_ts_cached(source, workdir / "data")
@@ -376,12 +376,12 @@ def test_a_cache_entry_of_another_shape_is_a_miss_rebuilt_with_a_warning(uea_fix
 
 def test_a_read_only_cache_is_said_once_and_the_run_trains_from_the_source(uea_fixture, workdir, capsys, monkeypatch):
     """Case 8: the cache is an optimisation; a read-only data root still runs."""
-    import tasks.data
+    import attnbench.tasks.data as task_data
 
     def read_only(path, mode="w", **kw):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(tasks.data, "atomic_open", read_only)
+    monkeypatch.setattr(task_data, "atomic_open", read_only)
     main(["run", *TINY, "results.path=res.csv"])
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok"
@@ -428,12 +428,12 @@ def test_os_errors_on_paths_the_user_gave_are_one_line_naming_the_path(uea_fixtu
     assert "File name too long (the name is too long: choose a shorter path)" in err
     err = exit_line(capsys, "data", "uea", "JapaneseVowels", f"paths.data_root={workdir / 'afile'}")
     assert f"{workdir / 'afile'}" in err and "Not a directory" in err
-    import tasks.timeseries
+    import attnbench.tasks.timeseries as timeseries
 
     def read_only(path, data, **kw):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(tasks.timeseries, "write_atomically", read_only)
+    monkeypatch.setattr(timeseries, "write_atomically", read_only)
     err = exit_line(capsys, "data", "uea", "JapaneseVowels", f"paths.data_root={workdir / 'ro'}")
     assert f"{workdir / 'ro' / 'uea' / 'JapaneseVowels'}" in err and "a read-only file system" in err
 
@@ -549,7 +549,7 @@ def test_a_report_over_nan_or_inf_scores_shows_them_and_leaves_them_out_of_means
 @pytest.mark.parametrize("damage", ['{"num_train": 4', "[1, 2]"])
 def test_a_damaged_generator_json_is_one_line_naming_it_and_ls_says_damaged(workdir, capsys, damage):
     """Case 7: a cut or non-object generator.json of the generated ListOps set."""
-    from tasks.lra import listops_generator
+    from attnbench.tasks.lra import listops_generator
 
     folder = workdir / "data" / "lra_generated" / "listops-1000"
     listops_generator.write_dataset(folder, num_train=8, num_val=2, num_test=2, seed=0, max_depth=3, max_args=3, min_length=5,

@@ -163,7 +163,7 @@ def assert_uniform(values: np.ndarray, limit: float, name: str) -> None:
 
 def expected_keras_limits(net: torch.nn.Module) -> dict[str, float | None]:
     """Parameter name -> Keras' uniform limit (None: zeros; LayerNorm weights skipped)."""
-    from models.attention.base import AttentionBase
+    from attnbench.models.attention.base import AttentionBase
 
     limits: dict[str, float | None] = {}
     for module_name, module in net.named_modules():
@@ -193,7 +193,7 @@ def assert_keras_limits(net: torch.nn.Module, values: dict[str, np.ndarray]) -> 
 
 
 def check_keras_init(net: torch.nn.Module, draws: int) -> set[str]:
-    from models.init import keras_init_
+    from attnbench.models.init import keras_init_
 
     return assert_keras_limits(net, collect_draws(net, keras_init_, draws))
 
@@ -201,7 +201,7 @@ def check_keras_init(net: torch.nn.Module, draws: int) -> set[str]:
 @pytest.mark.parametrize("heads", [1, 4])
 @pytest.mark.parametrize("variant", ["standard", "optimised", "efficient", "super"])
 def test_text_classifier_is_initialised_as_keras(variant, heads, single_thread):
-    from models.text import build_text_classifier
+    from attnbench.models.text import build_text_classifier
 
     model_cfg = OmegaConf.create({"attention": {"name": variant, "dropout": 0.0}})
     backbone = {"n_layers": 1, "d_model": 32, "n_heads": heads, "d_ff": 32, "init": "keras"}
@@ -217,7 +217,7 @@ def test_text_classifier_is_initialised_as_keras(variant, heads, single_thread):
 
 @pytest.mark.parametrize("heads", [1, 4])
 def test_translation_model_self_and_cross_attention_are_keras_kernels(heads, single_thread):
-    from models.text import build_translation_model
+    from attnbench.models.text import build_translation_model
 
     model_cfg = OmegaConf.create({"attention": {"name": "optimised", "dropout": 0.0}})
     backbone = {"d_model": 16, "n_heads": heads, "d_ff": 32, "init": "keras"}
@@ -232,7 +232,7 @@ def test_translation_model_self_and_cross_attention_are_keras_kernels(heads, sin
 def test_vit_is_initialised_as_the_keras_example(heads, single_thread):
     """The ViT's attention, MLP and head as Keras; the patch projection is keras' Dense over
     flattened p x p x C patches; the position Embedding uniform(+-0.05)."""
-    from models.vision import build_vision_transformer
+    from attnbench.models.vision import build_vision_transformer
 
     model_cfg = OmegaConf.create({"attention": {"name": "super", "dropout": 0.0}})
     backbone = {"image_size": 8, "patch_size": 4, "d_model": 16, "n_layers": 1, "n_heads": heads, "d_ff": 32,

@@ -16,9 +16,9 @@ from bench_cli.config.compose import compose
 from bench_cli.core.errors import UserError
 from bench_cli.results.csv_store import read_records
 from conftest import causal_models
-from tasks import task_class
+from attnbench.tasks import task_class
 from bench_cli.core.task import EvalContext
-from tasks.lm.wikitext import EOS, IGNORE, UNK, TokenBlocks, build_dictionary, read_lines, tokenize_line
+from attnbench.tasks.lm.wikitext import EOS, IGNORE, UNK, TokenBlocks, build_dictionary, read_lines, tokenize_line
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -95,7 +95,7 @@ def test_step_losses_read_no_tensor_in_the_step_loop_unless_a_tracker_shows_them
     from bench_cli.config.compose import compose
     from bench_cli.engine import trainer
     from bench_cli.results.loggers import HistoryCSV, Loggers, NullLogger
-    from tasks.uea import UEAClassification
+    from attnbench.tasks.uea import UEAClassification
     from test_overhead import TINY as OVERHEAD, HostReads
 
     class Live(NullLogger):

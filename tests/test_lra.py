@@ -18,11 +18,11 @@ from bench_cli.config.compose import compose
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.results.csv_store import read_records
 from bench_cli.results.job_keys import semantic_config
-from tasks import task_class
-from tasks.fetch import fetcher
+from attnbench.tasks import task_class
+from attnbench.tasks.fetch import fetcher
 from image_data import write_cifar10
-from tasks.lra import listops_generator
-from tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
+from attnbench.tasks.lra import listops_generator
+from attnbench.tasks.lra import (LISTOPS_TOKENS, encode_bytes, encode_listops, listops_tokens, listops_vocab, read_aan_tsv,
                        rgb_to_gray)
 
 SMALL_GEN = dict(min_length=10, max_length=60, max_depth=10, max_args=10)
@@ -345,7 +345,7 @@ def test_listops_release_loader_pads_masks_and_caches(lra_root, monkeypatch):
     assert torch.equal(inputs["mask"], tr["x"][:2] != 0)
     assert list((lra_root / "lra_cache").glob("listops-listops-*.pt"))
     # the second setup reads the cache, not the TSVs
-    monkeypatch.setattr("tasks.lra.tasks.read_listops_tsv", lambda p: (_ for _ in ()).throw(AssertionError("re-read")))
+    monkeypatch.setattr("attnbench.tasks.lra.tasks.read_listops_tsv", lambda p: (_ for _ in ()).throw(AssertionError("re-read")))
     again = task_class("lra_listops")(cfg.task, lra_root)
     again.setup("paper")
     assert set(again.splits) == {"train", "test"}
@@ -431,7 +431,7 @@ def test_data_command_generates_listops_offline(workdir, capsys):
 
 # --- models -------------------------------------------------------------------------------------------
 def test_retrieval_dual_encoder_shares_weights():
-    from models.lra import LRAClassifier, LRADualEncoder, LRAEncoder
+    from attnbench.models.lra import LRAClassifier, LRADualEncoder, LRAEncoder
 
     cfg = lra_cfg("lra_retrieval")
     task = task_class("lra_retrieval")(cfg.task, "/nonexistent")
@@ -589,7 +589,7 @@ def test_release_download_unpacks_and_the_task_finds_it(workdir, tmp_path, monke
     archive = tmp_path / "lra_release.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(src / "lra_release", arcname="lra_release")
-    monkeypatch.setattr("tasks.lra.fetchers.LRA_URL", archive.as_uri())
+    monkeypatch.setattr("attnbench.tasks.lra.fetchers.LRA_URL", archive.as_uri())
     main(["data", "lra"])
     root = workdir / "data"
     assert fetcher("lra").status("lra_release", root) == "local"
@@ -657,7 +657,7 @@ def test_text_loader_through_hf_datasets(lra_root, monkeypatch):
     fake = {"train": {"text": ["good movie", "bad movie", "great", "awful"] * 3, "label": [1, 0, 1, 0] * 3},
             "test": {"text": ["fine", "poor"], "label": [1, 0]}}
     calls = []
-    monkeypatch.setattr("tasks.lra.fetchers.load_imdb", lambda root: calls.append(root) or fake)
+    monkeypatch.setattr("attnbench.tasks.lra.fetchers.load_imdb", lambda root: calls.append(root) or fake)
     task = task_class("lra_text")(lra_cfg("lra_text", max_len=8, seq_len=16).task, lra_root)
     task.setup("paper")  # LRA's own practice for IMDB: no validation split, selection on test
     assert set(task.splits) == {"train", "test"} and len(task.splits["train"]) == 12

@@ -10,7 +10,7 @@ import torch.nn as nn
 from torch.utils import flop_counter
 
 from bench_cli.engine import counting
-from models.attention import build_attention
+from attnbench.models.attention import build_attention
 
 B, N, D, H = 2, 16, 32, 2
 d = D // H
@@ -230,7 +230,7 @@ def test_count_and_attention_parameters():
 def test_nested_attention_modules_count_once():
     # A module of the attention package wrapping another one (e.g. a modifier around a kernel)
     # is one layer; only the top-most module counts.
-    wrapper_cls = type("Wrapper", (nn.Module,), {"__module__": "models.attention.test_wrapper"})
+    wrapper_cls = type("Wrapper", (nn.Module,), {"__module__": "attnbench.models.attention.test_wrapper"})
     wrapper = wrapper_cls()
     wrapper.inner = attention()
     wrapper.gate = nn.Parameter(torch.zeros(D))

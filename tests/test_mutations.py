@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("bench_cli", "tasks", "models", "conf", "tests", "pyproject.toml")
+COPIED = ("bench_cli", "attnbench", "tasks", "models", "conf", "tests", "pyproject.toml")
 
 # (file, the source as it is, the broken source, the tests that must then fail)
 MUTATIONS = {

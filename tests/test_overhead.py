@@ -20,7 +20,7 @@ import torch
 from bench_cli.engine import trainer
 from bench_cli.engine.env import seed_everything
 from bench_cli.config.compose import compose
-from tasks.uea import UEAClassification
+from attnbench.tasks.uea import UEAClassification
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,7 +16,7 @@ from bench_cli.config import checks, plugins, search_path
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
 from bench_cli.results.job_keys import job_key
-from conftest import attnbench
+from conftest import attnbench, python_path_with
 
 MODELS_DOC = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
@@ -58,8 +58,8 @@ def config_dir(tmp_path) -> Path:
 def isolated(monkeypatch, plugin_dir):
     """In-process plugin imports without leaking into other tests: registries, imported plugins,
     config folders and the test modules are restored afterwards."""
-    import tasks
-    from models.attention import registry
+    import attnbench.tasks as tasks
+    from attnbench.models.attention import registry
 
     tasks.discover()  # the families stay registered after the test only if discovered first
     monkeypatch.setattr(plugins, "_LOADED", {})
@@ -89,7 +89,7 @@ def fail_line(capsys, *args: str) -> str:
 
 # --- found three ways -----------------------------------------------------------------------------
 def test_ls_models_lists_a_plugin_attention_with_its_module(plugin_dir, workdir):
-    r = attnbench("ls", "models", env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod", "COLUMNS": "80"},
+    r = attnbench("ls", "models", env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "mymod", "COLUMNS": "80"},
                   timeout=120)
     assert r.returncode == 0, r.stderr
     assert "attention: elu_linear (plugin: mymod)" in r.stdout  # 80 columns: one block per row
@@ -100,7 +100,7 @@ def test_ls_models_lists_a_plugin_attention_with_its_module(plugin_dir, workdir)
 def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plugin_dir, workdir):
     """A registered attention without a yaml is selectable in the default model."""
     r = attnbench("run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv",
-                  env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
+                  env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
     assert r.returncode == 0, r.stderr
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok" and row["attention"] == "elu_linear" and row["model"] == "elu_linear"
@@ -111,13 +111,13 @@ def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plug
 def test_config_key_and_config_dir_select_the_plugin_model(uea_fixture, plugin_dir, config_dir, workdir):
     """No ATTNBENCH_PLUGINS: the experiment in the user folder names the plugin (`plugins:`)."""
     r = attnbench("validate", "--config-dir", str(config_dir), "experiment=elu_fixture", "task.dataset=Fixture",
-                  env={"PYTHONPATH": str(plugin_dir)}, timeout=120)
+                  env={"PYTHONPATH": python_path_with(plugin_dir)}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "ok: model elu:" in r.stdout and "elu_linear" in r.stdout
 
 
 def test_hydra_searchpath_and_plugins_override_in_process(uea_fixture, isolated, config_dir, capsys):
-    from models.attention import attention_spec
+    from attnbench.models.attention import attention_spec
 
     main(["validate", f"hydra.searchpath=[file://{config_dir}]", "model=elu", "plugins=[mymod]",
           "task.dataset=Fixture"])
@@ -160,7 +160,7 @@ def test_joblib_sweep_workers_import_the_configured_plugin(plugin_dir, workdir):
     paths = [f"paths.data_root={workdir / 'data'}", f"paths.output_dir={workdir / 'outputs'}",
              f"results.path={workdir / 'res.csv'}"]
     r = attnbench("sweep", *TINY, *paths, "plugins=[mymod]", "model.attention.name=elu_linear", "seed=0",
-                  "hydra/launcher=joblib_cpu", env={"PYTHONPATH": str(plugin_dir)})
+                  "hydra/launcher=joblib_cpu", env={"PYTHONPATH": python_path_with(plugin_dir)})
     assert r.returncode == 0, r.stdout + r.stderr
     rows = read_records(workdir / "res.csv")
     assert [r["status"] for r in rows] == ["ok"]
@@ -188,18 +188,18 @@ def test_a_plugin_that_exits_at_import_is_one_line_naming_it(isolated, workdir, 
 
 def test_broken_plugin_from_the_console_script(plugin_dir, workdir):
     (plugin_dir / "broken.py").write_text("def f(:\n")
-    r = attnbench("ls", env={"PYTHONPATH": str(plugin_dir), plugins.PLUGINS_ENV: "broken"}, timeout=120)
+    r = attnbench("ls", env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "broken"}, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "plugin broken" in r.stderr and "SyntaxError" in r.stderr
 
 
 def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, monkeypatch):
-    code = 'from models.attention import Capabilities, ProjectedAttention, register_attention\n' \
+    code = 'from attnbench.models.attention import Capabilities, ProjectedAttention, register_attention\n' \
            '@register_attention("{name}", paper="p", equation="e")\nclass A(ProjectedAttention):\n    """A."""\n'
     (isolated / "dup_builtin.py").write_text(code.format(name="softmax"))
     monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_builtin")
     err = fail_line(capsys, "ls", "models")
-    assert "attention 'softmax'" in err and "models.attention.softmax" in err and "dup_builtin" in err
+    assert "attention 'softmax'" in err and "attnbench.models.attention.softmax" in err and "dup_builtin" in err
 
     (isolated / "first_mod.py").write_text(code.format(name="mine"))
     (isolated / "second_mod.py").write_text(code.format(name="mine"))
@@ -207,11 +207,11 @@ def test_taken_names_are_refused_naming_both_owners(isolated, workdir, capsys, m
     err = fail_line(capsys, "ls")
     assert "attention 'mine' is already registered by first_mod" in err and "second_mod cannot" in err
 
-    (isolated / "dup_task.py").write_text("from bench_cli.core.task import Task\nfrom tasks import register_task\n"
+    (isolated / "dup_task.py").write_text("from bench_cli.core.task import Task\nfrom attnbench.tasks import register_task\n"
                                           "@register_task\nclass Uea(Task):\n    name = 'uea'\n")
     monkeypatch.setenv(plugins.PLUGINS_ENV, "dup_task")
     err = fail_line(capsys, "ls")
-    assert "task 'uea' is already registered by tasks.uea" in err and "dup_task cannot" in err
+    assert "task 'uea' is already registered by attnbench.tasks.uea" in err and "dup_task cannot" in err
 
 
 def test_yaml_error_in_a_user_folder_is_one_line_naming_the_file(isolated, tmp_path, workdir, capsys):
@@ -263,7 +263,7 @@ def test_evaluate_imports_no_module_a_checkpoint_names_and_asks_for_the_plugin_i
     run was made with are recorded by name, and evaluating without them is one line naming them."""
     import torch
 
-    from models.attention import registry
+    from attnbench.models.attention import registry
 
     monkeypatch.setenv(plugins.PLUGINS_ENV, "mymod")
     main(["run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv", "trainer.checkpoint.keep_final=true"])

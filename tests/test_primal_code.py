@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from bench_cli.engine.objective import Objective
 from bench_cli.config.compose import compose
 from bench_cli.config.taskfit import build_task
-from models.attention import build_attention, collect_auxiliary_loss
-from models.attention.primal import evenly_spaced_rows
+from attnbench.models.attention import build_attention, collect_auxiliary_loss
+from attnbench.models.attention.primal import evenly_spaced_rows
 
 pytestmark = pytest.mark.usefixtures("float64_single_thread")
 

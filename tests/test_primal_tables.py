@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from bench_cli.config import compose
 from bench_cli.commands import sweep
 from bench_cli.results.report import experiment as experiment_report
-from models.attention import attention_spec
+from attnbench.models.attention import attention_spec
 
 PAPER = Path(__file__).resolve().parents[1] / "results" / "paper"
 LRA_TASKS = {"lra_listops": "listops", "lra_text": "imdb", "lra_retrieval": "aan", "lra_image": "cifar10",

@@ -67,7 +67,7 @@ def test_the_attention_kernel_runs_in_float32_under_autocast(monkeypatch):
     import torch
 
     from bench_cli.engine.attention_regime import apply_attention_regime
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     layer = build_attention("softmax", d_model=16, n_heads=2)
     seen, kernel = [], type(layer).kernel

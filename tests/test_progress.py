@@ -12,7 +12,7 @@ from bench_cli.config.compose import compose
 from bench_cli.core import ui
 from bench_cli.engine.env import seed_everything
 from bench_cli.engine.trainer import Trainer
-from tasks.uea import UEAClassification
+from attnbench.tasks.uea import UEAClassification
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
         "task.backbone.d_ff=32", "trainer.batch_size=8", "trainer.progress=false"]

@@ -40,7 +40,7 @@ from bench_cli.engine.objective import Objective
 from bench_cli.config.taskfit import build_task
 from bench_cli.engine.env import seed_everything
 from bench_cli.engine.trainer import Trainer, TrainResult, _Loop
-from models.attention import collect_auxiliary_loss
+from attnbench.models.attention import collect_auxiliary_loss
 from test_lm import write_wikitext
 from test_text import imdb_rows, write_imdb, write_spa
 

@@ -14,7 +14,7 @@ from bench_cli.core.errors import EXIT_USAGE, UserError
 from bench_cli.core.registry import NameTakenError, Registry
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("bench_cli", "tasks", "models")
+PACKAGES = ("bench_cli", "attnbench", "tasks", "models")
 # Functions named register* that fill another library's registry, not one of ours, with the reason.
 OTHER_LIBRARIES = {"register_resolvers": "OmegaConf keeps the config resolvers (OmegaConf.register_new_resolver)"}
 
@@ -29,8 +29,8 @@ def test_a_taken_name_is_refused_naming_both_owners():
     assert str(e.value) == ("widget 'w' is already registered by pkg.first; plugin_two cannot register it again: "
                             "choose another name")
     assert isinstance(e.value, UserError) and e.value.exit_code == EXIT_USAGE  # one line, exit status 2
-    registry.register("b", 1, owner="models.x")
-    with pytest.raises(NameTakenError, match=r"by models\.x \(built-in\); mine cannot"):
+    registry.register("b", 1, owner="attnbench.models.x")
+    with pytest.raises(NameTakenError, match=r"by attnbench\.models\.x \(built-in\); mine cannot"):
         registry.register("b", 2, owner="mine")
     with pytest.raises(NameTakenError):  # the same entry from another module is still another owner
         registry.register("w", first, owner="pkg.other")
@@ -80,10 +80,10 @@ def test_restoring_forgets_what_was_registered_inside():
 
 # --- the four registries ---------------------------------------------------------------------------
 def the_four() -> dict[str, Registry]:
-    import tasks
+    import attnbench.tasks as tasks
     from bench_cli.commands.cli import COMMANDS
     from bench_cli.core.fetch import FETCHERS
-    from models.attention import ATTENTIONS
+    from attnbench.models.attention import ATTENTIONS
 
     tasks.discover()
     return {"attention": ATTENTIONS, "task": tasks.TASKS, "dataset source": FETCHERS, "command": COMMANDS}
@@ -98,12 +98,12 @@ def test_attentions_tasks_fetchers_and_commands_are_each_the_registry():
 def duplicate_in(kind: str) -> None:
     """Register, from this module, a name a built-in holds, through the registry's public way in."""
     if kind == "attention":
-        from models.attention import ProjectedAttention, register_attention
+        from attnbench.models.attention import ProjectedAttention, register_attention
 
         register_attention("softmax", paper="-", equation="-")(type("Dup", (ProjectedAttention,), {}))
     elif kind == "task":
         from bench_cli.core.task import Task
-        from tasks import register_task
+        from attnbench.tasks import register_task
 
         register_task(type("Dup", (Task,), {"name": "uea", "__module__": __name__}))
     elif kind == "dataset source":
@@ -122,16 +122,17 @@ def test_each_registry_refuses_a_taken_name_with_the_one_error(kind):
     with registry.restoring():
         with pytest.raises(NameTakenError) as e:
             duplicate_in(kind)
-    holder = {"attention": "models.attention.softmax", "task": "tasks.uea", "dataset source": "tasks.uea",
+    holder = {"attention": "attnbench.models.attention.softmax", "task": "attnbench.tasks.uea",
+              "dataset source": "attnbench.tasks.uea",
               "command": "bench_cli.commands.cli"}[kind]
     assert f"is already registered by {holder} (built-in); {__name__} cannot register it again" in str(e.value)
 
 
 @pytest.mark.parametrize("kind", ["attention", "task", "dataset source"])
 def test_each_lookup_answers_an_unknown_name_with_the_valid_ones(kind):
-    from models.attention import attention_spec
-    from tasks import task_class
-    from tasks.fetch import fetcher
+    from attnbench.models.attention import attention_spec
+    from attnbench.tasks import task_class
+    from attnbench.tasks.fetch import fetcher
 
     lookup = {"attention": attention_spec, "task": task_class, "dataset source": fetcher}[kind]
     with pytest.raises(UserError) as e:

@@ -81,7 +81,7 @@ def test_a_failing_check_is_a_line_with_its_reason(tmp_path):
 def test_ksvd_energy_is_float32_under_half_precision():
     """Half-precision e/r-scores (autocast's einsum output) enter the KSVD term in float32: e * e in
     fp16 overflows above 256 and the auxiliary loss would be inf."""
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     m = build_attention("primal", d_model=16, n_heads=2, low_rank=5, rank_multi=4)
     e = torch.full((1, 2, 3, 5), 300.0, dtype=torch.float16)
@@ -144,7 +144,7 @@ def test_a_synthetic_check_that_fails_says_its_exception_in_one_line(monkeypatch
 def offline(workdir, monkeypatch):
     """CIFAR-10 cannot be downloaded (a node without internet); every check's command is recorded
     instead of run, but `attnbench data` runs, in this process."""
-    import tasks.lra.fetchers as fetchers
+    import attnbench.tasks.lra.fetchers as fetchers
 
     monkeypatch.setattr(fetchers, "CIFAR10_URL", (workdir / "nowhere" / "cifar-10-python.tar.gz").as_uri())
     ran = []

@@ -36,7 +36,7 @@ def write_imagenet100(root: Path) -> None:
     """ImageNet's train/ and val/ folders with 3 and 2 images of each ImageNet-100 class: the plan's
     subsets keep two training images of each class, one of which validates, and one test image."""
     from image_data import write_image_folder
-    from tasks.vision.datasets import imagenet100_classes
+    from attnbench.tasks.vision.datasets import imagenet100_classes
 
     for split, per_class, seed in (("train", 3, 0), ("val", 2, 1)):
         write_image_folder(root / "imagenet" / split, list(imagenet100_classes()), per_class, size=16, seed=seed)

@@ -57,7 +57,7 @@ def test_nan_when_the_loss_diverges(uea_fixture, workdir):
 def test_failed_keeps_the_traceback_in_error_txt(uea_fixture, workdir, monkeypatch):
     """A crash inside training (here the evaluation raising after the first epoch) is a row with
     status failed, the error's first line, and the whole traceback in the run folder's error.txt."""
-    from tasks.uea import UEAClassification
+    from attnbench.tasks.uea import UEAClassification
 
     def broken(self, model, split, ctx):
         raise RuntimeError("evaluation exploded")

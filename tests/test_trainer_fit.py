@@ -14,7 +14,7 @@ from bench_cli.config.compose import compose
 from bench_cli.engine.env import seed_everything
 from bench_cli.engine.trainer import Trainer
 from bench_cli.core.task import TensorDictDataset
-from tasks.uea import UEAClassification
+from attnbench.tasks.uea import UEAClassification
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from bench_cli.commands.cli import main
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.results.csv_store import read_records
-from tasks.tser import TSERFetcher, TSERRegression
+from attnbench.tasks.tser import TSERFetcher, TSERRegression
 
 
 def task_cfg(dataset="RegFixture", protocol="paper", **kw):
@@ -122,7 +122,7 @@ def test_selection_keeps_the_lowest_rmse(tser_fixture, protocol):
 def test_fetch_downloads_both_files_and_records_checksums(tser_fixture, tmp_path, monkeypatch):
     import hashlib
 
-    import tasks.tser as tser
+    import attnbench.tasks.tser as tser
 
     served = tmp_path / "served"
     served.mkdir()
@@ -130,7 +130,7 @@ def test_fetch_downloads_both_files_and_records_checksums(tser_fixture, tmp_path
         (served / f"Covid3Month_{split}.ts").write_bytes((tser_fixture / f"RegFixture_{split}.ts").read_bytes())
     monkeypatch.setattr(tser, "ZENODO_URL", served.as_uri() + "/{name}_{split}.ts")
     monkeypatch.setattr(tser, "packaged_dir", lambda name: None, raising=False)
-    monkeypatch.setattr("tasks.timeseries.packaged_dir", lambda name: None)
+    monkeypatch.setattr("attnbench.tasks.timeseries.packaged_dir", lambda name: None)
     target = TSERFetcher().fetch("Covid3Month", tmp_path / "root")
     sums = (target / "SHA256SUMS").read_text().splitlines()
     digest = hashlib.sha256((served / "Covid3Month_TRAIN.ts").read_bytes()).hexdigest()
@@ -139,7 +139,7 @@ def test_fetch_downloads_both_files_and_records_checksums(tser_fixture, tmp_path
 
 
 def test_missing_dataset_is_one_line_and_download_failure_leaves_nothing(tmp_path, monkeypatch):
-    import tasks.tser as tser
+    import attnbench.tasks.tser as tser
 
     with pytest.raises(DataNotFoundError) as e:
         TSERRegression(task_cfg("AppliancesEnergy"), tmp_path).check_data()

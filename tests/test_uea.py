@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_cli.core.errors import DataNotFoundError, UserError
-from tasks.uea import UEAClassification, UEAFetcher, interpolate_missing, read_ts, stratified_split
+from attnbench.tasks.uea import UEAClassification, UEAFetcher, interpolate_missing, read_ts, stratified_split
 
 
 def task_cfg(dataset="Fixture", **kw):
@@ -94,7 +94,7 @@ def test_download_unpacks_zip_and_records_checksum(uea_fixture, tmp_path, monkey
     import hashlib
     import zipfile
 
-    import tasks.uea as uea
+    import attnbench.tasks.uea as uea
 
     served = tmp_path / "served"
     served.mkdir()
@@ -112,7 +112,7 @@ def test_download_unpacks_zip_and_records_checksum(uea_fixture, tmp_path, monkey
 
 
 def test_download_without_network_is_one_line(tmp_path, monkeypatch):
-    import tasks.uea as uea
+    import attnbench.tasks.uea as uea
 
     monkeypatch.setattr(uea, "UEA_URL", (tmp_path / "nowhere").as_uri() + "/{name}.zip")
     with pytest.raises(DataNotFoundError) as e:

@@ -43,7 +43,7 @@ def test_shim_defines_the_two_schemas_when_the_plain_import_fails_that_way():
             print("plain: ok")
         except RuntimeError as e:
             print("plain:", e)
-        from tasks.vision import torchvision_shim
+        from attnbench.tasks.vision import torchvision_shim
         tv = torchvision_shim.import_torchvision()
         print("applied:", torchvision_shim.applied, tv.__version__.split("+")[0])
         for op in ("nms", "qnms"):
@@ -70,7 +70,7 @@ def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_
     (ok / "torchvision" / "transforms" / "__init__.py").write_text("")
     (ok / "torchvision" / "transforms" / "v2" / "__init__.py").write_text("")
     out = run_python("""
-        from tasks.vision import torchvision_shim
+        from attnbench.tasks.vision import torchvision_shim
         tv = torchvision_shim.import_torchvision()
         print(tv.__version__, torchvision_shim.applied, torchvision_shim._library is None)
     """, extra_path=ok)
@@ -81,7 +81,7 @@ def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_
     (bad / "torchvision").mkdir(parents=True)
     (bad / "torchvision" / "__init__.py").write_text("raise RuntimeError('some other failure')\n")
     out = run_python("""
-        from tasks.vision import torchvision_shim
+        from attnbench.tasks.vision import torchvision_shim
         try:
             torchvision_shim.import_torchvision()
         except RuntimeError as e:
@@ -97,7 +97,7 @@ def test_only_the_shim_imports_torchvision_and_timm():
     """Every package source (bench_cli, conf, tasks, models): the only import statements of
     torchvision or timm are in tasks/vision/torchvision_shim.py; everything else goes through it."""
     found = {}
-    for package in ("bench_cli", "conf", "tasks", "models"):
+    for package in ("bench_cli", "attnbench", "conf", "tasks", "models"):
         for path in (ROOT / package).rglob("*.py"):
             names = set(IMPORT.findall(path.read_text()))
             if names:
@@ -107,7 +107,7 @@ def test_only_the_shim_imports_torchvision_and_timm():
 
 def test_startup_imports_neither_torchvision_nor_timm():
     out = run_python("""
-        import sys, tasks
+        import sys, attnbench.tasks as tasks
         tasks.discover()
         print("vit" in tasks.available_tasks(), "torchvision" in sys.modules, "timm" in sys.modules,
               "mlxtend" in sys.modules)
@@ -123,7 +123,7 @@ def vision_cfg(task: str, *overrides: str):
 
 
 def make_task(task: str, data_root: Path, *overrides: str):
-    from tasks import task_class
+    from attnbench.tasks import task_class
 
     cfg = vision_cfg(task, *overrides)
     return task_class(task)(cfg.task, data_root), cfg
@@ -133,8 +133,8 @@ def test_lra_image_reads_cifar10_through_torchvision_same_arrays_and_cache(tmp_p
     """The LRA Image task reads CIFAR-10 with torchvision's CIFAR10 now: the arrays equal what the
     earlier hand-written reader (transcribed here) produced, and the cache key is unchanged, so
     tensors cached before the move are reused."""
-    from tasks.data import CACHE_VERSION, file_signature
-    from tasks.lra.tasks import rgb_to_gray
+    from attnbench.tasks.data import CACHE_VERSION, file_signature
+    from attnbench.tasks.lra.tasks import rgb_to_gray
 
     d = tmp_path / "cifar-10-batches-py"
     write_cifar10(d, per_batch=10)
@@ -189,7 +189,7 @@ def test_cifar100_reader_on_python_pickles(tmp_path):
 
 
 def test_image_folder_reader_and_imagenet100_without_copies(tmp_path):
-    from tasks.vision.datasets import imagenet100_classes
+    from attnbench.tasks.vision.datasets import imagenet100_classes
 
     wanted = list(imagenet100_classes())
     assert len(wanted) == 100 and len(set(wanted)) == 100 and all(re.fullmatch(r"n\d{8}", w) for w in wanted)
@@ -298,7 +298,7 @@ def test_deit_tiny_with_4_heads_and_deit_small_match_timm():
     """Our DeiT (registry attention in models.layers.EncoderLayer) has timm's parameter count and
     197 tokens; primal-dual's DeiT-tiny uses 4 heads (48 dims each), the same count."""
     from bench_cli.engine.counting import attention_parameters, count_parameters
-    from tasks.vision.torchvision_shim import import_timm
+    from attnbench.tasks.vision.torchvision_shim import import_timm
 
     timm = import_timm()
     for size, heads, reference in (("tiny", 4, "deit_tiny_patch16_224"), ("small", 6, "deit_small_patch16_224")):
@@ -314,7 +314,7 @@ def test_deit_tiny_with_4_heads_and_deit_small_match_timm():
 
 
 def test_primal_plus_deit_small_has_primal_only_in_the_last_block():
-    from models.attention.primal import PrimalAttention
+    from attnbench.models.attention.primal import PrimalAttention
 
     _, net = build_on_meta("deit", "primal_plus", "task.backbone.size=small")
     kinds = [type(b.attention).__name__ for b in net.blocks]
@@ -359,7 +359,7 @@ def test_deit_augmentation_on_a_real_photo(single_thread):
     """timm's DeiT transforms on scikit-learn's real photo: RandomResizedCrop 224 (bicubic), flip,
     RandAugment rand-m9-mstd0.5-inc1, normalisation, random erasing 0.25 ('pixel'); evaluation:
     resize 256 + centre crop 224."""
-    from tasks.vision.transforms import IMAGENET_MEAN, IMAGENET_STD
+    from attnbench.tasks.vision.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     task, _ = make_task("deit", Path("/nonexistent"))
     train, test = task.transform("train"), task.transform("test")
@@ -398,7 +398,7 @@ def test_mixup_cutmix_collate_soft_targets_and_losses(single_thread):
     assert torch.allclose(y.sum(1), torch.ones(8)) and y.min() >= 0.1 / 100 - 1e-7  # label smoothing 0.1
     logits = torch.randn(8, 100)
     expected = torch.sum(-y * torch.log_softmax(logits, -1), -1).mean()
-    from tasks.vision.torchvision_shim import import_timm
+    from attnbench.tasks.vision.torchvision_shim import import_timm
 
     losses = import_timm("loss")
     assert torch.allclose(task.loss(logits, batch), expected)  # SoftTargetCrossEntropy
@@ -453,7 +453,7 @@ def test_vit_trains_on_real_digits_with_train_metrics_and_inference_time(workdir
 
 def test_deit_trains_on_an_image_folder_with_mixup_and_primal_plus(workdir, single_thread):
     from bench_cli.commands.cli import main
-    from tasks.vision.datasets import imagenet100_classes
+    from attnbench.tasks.vision.datasets import imagenet100_classes
 
     classes = list(imagenet100_classes())
     write_image_folder(workdir / "data" / "imagenet" / "train", classes, per_class=2, size=32)
@@ -474,7 +474,7 @@ def test_cosine_warmup_schedule_is_timms(single_thread):
     from omegaconf import OmegaConf
 
     from bench_cli.engine.optim import make_scheduler
-    from tasks.vision.torchvision_shim import import_timm
+    from attnbench.tasks.vision.torchvision_shim import import_timm
 
     scheduler = import_timm("scheduler")
     cfg = OmegaConf.create({"name": "cosine", "warmup_steps": 0, "warmup_epochs": 2, "warmup_lr": 1e-6,
@@ -628,7 +628,7 @@ def test_a_file_that_is_not_an_image_is_one_line_naming_it(tmp_path):
     """A non-image under an image name (a broken copy) stops the run with one line naming the file
     (the documented choice: skipping it would silently shrink the split)."""
     from bench_cli.core.errors import UserError
-    from tasks.vision.datasets import load_rgb
+    from attnbench.tasks.vision.datasets import load_rgb
 
     bad = tmp_path / "n01440764" / "broken.JPEG"
     bad.parent.mkdir()

@@ -36,7 +36,7 @@ def test_no_module_keeps_its_own_set_of_warnings_said():
     """A function named like ``*warn*once*`` or a module-level set named ``*WARNED*``/``*SAID*``
     anywhere but bench_cli/core/errors.py is a second warn-once."""
     twins = []
-    for package in ("bench_cli", "tasks", "models"):
+    for package in ("bench_cli", "attnbench", "tasks", "models"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path == ROOT / "bench_cli" / "core" / "errors.py":
                 continue

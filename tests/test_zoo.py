@@ -21,12 +21,12 @@ OFFLINE = {("uea", "JapaneseVowels"), ("uea", "BasicMotions"), ("tser", "Covid3M
 def probe_attention(tmp_path, monkeypatch):
     """A built-in-looking attention that cannot take a padding mask, with a model preset in a
     config folder searched after conf/ (as a new conf/model/<name>.yaml would be)."""
-    from models.attention import registry
+    from attnbench.models.attention import registry
 
     softmax = registry.attention_spec("softmax")
     spec = registry.AttentionSpec(name="zoo_probe", factory=softmax.factory, paper="a test", equation="-",
                                   capabilities=registry.Capabilities(padding_mask=False),
-                                  owner="models.attention.zoo_probe")
+                                  owner="attnbench.models.attention.zoo_probe")
     (tmp_path / "conf" / "model").mkdir(parents=True)
     preset = tmp_path / "conf" / "model" / "zoo_probe.yaml"
     monkeypatch.setattr(search_path, "_CONFIG_DIRS", [tmp_path / "conf"])

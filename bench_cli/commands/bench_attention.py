@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 def variant_options(name: str, n: int, heads: int) -> dict | None:
     """Options to build ``name`` for length n; None if the variant cannot run at this length."""
-    from models.attention.modifiers import default_sh_factors
+    from attnbench.models.attention.modifiers import default_sh_factors
 
     if name in ("super", "linformer", "soft"):  # sized by the sequence length (W^A, E, SOFT's landmark window)
         return {"max_len": n}
@@ -37,7 +37,7 @@ def variant_options(name: str, n: int, heads: int) -> dict | None:
 
 def skip_reason(name: str, n: int, args) -> str | None:
     """Why ``name`` is not timed at length n (shown under the table), or None."""
-    from models.attention import attention_spec
+    from attnbench.models.attention import attention_spec
 
     if args.causal and not attention_spec(name).capabilities.causal:
         return "not causal"
@@ -54,7 +54,7 @@ def build_runners(name, n, args):
     """(forward, forward_backward) closures for ``name`` at length n, or None if it cannot run."""
     import torch
 
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     if skip_reason(name, n, args):
         return None
@@ -177,7 +177,7 @@ def check_sizes(args) -> None:
 
         raise UserError(f"option --budget of `attnbench bench` takes seconds >= 0 (got {args.budget:g})")
     if not args.against_reference:  # the reference mode names its own baselines (bench_reference.py)
-        from models.attention import available_attentions
+        from attnbench.models.attention import available_attentions
 
         unknown = sorted(set(args.variants or ()) - set(available_attentions()))
         if unknown:
@@ -225,7 +225,7 @@ def main(argv=None) -> list[tuple]:
         return run(args)
     import torch
 
-    from models.attention import available_attentions
+    from attnbench.models.attention import available_attentions
 
     if args.threads:
         torch.set_num_threads(args.threads)

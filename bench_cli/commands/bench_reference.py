@@ -59,7 +59,7 @@ def import_transformers():
     if importlib.util.find_spec("transformers") is None:
         return None
     if importlib.util.find_spec("torchvision") is not None:
-        from tasks.vision.torchvision_shim import import_torchvision
+        from attnbench.tasks.vision.torchvision_shim import import_torchvision
 
         import_torchvision()
     import transformers
@@ -122,7 +122,7 @@ def reference_forward(name: str, module, n: int):
     """f(x, mask) -> output of the reference code of ``name`` on ``module``'s weights: the transcription,
     or for PACKAGE_REFERENCES the package's module (transformers must be importable)."""
     from bench_cli.core.extras import install_hint
-    from models.attention.reference import cosformer, flowformer, linformer, nystromformer, performer, soft, yoso
+    from attnbench.models.attention.reference import cosformer, flowformer, linformer, nystromformer, performer, soft, yoso
 
     if name in PACKAGE_REFERENCES:
         if import_transformers() is None:
@@ -155,7 +155,7 @@ def steps(name: str, n: int, args):
     """(ours, reference, max |difference| of the outputs): two forward + backward closures."""
     import torch
 
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     torch.manual_seed(0)
     module = build_attention(name, d_model=args.d_model, n_heads=args.heads, **layer_options(name, n)).train()

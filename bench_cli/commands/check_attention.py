@@ -25,7 +25,7 @@ import torch
 
 from bench_cli.core.errors import UserError, first_line
 from bench_cli.core.sizes import check_fits, check_heads, dense_attention_bytes
-from models.attention import (AttentionSpec, Capabilities, attention_spec, build_attention,
+from attnbench.models.attention import (AttentionSpec, Capabilities, attention_spec, build_attention,
                               collect_auxiliary_loss)
 
 DTYPES = (torch.float64, torch.float32)

@@ -119,7 +119,7 @@ def _hydra_run() -> None:
     when called, so that importing this module does not import Hydra."""
     import hydra
 
-    @hydra.main(version_base=compose.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=compose.CONFIG_NAME)
+    @hydra.main(version_base=compose.HYDRA_VERSION_BASE, config_path="pkg://attnbench.conf", config_name=compose.CONFIG_NAME)
     def entry(cfg: DictConfig) -> None:
         raise SystemExit("attnbench run: internal error: the Hydra entry point only serves Hydra's flags")
 
@@ -340,8 +340,8 @@ def _ls_datasets(data_root: Path) -> None:
     from rich.markup import escape
 
     from bench_cli.core.ui import show_groups
-    from tasks import available_tasks, task_class  # the fetchers answer: this listing imports the families
-    from tasks.fetch import fetcher
+    from attnbench.tasks import available_tasks, task_class  # the fetchers answer: this listing imports the families
+    from attnbench.tasks.fetch import fetcher
 
     shown = {"local": "[green]local[/]", "package": "[cyan]in package[/]", "missing": "[dim]missing[/]",
              "damaged": "[red]damaged[/]"}
@@ -437,7 +437,7 @@ def _ls_experiments() -> None:
 
 # --- data -----------------------------------------------------------------------------------
 def cmd_data(args: list[str]) -> None:
-    from tasks.fetch import available_fetchers, fetcher
+    from attnbench.tasks.fetch import available_fetchers, fetcher
 
     p = parse("data", args, {"--force": False}, free_options=True)
     usage = (f"usage: attnbench data SOURCE [DATASET] [--force] [--OPTION[=VALUE]...] [paths.data_root=DIR]; "

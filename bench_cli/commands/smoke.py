@@ -339,8 +339,8 @@ def data_missing(family: Family) -> str | None:
     """None when the family's dataset is under the data root or in a package (its fetcher's
     answer, which never downloads); else the fetcher's line saying where the files go."""
     from bench_cli.config import compose
-    from tasks import task_class
-    from tasks.fetch import fetcher
+    from attnbench.tasks import task_class
+    from attnbench.tasks.fetch import fetcher
 
     cfg = compose.compose([f"task={family.task}", *family.overrides])
     cls, data_root, dataset = task_class(family.task), Path(cfg.paths.data_root).expanduser(), str(cfg.task.dataset)

@@ -45,7 +45,7 @@ def check_settings(cfg: DictConfig) -> None:
     """Ranges and choices of the trainer and task settings every run reads."""
     from bench_cli.engine.optim import OPTIMIZERS, SCHEDULERS
     from bench_cli.engine.env import check_device_name
-    from tasks import task_class
+    from attnbench.tasks import task_class
 
     t = cfg.trainer
     protocol = str(cfg.task.get("protocol", "holdout"))

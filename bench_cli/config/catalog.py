@@ -23,7 +23,7 @@ TABLE = Path(__file__).with_name("catalog_table.py")
 def _live() -> bool:
     from bench_cli.config import plugins
 
-    return bool(plugins.loaded()) or "models.attention" in sys.modules
+    return bool(plugins.loaded()) or "attnbench.models.attention" in sys.modules
 
 
 def attentions() -> dict[str, dict]:
@@ -50,7 +50,7 @@ def tasks() -> dict[str, dict]:
 
 
 def live_attentions(builtin_only: bool = False) -> dict[str, dict]:
-    from models.attention import attention_spec, available_attentions
+    from attnbench.models.attention import attention_spec, available_attentions
 
     specs = [attention_spec(n) for n in available_attentions()]
     return {s.name: {"paper": s.paper, "equation": s.equation, "owner": s.owner,
@@ -60,7 +60,7 @@ def live_attentions(builtin_only: bool = False) -> dict[str, dict]:
 
 def live_tasks(builtin_only: bool = False) -> dict[str, dict]:
     from bench_cli.core.registry import is_builtin
-    from tasks import available_tasks, task_class
+    from attnbench.tasks import available_tasks, task_class
 
     rows = {}
     for name in available_tasks():
@@ -75,7 +75,7 @@ def live_tasks(builtin_only: bool = False) -> dict[str, dict]:
 
 def table_source() -> str:
     """The text of catalog_table.py for the live registries' built-ins."""
-    from models.attention import Capabilities
+    from attnbench.models.attention import Capabilities
 
     def literal(value: dict) -> str:
         return pprint.pformat(value, width=110, sort_dicts=True)

@@ -59,7 +59,8 @@ def hydra_search_path(calling_module: str, primary: str, config_dir=None):
 
     search_path = create_automatic_config_search_path(None, calling_module, primary)
     if config_path() is not None:  # after the root config's folder (the main entry): conf/'s groups
-        search_path.prepend(provider="attnbench", path="pkg://conf", anchor=SearchPathQuery(provider="schema"))
+        search_path.prepend(provider="attnbench", path="pkg://attnbench.conf",
+                            anchor=SearchPathQuery(provider="schema"))
     folders = [config_dir] if config_dir else []
     for folder in [*folders, *(d for d in user_config_dirs() if d not in folders)]:
         search_path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))

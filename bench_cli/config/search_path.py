@@ -23,7 +23,7 @@ _CONFIG_PATH: list[Path] = []
 
 
 def conf_dir() -> Path:
-    import conf
+    import attnbench.conf as conf
 
     return Path(conf.__file__).parent
 
@@ -51,7 +51,7 @@ def root_dir() -> Path:
 
 def primary_path() -> str:
     """The primary config folder as Hydra names it."""
-    return str(_CONFIG_PATH[0]) if _CONFIG_PATH else "pkg://conf"  # absolute: Hydra takes it as a folder
+    return str(_CONFIG_PATH[0]) if _CONFIG_PATH else "pkg://attnbench.conf"  # absolute: Hydra takes it as a folder
 
 
 def add_config_dir(path: str | os.PathLike) -> Path:

@@ -42,9 +42,11 @@ def composer():
         return with_plugins(cfg)
 
     GlobalHydra.instance().clear()
-    try:  # as hydra.initialize_config_module(config_module="conf", job_name="app") sets Hydra up, plus --config-dir
+    # as hydra.initialize_config_module(config_module="attnbench.conf", job_name="app") sets Hydra up,
+    # plus --config-dir
+    try:
         set_version_base()
-        hydra_private.create_hydra("app", hydra_private.hydra_search_path("conf.app", primary_path()))
+        hydra_private.create_hydra("app", hydra_private.hydra_search_path("attnbench.conf.app", primary_path()))
         yield compose_one
     finally:
         GlobalHydra.instance().clear()
@@ -95,7 +97,7 @@ def dispatch_to_hydra(entry, args: list[str]) -> None:
 
 @dataclass
 class HydraApp:
-    """Hydra set up over conf/ as ``@hydra.main(config_path="pkg://conf")`` sets it up for a
+    """Hydra set up over conf/ as ``@hydra.main(config_path="pkg://attnbench.conf")`` sets it up for a
     function of module ``bench_cli.<job_name>`` (hydra/_internal/utils.py ``_run_hydra``), with
     Hydra's --config-path, --config-dir and --config-name flags: `run` and `sweep` compose and run
     through it instead of going through ``@hydra.main``, so that they compose each job once."""

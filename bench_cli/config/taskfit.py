@@ -9,7 +9,7 @@ from bench_cli.core.errors import UserError
 
 
 def build_task(cfg: DictConfig):
-    from tasks import task_class
+    from attnbench.tasks import task_class
 
     return task_class(cfg.task.name)(cfg.task, cfg.paths.data_root)
 
@@ -17,7 +17,7 @@ def build_task(cfg: DictConfig):
 def check_model_fits_task(task, cfg: DictConfig) -> None:
     """Refuse impossible (task, attention) pairs before building anything: every attention role
     of the model (encoder, causal decoder, cross) against the registry's capabilities."""
-    from models.roles import capability_problems
+    from attnbench.models.roles import capability_problems
 
     problems = capability_problems(cfg.model, task.attention_stacks(), task.requires)  # an unknown name: its line
     if problems:

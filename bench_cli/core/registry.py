@@ -19,12 +19,13 @@ from bench_cli.core.errors import UserError, unknown_choice
 
 Entry = TypeVar("Entry")
 
-# attnbench's own packages: a name one of them registered is a built-in (plugins live elsewhere).
-BUILTIN_PACKAGES = ("bench_cli", "models", "tasks")
+# attnbench's own packages (the CLI, and attnbench.models / attnbench.tasks): a name one of them
+# registered is a built-in (plugins live elsewhere).
+BUILTIN_PACKAGES = ("bench_cli", "attnbench")
 
 
 def is_builtin(module: str) -> bool:
-    """Whether ``module`` is attnbench's own (bench_cli.*, models.*, tasks.*), not a plugin's.
+    """Whether ``module`` is attnbench's own (bench_cli.*, attnbench.models.*, attnbench.tasks.*), not a plugin's.
     Here, in the core, so that `attnbench ls` can ask without importing torch."""
     return module.split(".")[0] in BUILTIN_PACKAGES
 

@@ -48,7 +48,7 @@ def apply_attention_regime(model: nn.Module, *, float32: bool, checkpointed: boo
     """Wrap the kernel of every ``ProjectedAttention`` in ``model``: in float32 with autocast off
     (``float32``), and under gradient checkpointing (``checkpointed``; inside the float32 cast,
     as the authors' code nests them). Returns how many attention layers were wrapped."""
-    from models.attention.base import ProjectedAttention
+    from attnbench.models.attention.base import ProjectedAttention
 
     if not (float32 or checkpointed):
         return 0

@@ -108,10 +108,10 @@ def count_parameters(model: nn.Module) -> int:
 def is_attention_module(m: nn.Module) -> bool:
     """True for the registry's attentions: classes defined in the ``models.attention`` package, and
     a plugin's attentions (subclasses of its AttentionBase)."""
-    from models.attention.base import AttentionBase
+    from attnbench.models.attention.base import AttentionBase
 
     mod = getattr(type(m), "__module__", "")
-    return mod == "models.attention" or mod.startswith("models.attention.") or isinstance(m, AttentionBase)
+    return mod == "attnbench.models.attention" or mod.startswith("attnbench.models.attention.") or isinstance(m, AttentionBase)
 
 
 def attention_parameters(model: nn.Module) -> dict[str, int]:

@@ -42,7 +42,7 @@ COLUMNS = ("head_l2_distance_mean", "head_l2_distance_std")
 
 def attention_layers(model: nn.Module) -> list[nn.Module]:
     """The model's attention layers with concatenated heads going into ``out_proj``, in model order."""
-    from models.attention.base import AttentionBase
+    from attnbench.models.attention.base import AttentionBase
 
     return [m for m in model.modules() if isinstance(m, AttentionBase) and isinstance(getattr(m, "out_proj", None), nn.Linear)]
 

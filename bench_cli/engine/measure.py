@@ -83,7 +83,7 @@ class MeasureCache:
 
         if not cfg.measure.get("cache", True) or modes == ("off", "off"):
             return None
-        import models
+        import attnbench.models as models
 
         # the model zoo's code (helpers included), a plugin's modules, the task's, the measurement's
         sources = set(Path(models.__file__).parent.rglob("*.py"))

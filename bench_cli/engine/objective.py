@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from models.attention import collect_auxiliary_loss
+from attnbench.models.attention import collect_auxiliary_loss
 
 
 class Objective:

@@ -26,13 +26,13 @@ import sys
 from pathlib import Path
 
 from bench_cli.core.errors import UserError
+from bench_cli.core.registry import is_builtin
 
 COLUMN = "code_hashes"  # the record column (bench_cli/results/schema.py declares it)
-BUILTIN_PACKAGES = ("bench_cli", "models", "tasks")
 
 
 def is_plugin(module: str) -> bool:
-    return module.split(".")[0] not in BUILTIN_PACKAGES
+    return not is_builtin(module)
 
 
 def module_files(module: str) -> list[Path] | None:
@@ -87,13 +87,13 @@ def run_modules(cfg) -> list[str]:
 
 
 def _attention_owner(name: str) -> str | None:
-    from models.attention.registry import ATTENTIONS
+    from attnbench.models.attention.registry import ATTENTIONS
 
     return ATTENTIONS.owner(name) if name in ATTENTIONS else None
 
 
 def _task_module(name: str) -> str | None:
-    import tasks
+    import attnbench.tasks as tasks
 
     try:
         return tasks.task_class(name).__module__ if name else None

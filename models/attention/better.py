@@ -30,9 +30,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention.base import AttentionBase, merge_heads, softmax_kernel, split_heads
-from models.attention.registry import Capabilities, register_attention
-from models.attention.softmax import SoftmaxAttention
+from attnbench.models.attention.base import AttentionBase, merge_heads, softmax_kernel, split_heads
+from attnbench.models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.softmax import SoftmaxAttention
 
 PAPER = "Hosseini & Hosseini, You Need to Pay Better Attention (papers/002)"
 

@@ -34,9 +34,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention, merge_heads, softmax_kernel, split_heads
-from models.attention.primal_dual import PAPER
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, merge_heads, softmax_kernel, split_heads
+from attnbench.models.attention.primal_dual import PAPER
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 
 def _same_padding(size: int) -> tuple[int, int]:

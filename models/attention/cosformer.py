@@ -37,9 +37,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
-from models.attention.kernels import causal_linear_product
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention
+from attnbench.models.attention.kernels import causal_linear_product
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 FEATURE_MAPS = {"relu": F.relu, "elu": lambda x: F.elu(x) + 1.0}
 PADDING_MODES = ("valid", "ignore")

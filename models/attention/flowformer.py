@@ -49,9 +49,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
-from models.attention.kernels import causal_linear_product
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention
+from attnbench.models.attention.kernels import causal_linear_product
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 FEATURE_MAPS = {
     "sigmoid": torch.sigmoid,  # Flow_Attention.py, TimeSeries, NLP, RL ``kernel_method``

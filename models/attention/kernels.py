@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import softmax_kernel
-from models.attention.modifiers import KeySet
+from attnbench.models.attention.base import softmax_kernel
+from attnbench.models.attention.modifiers import KeySet
 
 LINEAR_CHUNK = 64  # keys per chunk of the causal linear kernel
 

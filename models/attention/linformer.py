@@ -29,8 +29,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from models.attention.base import ProjectedAttention
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Wang et al., Linformer: Self-Attention with Linear Complexity, 2020 (LRA code: mlpen/Nystromformer)"
 PROJECTION_INIT_STD = 0.02  # attention_linformer.py: torch.nn.init.normal_(..., std = 0.02)

@@ -40,8 +40,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention, softmax_kernel
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, softmax_kernel
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Beltagy et al. 2020, Longformer: The Long-Document Transformer"
 

@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention, depthwise_sequence_conv
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, depthwise_sequence_conv
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Xiong et al., Nystromformer: A Nystrom-Based Algorithm for Approximating Self-Attention, AAAI 2021"
 MASK_PENALTY = 1e9  # attention_nystrom.py: "- 1e9 * (1 - mask[:, None, None, :])"

@@ -51,9 +51,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention
-from models.attention.kernels import causal_linear_product
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention
+from attnbench.models.attention.kernels import causal_linear_product
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Choromanski et al., Rethinking Attention with Performers, ICLR 2021 (LRA code: mlpen/Nystromformer)"
 FEATURE_MAPS = ("softmax", "relu")

@@ -90,8 +90,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import AttentionBase, merge_heads, split_heads
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import AttentionBase, merge_heads, split_heads
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = (
     "Chen et al., Primal-Attention: Self-attention through Asymmetric Kernel SVD in Primal Representation, "

@@ -27,10 +27,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention, merge_heads, split_heads
-from models.attention.kernels import linear_attention, softmax_attention, sparse_attention
-from models.attention.modifiers import KeySet, batch_normalize, default_sh_factors, masked_average_pool
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, merge_heads, split_heads
+from attnbench.models.attention.kernels import linear_attention, softmax_attention, sparse_attention
+from attnbench.models.attention.modifiers import KeySet, batch_normalize, default_sh_factors, masked_average_pool
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Nguyen et al., A Primal-Dual Framework for Transformers and Neural Networks, ICLR 2023 (papers/003)"
 KERNELS = ("softmax", "linear", "sparse")

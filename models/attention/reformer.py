@@ -44,8 +44,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention, merge_heads, split_heads
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, merge_heads, split_heads
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Kitaev et al. 2020, Reformer: The Efficient Transformer (LSH attention)"
 

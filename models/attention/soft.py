@@ -37,8 +37,8 @@ import math
 import torch
 import torch.nn as nn
 
-from models.attention.base import AttentionBase, depthwise_sequence_conv, merge_heads, split_heads
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import AttentionBase, depthwise_sequence_conv, merge_heads, split_heads
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PADDING_MODES = ("zero", "ignore")
 

@@ -1,8 +1,8 @@
 """Softmax (scaled dot-product) attention, the baseline of all three papers."""
 from __future__ import annotations
 
-from models.attention.base import ProjectedAttention, softmax_kernel
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, softmax_kernel
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 
 # Plain cross-attention (Vaswani et al. Sec. 3.2.3): queries from x, keys/values from the context.

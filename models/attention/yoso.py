@@ -39,8 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention.base import ProjectedAttention, depthwise_sequence_conv
-from models.attention.registry import Capabilities, register_attention
+from attnbench.models.attention.base import ProjectedAttention, depthwise_sequence_conv
+from attnbench.models.attention.registry import Capabilities, register_attention
 
 PAPER = "Zeng et al. 2021, You Only Sample (Almost) Once (YOSO-E, expectation of YOSO attention)"
 

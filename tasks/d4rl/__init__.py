@@ -28,11 +28,11 @@ from torch.utils.data import RandomSampler
 
 from bench_cli.core.metrics import compute_all, Mean
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.task import Task
-from tasks.d4rl.data import (D4RL_DATASETS, REF_SCORES, TrajectoryWindows, d4rl_filename, env_of,  # noqa: F401
+from attnbench.tasks.d4rl.data import (D4RL_DATASETS, REF_SCORES, TrajectoryWindows, d4rl_filename, env_of,  # noqa: F401
                              normalized_score, read_hdf5)
-from tasks.data import download
+from attnbench.tasks.data import download
 from bench_cli.core.fetch import Fetcher, register_fetcher
 
 D4RL_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl/gym_mujoco_v2/{file}"
@@ -106,7 +106,7 @@ class D4RLTask(Task):
 
     # --- model --------------------------------------------------------------------------------------
     def build_model(self, model_cfg):
-        from models.decision_transformer import build_decision_transformer
+        from attnbench.models.decision_transformer import build_decision_transformer
 
         if not self.state_dim:
             raise UserError("d4rl: call setup() or setup_synthetic() before build_model()")
@@ -134,7 +134,7 @@ class D4RLTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model, split, ctx):
-        from tasks.d4rl.rollout import rollouts
+        from attnbench.tasks.d4rl.rollout import rollouts
 
         ev = self.cfg.eval
         n = int(ev.val_episodes if split == "val" else ev.test_episodes)
@@ -164,7 +164,7 @@ class D4RLTask(Task):
     def describe(self) -> dict:
         out = {"source": str(getattr(self, "source", "synthetic")), "env": self.env}
         if self.windows is not None:
-            from tasks.d4rl.rollout import env_id, environment_versions
+            from attnbench.tasks.d4rl.rollout import env_id, environment_versions
 
             out.update(self.windows.info, samples=len(self.windows), state_dim=self.state_dim, act_dim=self.act_dim,
                        environment=f"gymnasium {env_id(self.env, str(self.cfg.eval.env_version))} (MuJoCo models of "

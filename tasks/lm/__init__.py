@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from bench_cli.core.metrics import accumulate, compute_all, CrossEntropy, Perplexity
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.core.extras import require
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.task import Task, loss_precision
-from tasks.data import cached, collate_padded, download, file_signature, fresh_folder, unpack
+from attnbench.tasks.data import cached, collate_padded, download, file_signature, fresh_folder, unpack
 from bench_cli.core.fetch import Fetcher, register_fetcher
-from tasks.lm.wikitext import (EOS, FACTS, IGNORE, PAD, SPLIT_FILES, TokenBlocks, build_dictionary,  # noqa: F401
+from attnbench.tasks.lm.wikitext import (EOS, FACTS, IGNORE, PAD, SPLIT_FILES, TokenBlocks, build_dictionary,  # noqa: F401
                                read_lines, tokenize_line)
 
 HF_NAME, HF_CONFIG = "Salesforce/wikitext", "wikitext-103-v1"
@@ -157,7 +157,7 @@ class LanguageModelling(Task):
 
     # --- model --------------------------------------------------------------------------------------
     def build_model(self, model_cfg):
-        from models.lm import build_lm
+        from attnbench.models.lm import build_lm
 
         if not self.vocab_size:
             raise UserError("lm: call setup() or setup_synthetic() before build_model()")

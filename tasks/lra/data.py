@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import UserError, unknown_choice
-from tasks.data import cached as _cached
+from attnbench.tasks.data import cached as _cached
 
 IMDB_HF = "stanfordnlp/imdb"
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
-from tasks.data import download, hf_cache_copy, load_hf_dataset, unpack
+from attnbench.tasks.data import download, hf_cache_copy, load_hf_dataset, unpack
 from bench_cli.core.fetch import Fetcher, register_fetcher
-from tasks.lra.data import (IMDB_HF, LISTOPS_DATASETS, PATHFINDER_DEFAULT, PATHFINDER_DIFFICULTIES, aan_files, acl_dir,
+from attnbench.tasks.lra.data import (IMDB_HF, LISTOPS_DATASETS, PATHFINDER_DEFAULT, PATHFINDER_DIFFICULTIES, aan_files, acl_dir,
                             cache_dir, generated_listops_dir, listops_files, pathfinder_dir, release_candidates)
 
 LRA_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
@@ -155,7 +155,7 @@ def check_generated_size(target: Path, params: dict) -> None:
     bytes per token, an expression of the average of min_length and max_length tokens)."""
     import shutil
 
-    from tasks.lra.listops_generator import DEFAULTS
+    from attnbench.tasks.lra.listops_generator import DEFAULTS
 
     p = {**DEFAULTS, **params}
     if p["min_length"] > p["max_length"]:
@@ -293,7 +293,7 @@ class ListOpsFetcher(Fetcher):
     @staticmethod
     def generate(data_root: Path, force: bool, options: dict) -> Path:
         from bench_cli.core.progress import count_progress
-        from tasks.lra.listops_generator import DEFAULTS, write_dataset
+        from attnbench.tasks.lra.listops_generator import DEFAULTS, write_dataset
 
         target = generated_listops_dir(data_root)
         params = generator_integers(options, "`attnbench data lra_listops --generate` option")
@@ -368,12 +368,12 @@ class CIFAR10Fetcher(Fetcher):
         return ["cifar10"]
 
     def status(self, dataset: str, data_root: Path) -> str:
-        from tasks.vision.datasets import cifar_dir
+        from attnbench.tasks.vision.datasets import cifar_dir
 
         return "local" if cifar_dir("cifar10", data_root) else "missing"
 
     def location(self, dataset: str, data_root: Path) -> str:
-        from tasks.vision.datasets import cifar_dir
+        from attnbench.tasks.vision.datasets import cifar_dir
 
         return f"{cifar_dir('cifar10', data_root) or Path(data_root).expanduser() / 'cifar-10-batches-py'}/"
 

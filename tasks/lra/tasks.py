@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import UserError
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.task import Task, TensorDictDataset
-from tasks.data import cache_path, file_signature as _signature, pad_rows, validation_split
-from tasks.lra import fetchers
-from tasks.lra.data import (  # noqa: F401  (rgb_to_gray, read_listops_tsv: also used through this module)
+from attnbench.tasks.data import cache_path, file_signature as _signature, pad_rows, validation_split
+from attnbench.tasks.lra import fetchers
+from attnbench.tasks.lra.data import (  # noqa: F401  (rgb_to_gray, read_listops_tsv: also used through this module)
     IMDB_HF, LISTOPS_DATASETS, PATHFINDER_DEFAULT, acl_dir, cache_dir, cached, encode_bytes, encode_listops,
     listops_vocab, read_aan_tsv, read_acl, read_listops_tsv, read_pathfinder_examples, rgb_to_gray, take,
 )
@@ -92,7 +92,7 @@ class LRATask(Task):
 
     # --- model --------------------------------------------------------------------------------------
     def build_model(self, model_cfg):
-        from models.lra import build_lra_model
+        from attnbench.models.lra import build_lra_model
 
         if not self.seq_len:
             raise UserError(f"{self.name}: call setup() or setup_synthetic() before build_model()")
@@ -163,7 +163,7 @@ class LRAListOps(LRATask):
     def describe(self) -> dict:
         out = super().describe()
         if self.dataset_name == "listops_generated":  # say how the data were made
-            from tasks.lra.fetchers import generator_meta
+            from attnbench.tasks.lra.fetchers import generator_meta
 
             made = generator_meta(self.data_root)
             if made is not None:
@@ -252,7 +252,7 @@ class LRAImage(LRATask):
     DATASETS = ("cifar10",)
 
     def load(self):
-        from tasks.vision.datasets import cifar_dir, read_cifar
+        from attnbench.tasks.vision.datasets import cifar_dir, read_cifar
 
         d = cifar_dir("cifar10", self.data_root)
         self.source = d

@@ -4,5 +4,5 @@ classification (`task=textcls`: IMDB, Amazon Review Full) and English-to-Spanish
 (tasks/text/tokenize.py); the models are in models/text.py. HF ``datasets`` and ``sacrebleu`` are
 imported only inside the functions that read a hub dataset or score BLEU.
 """
-from tasks.text import classification  # noqa: F401  (registers textcls and its fetcher)
-from tasks.text import translation  # noqa: F401,E402  (registers nmt and its fetcher)
+from attnbench.tasks.text import classification  # noqa: F401  (registers textcls and its fetcher)
+from attnbench.tasks.text import translation  # noqa: F401,E402  (registers nmt and its fetcher)

@@ -37,12 +37,12 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.task import PROTOCOLS, Task, TensorDictDataset
-from tasks.data import (cache_path, cached, download, file_signature, fresh_folder, hf_cache_copy, hf_cache_folders,
+from attnbench.tasks.data import (cache_path, cached, download, file_signature, fresh_folder, hf_cache_copy, hf_cache_folders,
                         load_hf_dataset, unpack, validation_split)
 from bench_cli.core.fetch import Fetcher, register_fetcher
-from tasks.text.tokenize import WordIndex, pad_sequences, rank_words, text_to_word_sequence
+from attnbench.tasks.text.tokenize import WordIndex, pad_sequences, rank_words, text_to_word_sequence
 
 IMDB_HF = "stanfordnlp/imdb"
 AMAZON_URL = "https://s3.amazonaws.com/fast-ai-nlp/amazon_review_full_csv.tgz"
@@ -230,7 +230,7 @@ class TextClassification(Task):
 
     # --- model -------------------------------------------------------------------------------------
     def build_model(self, model_cfg):
-        from models.text import build_text_classifier
+        from attnbench.models.text import build_text_classifier
 
         if not self.max_len:
             raise UserError("textcls: call setup() or setup_synthetic() before build_model()")

@@ -35,13 +35,13 @@ from torch.utils.data import Dataset
 
 from bench_cli.core.metrics import accumulate, Accuracy, BLEU, compute_all, CrossEntropy
 from bench_cli.core.errors import DataNotFoundError, UserError, unknown_choice
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.task import EvalContext, Task
-from tasks.data import (cache_path, cached, collate_padded, download, file_signature, fresh_folder, hf_cache_copy,
+from attnbench.tasks.data import (cache_path, cached, collate_padded, download, file_signature, fresh_folder, hf_cache_copy,
                         hf_cache_folders, load_hf_dataset, unpack)
 from bench_cli.core.fetch import Fetcher, register_fetcher
-from tasks.text.classification import cache_dir
-from tasks.text.tokenize import (END_TOKEN, ENGLISH_STRIP, SPANISH_STRIP, START_TOKEN, Vocabulary, standardize,
+from attnbench.tasks.text.classification import cache_dir
+from attnbench.tasks.text.tokenize import (END_TOKEN, ENGLISH_STRIP, SPANISH_STRIP, START_TOKEN, Vocabulary, standardize,
                                  whitespace_split)
 
 ANKI_URL = "http://storage.googleapis.com/download.tensorflow.org/data/spa-eng.zip"
@@ -273,7 +273,7 @@ class Translation(Task):
                 "cross": int(b.n_decoder_layers)}
 
     def build_model(self, model_cfg):
-        from models.text import build_translation_model
+        from attnbench.models.text import build_translation_model
 
         if self.src_vocab is None:
             raise UserError("nmt: call setup() or setup_synthetic() before build_model()")
@@ -296,7 +296,7 @@ class Translation(Task):
 
     def translate(self, model, src: torch.Tensor) -> list[str]:
         """Greedy translations of a batch of English ids, as standardised Spanish text."""
-        from models.text import greedy_decode
+        from attnbench.models.text import greedy_decode
 
         start, end = self.tgt_vocab.index[START_TOKEN], self.tgt_vocab.index[END_TOKEN]
         ids = greedy_decode(model, src, src != 0, start, end, self.seq_len)

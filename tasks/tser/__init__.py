@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from bench_cli.core.metrics import MAE, MSE, RMSE
 from bench_cli.core.errors import UserError
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.fetch import register_fetcher
-from tasks.timeseries import TimeSeriesTask, TsArchiveFetcher
+from attnbench.tasks.timeseries import TimeSeriesTask, TsArchiveFetcher
 
 # The Monash TSER archive (19 sets) with the Zenodo record of each (as listed by the archive and
 # by aeon's loader). Names as the archive spells them; primal-dual Table 8 shortens

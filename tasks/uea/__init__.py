@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from bench_cli.core.errors import UserError
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.fetch import register_fetcher
-from tasks.timeseries import TimeSeriesTask, TsArchiveFetcher, interpolate_missing, read_ts  # noqa: F401
-from tasks.data import stratified_split  # noqa: F401  (re-exported: the UEA split)
+from attnbench.tasks.timeseries import TimeSeriesTask, TsArchiveFetcher, interpolate_missing, read_ts  # noqa: F401
+from attnbench.tasks.data import stratified_split  # noqa: F401  (re-exported: the UEA split)
 
 UEA_DATASETS = (
     "ArticularyWordRecognition", "AtrialFibrillation", "BasicMotions", "CharacterTrajectories",

@@ -26,7 +26,7 @@ import numpy as np
 
 from bench_cli.core.errors import UserError
 from bench_cli.core.extras import require
-from tasks.vision.torchvision_shim import import_torchvision
+from attnbench.tasks.vision.torchvision_shim import import_torchvision
 
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 CIFAR_FILES = {

@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from bench_cli.core.metrics import Accuracy, CrossEntropy, top5_accuracy
 from bench_cli.core.errors import DataNotFoundError, UserError
 from bench_cli.core.extras import require
-from tasks import register_task
+from attnbench.tasks import register_task
 from bench_cli.core.task import Task, TensorDictDataset, loss_precision
-from tasks.data import stratified_split, validation_split
+from attnbench.tasks.data import stratified_split, validation_split
 from bench_cli.core.fetch import Fetcher, register_fetcher
-from tasks.vision import datasets as vision_datasets
+from attnbench.tasks.vision import datasets as vision_datasets
 
 # name -> (classes, channels, what the data are)
 DATASETS = {
@@ -192,7 +192,7 @@ class VisionTask(Task):
     @property
     def n_tokens(self) -> int:
         """Tokens that enter attention (Super attention's l)."""
-        from models.vision import token_count
+        from attnbench.models.vision import token_count
 
         b = self.cfg.backbone
         return token_count(self.image_size, int(b.patch_size), bool(b.cls_token))
@@ -202,7 +202,7 @@ class VisionTask(Task):
         return side, side
 
     def build_model(self, model_cfg):
-        from models.vision import build_vision_transformer
+        from attnbench.models.vision import build_vision_transformer
 
         if self.n_classes is None:
             raise UserError(f"{self.name}: call setup() or setup_synthetic() before build_model()")
@@ -220,7 +220,7 @@ class VisionTask(Task):
         timm's LabelSmoothingCrossEntropy when the task smooths labels (DeiT without Mixup)."""
         y, smoothing = batch["y"], self.label_smoothing()
         if y.dim() == output.dim() or smoothing:
-            from tasks.vision.torchvision_shim import import_timm
+            from attnbench.tasks.vision.torchvision_shim import import_timm
 
             losses = import_timm("loss")
             criterion = (losses.SoftTargetCrossEntropy() if y.dim() == output.dim()
@@ -248,7 +248,7 @@ class ViTClassification(VisionTask):
     def prepare_transforms(self) -> None:
         """keras' Normalization layer adapts mean and variance on the training images (MNIST,
         CIFAR-100, in memory); ImageNet (1.28M files) uses the usual ImageNet mean / std instead."""
-        from tasks.vision.transforms import IMAGENET_MEAN, IMAGENET_STD, channel_stats
+        from attnbench.tasks.vision.transforms import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 
         train = self.splits["train"]
         if isinstance(train, TensorDictDataset):
@@ -257,7 +257,7 @@ class ViTClassification(VisionTask):
             self.mean, self.std = [255 * m for m in IMAGENET_MEAN], [255 * s for s in IMAGENET_STD]
 
     def transform(self, split: str):
-        from tasks.vision.transforms import KerasViTTransform
+        from attnbench.tasks.vision.transforms import KerasViTTransform
 
         aug = self.cfg.augment
         return KerasViTTransform(self.image_size, self.mean, self.std, train=split == "train", flip=bool(aug.flip),
@@ -272,7 +272,7 @@ class DeiTClassification(VisionTask):
     DATASETS = ("imagenet", "imagenet100")
 
     def transform(self, split: str):
-        from tasks.vision.transforms import deit_transform
+        from attnbench.tasks.vision.transforms import deit_transform
 
         return deit_transform(split == "train", self.cfg.augment, self.image_size)
 
@@ -283,7 +283,7 @@ class DeiTClassification(VisionTask):
     def collate(self, split: str):
         if split != "train" or not self.mixup_active():
             return None
-        from tasks.vision.transforms import MixupCollate
+        from attnbench.tasks.vision.transforms import MixupCollate
 
         return MixupCollate(self.n_classes, self.cfg.augment)
 
@@ -295,7 +295,7 @@ class DeiTClassification(VisionTask):
         if split != "train" or not self.cfg.augment.repeated_aug or not dist.is_initialized() \
                 or dist.get_world_size() == 1:
             return None
-        from tasks.vision.torchvision_shim import import_timm
+        from attnbench.tasks.vision.torchvision_shim import import_timm
 
         timm = import_timm()
         return timm.data.distributed_sampler.RepeatAugSampler(dataset, num_replicas=dist.get_world_size(),

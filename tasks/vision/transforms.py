@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from tasks.vision.torchvision_shim import import_timm
+from attnbench.tasks.vision.torchvision_shim import import_timm
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

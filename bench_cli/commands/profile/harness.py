@@ -172,7 +172,7 @@ def profile_layer(attention: str, batch: int, seq_len: int, d_model: int, heads:
     import torch
 
     from bench_cli.engine import counting
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     if attention == "super" and "max_len" not in options:
         options["max_len"] = seq_len

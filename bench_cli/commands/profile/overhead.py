@@ -63,7 +63,7 @@ class BareLoop:
         import torch
 
         from bench_cli.engine.env import seed_everything, select_device
-        from tasks import task_class
+        from attnbench.tasks import task_class
 
         t = self.tcfg = cfg.trainer
         if t.get("num_threads"):
@@ -273,7 +273,7 @@ def harness(overrides: list[str], env: dict, workdir: Path, metric: str = "test_
 def listops_root() -> Path:
     """A data root holding the small generated ListOps (made on the first use, then reused)."""
     from bench_cli.config.compose import cache_dir
-    from tasks.lra.fetchers import ListOpsFetcher
+    from attnbench.tasks.lra.fetchers import ListOpsFetcher
 
     root = cache_dir() / "bench_overhead"
     ListOpsFetcher.generate(root, False, dict(LISTOPS))

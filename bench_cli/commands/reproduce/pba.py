@@ -60,7 +60,7 @@ def eqn24_flops(variant: str, seq_len: int, d_model: int, heads: int, c_attn: di
 
 
 def build_pba_layer(variant: str, d_model: int, heads: int, context_len: int | None):
-    from models.attention import build_attention
+    from attnbench.models.attention import build_attention
 
     options = {"max_len": context_len} if variant == "super" else {}
     return build_attention(variant, d_model=d_model, n_heads=heads, **options)

@@ -94,7 +94,7 @@ MAX_EXIT = 125
 # Defined here, in the package's own module: Hydra names the job after the module of its
 # ``@hydra.main`` function (hydra/_internal/utils.py ``detect_task_name``), and `attnbench sweep
 # --cfg hydra` shows hydra.job.name: sweep, the name the launched jobs have too (plan.JOB_NAME).
-@hydra.main(version_base=compose.HYDRA_VERSION_BASE, config_path="pkg://conf", config_name=compose.CONFIG_NAME)
+@hydra.main(version_base=compose.HYDRA_VERSION_BASE, config_path="pkg://attnbench.conf", config_name=compose.CONFIG_NAME)
 def _hydra_sweep_flags(cfg: DictConfig) -> None:
     """Only for Hydra's own flags (--cfg, --info, --hydra-help): nothing is run through it."""
     raise SystemExit("attnbench sweep: internal error: the Hydra entry point only serves Hydra's flags")

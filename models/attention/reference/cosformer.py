@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models.attention.reference.common import linear
+from attnbench.models.attention.reference.common import linear
 
 
 def code_cosformer(m, x, causal, mask=None, act=F.relu, eps=1e-6):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.attention.reference.common import linear
+from attnbench.models.attention.reference.common import linear
 
 
 def projected(m, x):

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from models.attention.reference.common import linear
+from attnbench.models.attention.reference.common import linear
 
 
 def code_longformer(m, x, mask, first_token_view):
