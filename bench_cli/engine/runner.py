@@ -71,9 +71,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
     run = start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns, resolved=resolved)
     row = run.row
     row["device"] = env.description
-    checkpoints = Checkpoints.of(cfg, row["job_key"], {k: str(row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
-                                 | {"config": run.resolved, "plugins": [p.module for p in plugins.loaded()]},
-                                 started, env.dist)  # the plugins by name: `evaluate` asks the user for them
+    checkpoints = run_checkpoints(cfg, run, started, env)
     conditions = Conditions.now()  # the load before and after: a record says what its times were taken under
     logger = error = None
     try:
@@ -155,6 +153,14 @@ def write_phases(run_dir: Path, **extra) -> None:
         write_atomically(run_dir / "phases.json", json.dumps(payload))
     except OSError:
         pass
+
+
+def run_checkpoints(cfg: DictConfig, run, started: float, env: Environment) -> Checkpoints | None:
+    """The run's checkpoints, each carrying the code's versions, the resolved config and the plugins
+    by name (`attnbench evaluate` asks the user for them: a file never names modules to import)."""
+    meta = {k: str(run.row[k]) for k in ("git_commit", "attnbench_version", "torch_version")}
+    meta.update(config=run.resolved, plugins=[p.module for p in plugins.loaded()])
+    return Checkpoints.of(cfg, run.row["job_key"], meta, started, env.dist)
 
 
 @contextmanager
