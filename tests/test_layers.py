@@ -369,3 +369,12 @@ def test_the_symbols_the_fence_lists_exist_in_the_installed_hydra_and_omegaconf(
                     missing.append(symbol)
                     break
     assert missing == []
+
+
+MAX_MODULE_LINES = 600  # one concern a module: past this, a module is doing several things
+
+
+def test_no_module_of_bench_cli_is_over_600_lines():
+    long = {str(path.relative_to(ROOT)): n for path in sorted((ROOT / "bench_cli").rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"over {MAX_MODULE_LINES} lines (split by concern): {long}"

@@ -117,7 +117,7 @@ class BareLoop:
 
     def optimisation(self, n_batches: int, batch_size: int):
         from bench_cli.engine.optim import make_optimizer, make_scheduler, parameter_groups
-        from bench_cli.engine.trainer import plan_schedule
+        from bench_cli.engine.schedule import plan_schedule
 
         t = self.tcfg
         accum = max(1, int(t.get("accumulate_grad_batches", 1)))
