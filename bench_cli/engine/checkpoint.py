@@ -213,16 +213,27 @@ def job_checkpoint(path: Path, job_key: str) -> dict:
 def resumable_from(cfg, job_key: str) -> Path | None:
     """The checkpoint the same command would resume job ``job_key`` of ``cfg`` from, or None:
     what a message may promise."""
+    found = resumable_checkpoint(cfg, job_key)
+    return found[0] if found is not None else None
+
+
+def resumable_checkpoint(cfg, job_key: str) -> tuple[Path, dict] | None:
+    """That checkpoint and its state, read once (None: the run starts from the beginning)."""
     s = settings(cfg.trainer)
-    return None if s is None or s.resume == "false" else resumable_from_folder(folder_of(cfg, job_key), job_key)
+    return None if s is None or s.resume == "false" else _newest_own(folder_of(cfg, job_key), job_key)
 
 
 def resumable_from_folder(folder: Path, job_key: str) -> Path | None:
     """The newest file of ``folder`` that reads as one of job ``job_key``'s checkpoints, or None."""
+    found = _newest_own(folder, job_key)
+    return found[0] if found is not None else None
+
+
+def _newest_own(folder: Path, job_key: str) -> tuple[Path, dict] | None:
+    """That file and its state, read once."""
     for path in sorted(folder.glob("ckpt-*.pt"), key=_number, reverse=True) if folder.is_dir() else ():
         try:
-            job_checkpoint(path, job_key)
-            return path
+            return path, job_checkpoint(path, job_key)
         except CheckpointError:
             continue
     return None
@@ -420,8 +431,8 @@ def resume_point(cfg, job_key: str) -> str:
     """Where the job's next run continues: 'epoch 3, step 15' of the checkpoint the same command
     would resume from (``resumable_from``: the newest readable one of this job), '' when it starts
     from the beginning (no checkpoint, checkpoints off, trainer.resume=false)."""
-    path = resumable_from(cfg, job_key)
-    return position_text(job_checkpoint(path, job_key)["position"]) if path is not None else ""
+    found = resumable_checkpoint(cfg, job_key)
+    return position_text(found[1]["position"]) if found is not None else ""
 
 
 def position_text(position: dict) -> str:
