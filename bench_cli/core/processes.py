@@ -10,14 +10,26 @@ def this_host() -> str:
     return socket.gethostname()
 
 
+def _stat_field(pid: int | str, index: int) -> str | None:
+    """Field ``index`` of /proc/PID/stat counted after the command name (which may hold spaces);
+    None where there is no /proc or no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[index]
+    except (OSError, IndexError):
+        return None
+
+
 def process_start(pid: int | str = "self") -> str | None:
     """The start time of process ``pid`` in clock ticks since boot (/proc/PID/stat field 22; None
     where there is no /proc): with the pid it names one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]  # after the command name, which may hold spaces
-    except (OSError, IndexError):
-        return None
+    return _stat_field(pid, 19)
+
+
+def process_parent(pid: int | str) -> int | None:
+    """The parent's pid of process ``pid`` (/proc/PID/stat field 4), or None."""
+    parent = _stat_field(pid, 1)
+    return int(parent) if parent is not None else None
 
 
 def process_alive(pid, started: str | None = None) -> bool:

@@ -22,23 +22,17 @@ import time
 from pathlib import Path
 
 from bench_cli.core.errors import TERMINATION_SIGNALS, Interrupted
+from bench_cli.core.processes import process_parent, process_start, this_host
 from bench_cli.results import claims
 
 STOP_WAIT_S = 120.0  # a job stops at its next optimiser step, then writes its checkpoint and record
 POLL_S = 0.2
 
 
-def _start_ticks(pid: int) -> str:
-    """When process ``pid`` started (Linux /proc; '' elsewhere): with the pid, a name no later
-    process can reuse."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def _marker(sweep_pid: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"attnbench-sweep-{sweep_pid}-{_start_ticks(sweep_pid)}.stopping"
+    """The file that says the sweep is stopping, named by its pid and start time: a later process
+    that reuses the pid is not taken for it."""
+    return Path(tempfile.gettempdir()) / f"attnbench-sweep-{sweep_pid}-{process_start(sweep_pid) or ''}.stopping"
 
 
 def stopping(sweep_pid: int) -> bool:
@@ -46,23 +40,14 @@ def stopping(sweep_pid: int) -> bool:
     return bool(sweep_pid) and _marker(sweep_pid).exists()
 
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def running_job_processes(paths, keys, ttl_s: float) -> dict[str, int]:
     """job_key -> pid of the processes this sweep started that hold a claim of one of its jobs."""
-    import socket
-
-    me, host = os.getpid(), socket.gethostname()
+    me, host = os.getpid(), this_host()
     found = {}
     for path in paths:
         for key, claim in claims.live_claims(path, keys, ttl_s).items():
             pid = int(claim.get("pid") or 0)
-            if claim.get("host") == host and pid != me and _parent_of(pid) == me:
+            if claim.get("host") == host and pid != me and process_parent(pid) == me:
                 found[key] = pid
     return found
 
