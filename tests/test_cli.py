@@ -48,6 +48,7 @@ def test_run_end_to_end_writes_a_complete_record(uea_fixture, workdir):
     # the median epoch with its IQR (not total / epochs), and what the machine was doing
     assert float(row["time_per_epoch_s_q1"]) <= float(row["time_per_epoch_s"]) <= float(row["time_per_epoch_s_q3"])
     assert row["load_before"] != "" and int(row["threads"]) >= 1 and "timing_noisy" in row
+    assert row["device"] == "cpu" and row["precision"] == "32"  # what it trained on and in
     assert len(row["git_commit"]) in (40, 7) or row["git_commit"] == "unknown"
     assert row["torch_version"] and row["attnbench_version"] and len(row["config_hash"]) == 16
     cfg_path = Path(row["config_path"])

@@ -520,6 +520,7 @@ def test_precision_bf16_runs_on_the_cpu_and_fp16_is_refused_there(workdir, singl
           "trainer.batch_size=60", "trainer.precision=bf16", *QUICK])
     row = read_rows(workdir / "results" / "runs.csv")[-1]
     assert row["status"] == "ok" and 0 < float(row["test_loss"]) < 10
+    assert row["precision"] == "bf16"  # the record says what it trained in
 
 
 def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(workdir, monkeypatch):

@@ -70,7 +70,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path | None = None, progress=None, 
         raise
     run = start_run(cfg, run_dir, run_id, overrides, write=env.is_main, columns=columns, resolved=resolved)
     row = run.row
-    row["device"] = env.description
+    row["device"], row["precision"] = env.description, env.precision
     checkpoints = run_checkpoints(cfg, run, started, env)
     conditions = Conditions.now()  # the load before and after: a record says what its times were taken under
     logger = error = None

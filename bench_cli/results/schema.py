@@ -70,6 +70,10 @@ COLUMNS += CODE_COLUMNS
 # (bench_cli/results/samples.py; empty: none kept), for paired comparisons of two models
 SAMPLE_COLUMNS = ["test_samples"]
 COLUMNS += SAMPLE_COLUMNS
+# what the run trained and evaluated in (trainer.precision, bench_cli/engine/env.py): '32', 'bf16' (autocast)
+# or 'fp16' (autocast + GradScaler); beside `device`, so a record says its precision without its config file
+PRECISION_COLUMNS = ["precision"]
+COLUMNS += PRECISION_COLUMNS
 # Fewer epochs (or inference batches) than this do not judge the spread: one slow epoch (the first
 # one's warm-up) moves the IQR of four.
 SPREAD_MIN_N = 5
