@@ -189,6 +189,19 @@ def test_peak_memory_deterministic_and_train_above_inference():
     assert counting.peak_memory_inference(model, inputs, meta=True) == infer[0]
 
 
+def test_garbage_left_before_a_measurement_changes_no_peak():
+    """The tracked peak counts what the region allocates: reference cycles holding tensors, left
+    uncollected before it (no collection runs first, and none inside), change nothing."""
+    model, inputs = attention(), make_inputs("mask", n=64)
+    clean = (counting.peak_memory_train_step(model, inputs, loss_fn), counting.peak_memory_inference(model, inputs))
+    for _ in range(20):
+        cycle = {"tensor": torch.randn(64, 64)}
+        cycle["self"] = cycle
+    del cycle
+    dirty = (counting.peak_memory_train_step(model, inputs, loss_fn), counting.peak_memory_inference(model, inputs))
+    assert dirty == clean
+
+
 class NaiveAttention(nn.Module):
     """softmax(Q K^T / sqrt(d)) V with the N x N scores materialised (no projections)."""
 
