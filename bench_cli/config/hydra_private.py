@@ -6,7 +6,7 @@ then run it, compose a sweep's jobs without composing each whole, or search --co
 from the compose API. Where attnbench needs those, it reaches into Hydra here, and only here (and
 in omegaconf_private.py for OmegaConf's nodes): tests/test_layers.py fails when another module of
 bench_cli imports ``hydra._internal`` or touches a private name of Hydra or OmegaConf, and
-tests/test_configs.py fails when a symbol of this list is gone from the installed Hydra.
+tests/test_layers.py fails when a symbol of this list is gone from the installed Hydra.
 
 Checked against hydra-core 1.3.8 (pyproject allows >=1.3,<1.4) and hydra-optuna-sweeper 1.3.0.
 The private symbols, each with what it is used for:

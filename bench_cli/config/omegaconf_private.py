@@ -1,11 +1,12 @@
 """Every use of OmegaConf's private API in attnbench: reading and setting a config's nodes in
-place, and OmegaConf's own YAML dumper and interpolation parser.
+place, OmegaConf's own YAML dumper and interpolation parser, and its ``load`` made to load each
+config text once.
 
 OmegaConf's public API reads and resolves a config whole (``OmegaConf.select``,
 ``to_container``); a sweep's planning sets a job's values in the shared composition of its config
 choices and resolves only what differs between jobs (job_composer.py), which takes the nodes
 themselves. Only this module and hydra_private.py touch private names of OmegaConf or Hydra
-(tests/test_layers.py); tests/test_configs.py fails when a symbol of this list is gone.
+(tests/test_layers.py), which also fails when a symbol of this list is gone.
 
 Checked against omegaconf 2.3.1 (with hydra-core 1.3.8). The private symbols:
 
