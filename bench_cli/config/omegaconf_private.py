@@ -129,7 +129,7 @@ def yaml_dumper():
 # A YAML text -> the config OmegaConf.load made of it, never handed out (``load_each_yaml_once``): the
 # oldest entries go first past LOADED_LIMIT texts.
 _loaded: dict = {}
-LOADED_LIMIT = 2048
+LOADED_LIMIT = 512  # conf/ has 124 files: room for a few versions of each and the user's folders
 
 
 def load_each_yaml_once() -> None:
