@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.config import checks, omegaconf_private
+from bench_cli.config import omegaconf_private
 from bench_cli.config import compose as composition
 from bench_cli.commands import sweep as sweep_command
 from bench_cli.commands.sweep.plan import multirun_config
@@ -153,38 +153,6 @@ def test_the_planned_config_is_the_run_config_of_an_experiment_grid(uea_fixture,
     assert (sweep_dir / "7" / ".hydra" / "overrides.yaml").read_text().count("seed=1") == 1
 
 
-def test_planning_parses_each_config_file_once_and_composes_the_same_configs(monkeypatch):
-    """plan_sweep shares parsed config files between its compositions (hydra_private.shared_config_files):
-    the same configs and job keys as parsing them for each composition, fewer parses (a grid of 2
-    zoo cases x 4 models x 2 seeds composes once per case and model: 8 compositions), and Hydra's
-    repository is itself again afterwards."""
-    from contextlib import nullcontext
-
-    from hydra._internal.config_repository import ConfigRepository
-
-    parsed = []
-    loader = ConfigRepository.load_config
-
-    def counting(self, config_path):
-        parsed.append(config_path)
-        return loader(self, config_path)
-
-    monkeypatch.setattr(ConfigRepository, "load_config", counting)
-    args = ["experiment=zoo/offline", "experiment/zoo/_case=japanese_vowels,basic_motions",
-            "model=softmax,linear,attention_bn,attention_sh", "seed=0,1"]
-    checks._group_defaults.cache_clear()  # both plans compose the group defaults (check_value_types)
-    shared = sweep_command.plan_sweep(args)
-    shared_parses, parsed[:] = len(parsed), []
-    assert ConfigRepository.load_config is counting
-    monkeypatch.setattr(composition, "shared_config_files", nullcontext)
-    checks._group_defaults.cache_clear()
-    alone = sweep_command.plan_sweep(args)
-    assert len(shared.jobs) == len(alone.jobs) == 2 * 4 * 2
-    assert [j.key for j in shared.jobs] == [j.key for j in alone.jobs]
-    assert [as_dict(j.cfg) for j in shared.jobs] == [as_dict(j.cfg) for j in alone.jobs]
-    assert shared_parses * 2 < len(parsed)
-
-
 def test_a_job_composed_otherwise_than_planned_is_a_loud_error(uea_fixture, workdir, fake_runs, capsys):
     sweep = sweep_command.plan_sweep([*tiny(workdir), "seed=0,1"])
     sweep.jobs[1].key = "0" * 16  # as if the launcher's process composed another config
@@ -215,7 +183,7 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
     from bench_cli.results import job_keys
 
     differences = []
-    with multirun_config(overrides, None) as (app, master), composition.shared_config_files():
+    with multirun_config(overrides, None) as (app, master):
         composer, by_choices = composition.JobComposer(app, master), {}
         for job in sweep_command.job_overrides(app, master):
             by_choices.setdefault(composer.split(job)[0], []).append(tuple(job))

@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench_cli.config.checks import (check_group_choices, check_value_types, parse_override, refuse_search,
                                      replaced_defaults)
-from bench_cli.config.hydra_private import shared_config_files
 from bench_cli.config.index import (experiment_tasks, group_options, load_option, option_data, option_file,
                                     root_config, root_default)
 from bench_cli.config.job_composer import JobComposer
@@ -38,8 +37,7 @@ __all__ = ["CONFIG_NAME", "HYDRA_VERSION_BASE", "HydraApp", "JobComposer", "add_
            "check_group_choices", "check_value_types", "compose", "compose_for_listing", "compose_run",
            "compose_unchecked", "composer", "conf_dir", "config_dirs", "dispatch_to_hydra", "experiment_tasks",
            "group_options", "hydra_app", "load_option", "option_data", "option_file", "parse_override",
-           "refuse_search", "run_job", "set_config_path", "shared_config_files", "shared_interpolation_parses",
-           "top_level_keys"]
+           "refuse_search", "run_job", "set_config_path", "shared_interpolation_parses", "top_level_keys"]
 
 
 def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:

@@ -6,7 +6,7 @@ then run it, compose a sweep's jobs without composing each whole, or search --co
 from the compose API. Where attnbench needs those, it reaches into Hydra here, and only here (and
 in omegaconf_private.py for OmegaConf's nodes): tests/test_layers.py fails when another module of
 bench_cli imports ``hydra._internal`` or touches a private name of Hydra or OmegaConf, and
-tests/test_configs.py fails when a symbol of this list is gone from the installed Hydra.
+tests/test_layers.py fails when a symbol of this list is gone from the installed Hydra.
 
 Checked against hydra-core 1.3.8 (pyproject allows >=1.3,<1.4) and hydra-optuna-sweeper 1.3.0.
 The private symbols, each with what it is used for:
@@ -23,8 +23,9 @@ The private symbols, each with what it is used for:
   composition to read the values they replace (``overrides_applied_after``);
 - ``hydra._internal.config_loader_impl.ConfigLoaderImpl._parse_overrides_and_create_caching_repo``:
   the config repository of a sweep's jobs, which says which overrides name a config group;
-- ``hydra._internal.config_repository.ConfigRepository.load_config``: replaced for the time of a
-  sweep's planning so each config file is parsed once (``shared_config_files``);
+- ``hydra._internal.config_repository.CachingConfigRepository.__init__``: replaced, once per
+  process, by the same two assignments with Hydra's ConfigStore left out of the deep copy of the
+  repository (``share_config_store``; the store is the ``store`` of its StructuredConfigSource);
 - ``hydra._internal.callbacks.Callbacks``: Hydra's callbacks around a run and a multirun;
 - ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments`` and
   ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_overrides_to_chunks``: a
@@ -39,6 +40,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 
+from bench_cli.config.omegaconf_private import load_each_yaml_once
 from bench_cli.config.search_path import config_path, user_config_dirs
 
 
@@ -47,7 +49,47 @@ def create_hydra(task_name: str, search_path):
     set as Hydra's global instance."""
     from hydra._internal.hydra import Hydra
 
+    lighter_compositions()
     return Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path)
+
+
+def lighter_compositions() -> None:
+    """From now on in this process, Hydra's compositions skip two costs that change nothing in
+    what they compose: loading again a config file whose text was loaded before (a deep copy of
+    that config instead: omegaconf_private.py ``load_each_yaml_once``), and the copy of Hydra's
+    ConfigStore that each composition's repository made (``share_config_store``). Every Hydra
+    attnbench creates (``create_hydra``) calls this first; calling it again changes nothing."""
+    load_each_yaml_once()
+    share_config_store()
+
+
+def share_config_store() -> None:
+    """Each composition's CachingConfigRepository deep-copies the repository it reads through (so
+    that re-initialising its sources for ``hydra.searchpath`` leaves Hydra's own alone:
+    config_repository.py ``CachingConfigRepository.__init__``), and with it the ConfigStore its
+    StructuredConfigSource holds: every structured config registered, a sixteenth of a
+    composition's CPU. Here the copy shares the store. The store is the process's one
+    ``ConfigStore.instance()`` (a source made for a new search path takes it too), read only through
+    ``load`` (which deep-copies the node it returns), ``get_type`` and ``list``, so sharing it
+    differs from the copy only in seeing a config stored after the repository was made, as every
+    later composition sees it."""
+    from hydra._internal.config_repository import CachingConfigRepository
+    from hydra.core.config_store import ConfigStore
+
+    if getattr(CachingConfigRepository.__init__, "copies_store", None) is not None:
+        return
+    original = CachingConfigRepository.__init__
+
+    def __init__(self, delegate) -> None:
+        # found by what they hold: Hydra's plugin scan re-imports its core_plugins modules, so a
+        # source may be of another StructuredConfigSource class than one imported here
+        stores = [getattr(source, "store", None) for source in delegate.get_sources()]
+        shared = {id(store): store for store in stores if isinstance(store, ConfigStore)}
+        self.delegate = copy.deepcopy(delegate, shared)
+        self.cache = {}
+
+    __init__.copies_store = original  # Hydra's, for tests/test_lighter_compositions.py to compare with
+    CachingConfigRepository.__init__ = __init__
 
 
 def hydra_search_path(calling_module: str, primary: str, config_dir=None):
@@ -111,32 +153,6 @@ def job_repository(config_loader, config_name: str, hydra_overrides: list[str]):
     ``hydra.searchpath``); its public ``group_exists`` says which overrides choose a config."""
     _, repository = config_loader._parse_overrides_and_create_caching_repo(config_name, hydra_overrides)
     return repository
-
-
-@contextmanager
-def shared_config_files():
-    """For the time of the ``with``, every config file is parsed once, not once per composition.
-
-    Hydra's CachingConfigRepository lives for one composition, so a sweep that composes hundreds of
-    jobs parses the same files hundreds of times. Here each file's parsed result is kept per search
-    path and handed out as a deep copy (Hydra edits what it loads): a third less planning time, the
-    same configs (tests/test_sweep.py). Only worth it for many compositions: one composition pays the
-    copies on top of the parsing."""
-    from hydra._internal.config_repository import ConfigRepository
-
-    original, parsed = ConfigRepository.load_config, {}
-
-    def load_config(self, config_path: str):
-        key = (tuple((source.provider, source.path) for source in self.sources), config_path)
-        if key not in parsed:
-            parsed[key] = original(self, config_path)
-        return copy.deepcopy(parsed[key])
-
-    ConfigRepository.load_config = load_config
-    try:
-        yield
-    finally:
-        ConfigRepository.load_config = original
 
 
 def callbacks(cfg):

@@ -1,11 +1,12 @@
 """Every use of OmegaConf's private API in attnbench: reading and setting a config's nodes in
-place, and OmegaConf's own YAML dumper and interpolation parser.
+place, OmegaConf's own YAML dumper and interpolation parser, and its ``load`` made to load each
+config text once.
 
 OmegaConf's public API reads and resolves a config whole (``OmegaConf.select``,
 ``to_container``); a sweep's planning sets a job's values in the shared composition of its config
 choices and resolves only what differs between jobs (job_composer.py), which takes the nodes
 themselves. Only this module and hydra_private.py touch private names of OmegaConf or Hydra
-(tests/test_layers.py); tests/test_configs.py fails when a symbol of this list is gone.
+(tests/test_layers.py), which also fails when a symbol of this list is gone.
 
 Checked against omegaconf 2.3.1 (with hydra-core 1.3.8). The private symbols:
 
@@ -20,11 +21,17 @@ Checked against omegaconf 2.3.1 (with hydra-core 1.3.8). The private symbols:
 - ``omegaconf.base.Node._get_full_key``: a node's dotted key from the root, for messages;
 - ``omegaconf.base.parse``: the interpolation grammar's parser, memoised for the time of a
   sweep's planning (``shared_interpolation_parses``);
-- ``omegaconf._utils.get_omega_conf_dumper``: the YAML dumper of ``OmegaConf.to_yaml``.
+- ``omegaconf._utils.get_omega_conf_dumper``: the YAML dumper of ``OmegaConf.to_yaml``;
+- ``omegaconf.omegaconf.OmegaConf.load``: replaced, once per process, by the same function that
+  loads each distinct text once and hands out deep copies (``load_each_yaml_once``).
 """
 from __future__ import annotations
 
+import copy
 import functools
+import io
+import os
+import pathlib
 from contextlib import contextmanager
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -117,3 +124,58 @@ def yaml_dumper():
     from omegaconf._utils import get_omega_conf_dumper
 
     return get_omega_conf_dumper()
+
+
+# A YAML text -> the config OmegaConf.load made of it, never handed out (``load_each_yaml_once``): the
+# oldest entries go first past LOADED_LIMIT texts.
+_loaded: dict = {}
+LOADED_LIMIT = 512  # conf/ has 124 files: room for a few versions of each and the user's folders
+
+
+def load_each_yaml_once() -> None:
+    """From now on in this process, ``OmegaConf.load`` loads each distinct YAML text once, and
+    hands out a deep copy of that config.
+
+    Hydra reads every config file of a composition with ``OmegaConf.load``, and a command composes
+    many times (validation, then the run; a sweep's jobs; the suite thousands of times), each time
+    parsing the same files with PyYAML's pure-Python parser and building their nodes again: a third
+    of a composition's CPU. The replacement reads the whole text and looks it up by that text, so an
+    edited or new file is never served stale, whatever its path or time stamps say. A text seen
+    before is a deep copy of its config (Hydra adopts and edits what it loads, so each call gets its
+    own), half the CPU of ``OmegaConf.create`` from the parsed data and none of the parser's. A text
+    that fails (YAML, OmegaConf) is not kept: it raises the same error, naming the same file and line,
+    each time. Calling this again changes nothing."""
+    original = OmegaConf.load
+    if getattr(original, "uncached", None) is not None:
+        return
+
+    def load(file_):
+        if isinstance(file_, (str, pathlib.Path)):
+            with open(os.path.abspath(file_), encoding="utf-8") as stream:  # as OmegaConf.load opens it
+                return load(stream)
+        if not (getattr(file_, "read", None) and getattr(file_, "seekable", lambda: False)()):
+            return original(file_)  # what it does with anything else (TypeError, an unseekable stream)
+        start = file_.tell()
+        try:
+            text = file_.read()
+        except ValueError:  # not decodable: OmegaConf's own reading says where
+            file_.seek(start)
+            return original(file_)
+        if text not in _loaded:
+            named = _NamedStream((io.StringIO if isinstance(text, str) else io.BytesIO)(text).read,
+                                 getattr(file_, "name", "<file>"))
+            _loaded[text] = original(named)
+            if len(_loaded) > LOADED_LIMIT:
+                del _loaded[next(iter(_loaded))]
+        return copy.deepcopy(_loaded[text])
+
+    load.uncached = original  # for tests/test_lighter_compositions.py to compare with
+    OmegaConf.load = staticmethod(load)
+
+
+class _NamedStream:
+    """A text read as ``OmegaConf.load`` reads the file it came from: yaml's Reader reads a
+    stream's ``read`` and ``name`` (an error's mark names the file, as reading the file does)."""
+
+    def __init__(self, read, name) -> None:
+        self.read, self.name = read, name

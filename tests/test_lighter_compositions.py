@@ -1,0 +1,130 @@
+"""Hydra's compositions made lighter (hydra_private.lighter_compositions: each config text loaded
+once per process, Hydra's ConfigStore shared, not copied, by each composition's repository) compose
+exactly what Hydra composes, never serve a config file as it was before an edit, and fail as
+OmegaConf fails."""
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from bench_cli.config import hydra_private, omegaconf_private
+from bench_cli.config.session import compose_unchecked
+from bench_cli.core.errors import UserError
+
+
+@pytest.fixture
+def hydra_as_is(monkeypatch):
+    """For the test: ``OmegaConf.load`` and ``CachingConfigRepository.__init__`` as Hydra and
+    OmegaConf ship them (none of this process's compositions re-install the lighter ones)."""
+    from hydra._internal.config_repository import CachingConfigRepository
+
+    hydra_private.lighter_compositions()
+
+    def as_is() -> None:
+        monkeypatch.setattr(OmegaConf, "load", staticmethod(OmegaConf.load.uncached))
+        monkeypatch.setattr(CachingConfigRepository, "__init__", CachingConfigRepository.__init__.copies_store)
+        monkeypatch.setattr(hydra_private, "lighter_compositions", lambda: None)
+
+    return as_is
+
+
+def state(cfg) -> bytes:
+    """Everything a config holds (nodes, their types, flags, metadata, parents), but the values its
+    resolvers cached (``now``: the second the composition ran)."""
+    OmegaConf.clear_cache(cfg)
+    return pickle.dumps(cfg)
+
+
+def test_a_composition_is_the_one_hydra_makes_each_time(hydra_as_is, monkeypatch):
+    """Each config text loaded anew (none cached), then from the cache, against Hydra's own loading
+    (the hydra node included: Hydra's own structured configs, the runtime's config sources)."""
+    overrides = ["task=uea", "model=attention_bn", "experiment=primal_dual/table1"]
+    monkeypatch.setattr(omegaconf_private, "_loaded", {})
+    lighter = [state(compose_unchecked(overrides, with_hydra=True)) for _ in range(2)]
+    assert omegaconf_private._loaded   # the second composition read the files from the cache
+    hydra_as_is()
+    assert lighter == [state(compose_unchecked(overrides, with_hydra=True))] * 2
+
+
+def test_a_loaded_config_is_the_callers_own(tmp_path):
+    """What Hydra edits in a loaded config (it pops ``defaults``, merges into it) is never seen by a
+    later load of the same text, which is the config OmegaConf loads."""
+    hydra_private.lighter_compositions()
+    path = tmp_path / "option.yaml"
+    path.write_text("defaults:\n  - base\nd_model: 8\nlayers: [{heads: 2}]\npath: ${oc.env:HOME}\n")
+    first = OmegaConf.load(path)
+    first.pop("defaults")
+    first.layers[0].heads = 4
+    first.merge_with({"extra": 1})
+    assert state(OmegaConf.load(path)) == state(OmegaConf.load.uncached(path))
+    with open(path, encoding="utf-8") as f:  # as Hydra's config sources read it: from an open file
+        assert state(OmegaConf.load(f)) == state(OmegaConf.load.uncached(path))
+
+
+def test_an_edited_or_new_config_file_is_never_served_stale(tmp_path):
+    """The same path, size and time stamps with another text: the new text's config; a file added
+    after a composition: found."""
+    hydra_private.lighter_compositions()
+    option = tmp_path / "experiment" / "stale_check.yaml"
+    option.parent.mkdir()
+    option.write_text("# @package _global_\nseed: 1\n")
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    assert compose_unchecked([searchpath, "experiment=stale_check"]).seed == 1
+    stamp = os.stat(option)
+    option.write_text("# @package _global_\nseed: 2\n")
+    os.utime(option, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert compose_unchecked([searchpath, "experiment=stale_check"]).seed == 2
+    (option.parent / "stale_new.yaml").write_text("# @package _global_\nseed: 3\n")
+    assert compose_unchecked([searchpath, "experiment=stale_new"]).seed == 3
+
+
+def test_a_yaml_error_is_raised_each_time_as_omegaconf_raises_it(tmp_path, hydra_as_is):
+    """A duplicate key is OmegaConf's error, naming the file and line, every time it is loaded
+    (a text that fails is not kept), and one line of `attnbench` as before."""
+    hydra_private.lighter_compositions()
+    option = tmp_path / "experiment" / "duplicate.yaml"
+    option.parent.mkdir()
+    option.write_text("# @package _global_\nseed: 1\nseed: 2\n")
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=duplicate"]
+    errors = []
+    for _ in range(2):
+        with pytest.raises(yaml.constructor.ConstructorError) as raised:
+            OmegaConf.load(option)
+        with pytest.raises(UserError) as refused:
+            compose_unchecked(overrides)
+        errors.append((str(raised.value), str(refused.value)))
+    hydra_as_is()
+    with pytest.raises(yaml.constructor.ConstructorError) as raised:
+        OmegaConf.load(option)
+    with pytest.raises(UserError) as refused:
+        compose_unchecked(overrides)
+    assert errors == [(str(raised.value), str(refused.value))] * 2
+    assert f"{option}, line 3" in str(refused.value) and "duplicate key seed" in str(refused.value)
+
+
+def test_each_composition_shares_the_config_store_and_copies_the_rest():
+    """A composition's repository reads Hydra's one ConfigStore (not a copy of it), and its other
+    sources are copies (``hydra.searchpath`` re-initialises them, never Hydra's own), as Hydra's
+    ``CachingConfigRepository.__init__`` sets them."""
+    from hydra._internal.config_repository import CachingConfigRepository
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bench_cli.config.session import composer
+
+    with composer():
+        repository = GlobalHydra.instance().hydra.config_loader.repository
+        caching = CachingConfigRepository(repository)
+        hydras = object.__new__(CachingConfigRepository)
+        CachingConfigRepository.__init__.copies_store(hydras, repository)
+    assert vars(caching).keys() == vars(hydras).keys() and caching.cache == hydras.cache == {}
+    sources, own = caching.delegate.get_sources(), repository.get_sources()
+    assert [repr(s) for s in sources] == [repr(s) for s in own] == [repr(s) for s in hydras.delegate.get_sources()]
+    assert caching.delegate is not repository and sources is not own
+    stores = [s.store for s in sources if hasattr(s, "store")]
+    assert len(stores) == 1 and stores[0] is ConfigStore.instance()
+    assert all(s is not o for s, o in zip(sources, own))
