@@ -67,44 +67,48 @@ def test_a_two_job_sweep_through_submitit_local_processes(uea_fixture, workdir, 
 
 
 @pytest.mark.slow
-def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixture, workdir):
+def test_sigusr1_to_a_local_launcher_job_then_the_same_sweep_resumes_it(uea_fixture, workdir, capsys):
     """Slurm's warning signal to a sweep job running in its own process (submitit's local executor):
     the job writes a checkpoint and records `interrupted (SIGUSR1)`; the same sweep command again
-    resumes the job to the record of an uninterrupted run."""
+    resumes the job to the record of an uninterrupted run. (Both sweeps run in this process, the
+    signal sent from a thread: only the job's process is signalled, and it is submitit's.)"""
     import json
     import os
     import signal
-    import subprocess
+    import threading
     import time
 
     from bench_cli.commands.cli import main
-    from conftest import ATTNBENCH
     from test_checkpoint import assert_same_result
 
     args = [*[a for a in tiny(workdir) if not a.startswith(("trainer.max_epochs", "results.path"))],
             "trainer.max_epochs=12", "trainer.num_threads=1", "trainer.progress=false"]
     main(["run", *args, f"results.path={workdir / 'straight.csv'}"])  # the uninterrupted run, in this process
     sweep_args = [*args, f"results.path={workdir / 'res.csv'}", "hydra/launcher=local", "hydra.launcher.timeout_min=5"]
-    proc = subprocess.Popen([str(ATTNBENCH), "sweep", *sweep_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
+    signalled = []
+
+    def signal_the_job_at_its_first_checkpoint():
         claims, deadline = workdir / "res.csv.claims", time.monotonic() + 180
         while not list(workdir.glob("checkpoints/*/ckpt-*.pt")):  # the job's first evaluation is saved
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the job never wrote a checkpoint"
+            if time.monotonic() > deadline:
+                return
             time.sleep(0.05)
         (claim,) = json.loads(claims.read_text()).values()
         os.kill(int(claim["pid"]), signal.SIGUSR1)
-        out = proc.communicate(timeout=120)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1 and "interrupted (SIGUSR1)" in out and "Traceback" not in out, out
+        signalled.append(int(claim["pid"]))
+
+    signaller = threading.Thread(target=signal_the_job_at_its_first_checkpoint, daemon=True)
+    signaller.start()
+    capsys.readouterr()
+    code = sweep(*sweep_args)
+    signaller.join(timeout=10)
+    out, err = capsys.readouterr()
+    assert signalled and signalled[0] != os.getpid(), "the job never wrote a checkpoint: " + out
+    assert code == 1 and "interrupted (SIGUSR1)" in out and "Traceback" not in out + err, out + err
     assert "checkpoints of 1 unfinished jobs: " in out and f"in {workdir / 'checkpoints'} (the same command resumes them)" in out
     (first,) = read_records(workdir / "res.csv")
     assert first["status"] == "interrupted" and first["error"] == "interrupted (SIGUSR1)"
-    assert sweep(*sweep_args) == 0  # the same sweep, from this process: its job runs in a process of its own
+    assert sweep(*sweep_args) == 0  # the same sweep again: its job runs in a process of its own
     resumed = read_records(workdir / "res.csv")[-1]
     assert_same_result(read_records(workdir / "straight.csv")[-1], resumed)
 

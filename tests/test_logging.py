@@ -19,7 +19,6 @@ import torch
 
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
-from conftest import attnbench
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -166,45 +165,47 @@ def wandb_env(workdir: Path) -> dict:
     return {**env, "WANDB_MODE": "offline", "WANDB_DIR": str(workdir)}
 
 
-def test_wandb_groups_a_sweeps_runs(uea_fixture, workdir):
-    """The two jobs of one sweep: one group (the sweep's folder name), a name per job; the sweep's
-    summary ends with the command that uploads both."""
-    r = attnbench("sweep", *TINY, "trainer.max_epochs=1", *WANDB, "seed=0,1", env=wandb_env(workdir), cwd=workdir)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    rows = read_records(workdir / "res.csv")
-    assert len(rows) == 2
-    logged = [offline_run(next(Path(row["output_dir"]).glob("wandb/offline-run-*"))) for row in rows]
-    sweep_folder = Path(rows[0]["output_dir"]).parent
-    assert [run["group"] for run in logged] == [f"sweep-{sweep_folder.name}"] * 2
-    assert sorted(run["name"] for run in logged) == ["uea-Fixture-softmax-s0-job0", "uea-Fixture-softmax-s1-job1"]
-    command = f"wandb sync {sweep_folder}/*/wandb/offline-run-*"  # at the sweep's end, for all its jobs
-    assert f"wandb offline runs (2), upload them with: {command}" in re.sub(r"\s+", " ", r.stdout), r.stdout[-2000:]
-    assert len(list(sweep_folder.glob("*/wandb/offline-run-*"))) == 2
-
-
-def test_wandb_offline_runs_hold_config_tags_step_losses_resume_and_say_how_to_sync(uea_fixture, workdir):
-    """A run stopped by a signal at step 6 (checkpointed there), run again. Each sitting's offline
-    run: tags, the resolved config in files/, the step losses; the second has the first's id
-    (`wandb sync` of both folders makes one run), logs from step 7 on (nothing twice), and its
-    summary says where it is and the command that uploads both sittings."""
+def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir):
+    """wandb's offline runs, all made in one process (wandb's service and torch started once): a
+    run stopped by a signal, the same run resumed, then a sweep of two jobs (the basic launcher:
+    its jobs in that process too), each followed by a look at the process's threads."""
     stop = ("import signal; from bench_cli.engine.trainer import _Loop; step = _Loop.optimiser_step\n"
             "def stop_at_6(self):\n"
             "    step(self)\n"
             "    if self.step == 6: signal.raise_signal(signal.SIGTERM)\n"
             "_Loop.optimiser_step = stop_at_6\n")
-    # Both sittings in one process (wandb's service and torch started once): the first with the
-    # step patched to stop, the second with the step as it is. Each sitting's summary is printed
-    # between markers, so that the second's can be read alone.
-    code = ("import sys; from bench_cli.commands.cli import main\n" + stop +
+    threads = ("def threads_left(after):\n"
+               "    left = [t.name for t in threading.enumerate() if t.name.startswith('wandb')]\n"
+               "    print('wandb threads after', after, left)\n")
+    # The first sitting with the step patched to stop, the second with the step as it is, then the
+    # sweep; the second sitting's and the sweep's output are printed between markers, so that each
+    # can be read alone.
+    sweep = [*TINY, "trainer.max_epochs=1", *WANDB[:-1], "results.path=sweep.csv", "seed=0,1"]
+    code = ("import sys, threading; from bench_cli.commands.cli import main\n" + stop + threads +
             "try:\n    main(['run', *sys.argv[1:]])\nexcept SystemExit as e:\n    print('first sitting exit', e.code)\n"
+            "threads_left('the first sitting')\n"
             "_Loop.optimiser_step = step\nprint('--- second sitting ---')\n"
             "main(['run', *sys.argv[1:]])\n"
-            "print('tensorboard imported:', sorted({'tensorboard', 'torch.utils.tensorboard'} & set(sys.modules)))\n")
+            "threads_left('the second sitting')\n"
+            "print('tensorboard imported:', sorted({'tensorboard', 'torch.utils.tensorboard'} & set(sys.modules)))\n"
+            f"print('--- sweep ---')\nmain(['sweep', *{sweep!r}])\n"
+            "threads_left('the sweep')\n")
     done = subprocess.run([sys.executable, "-c", code, *TINY, *WANDB], capture_output=True, text=True, timeout=300,
                           env=wandb_env(workdir), cwd=workdir)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "first sitting exit 143" in done.stdout, done.stdout[-2000:]  # interrupted by SIGTERM
-    second_sitting = done.stdout.split("--- second sitting ---")[1]
+    sittings, swept = done.stdout.split("--- sweep ---")
+    check_offline_sittings_resume_and_say_how_to_sync(workdir, sittings)
+    check_a_sweeps_runs_are_one_group(workdir, swept)
+    check_each_run_logged_and_no_threads_left(workdir, done.stdout)
+
+
+def check_offline_sittings_resume_and_say_how_to_sync(workdir: Path, stdout: str) -> None:
+    """A run stopped by a signal at step 6 (checkpointed there), run again. Each sitting's offline
+    run: tags, the resolved config in files/, the step losses; the second has the first's id
+    (`wandb sync` of both folders makes one run), logs from step 7 on (nothing twice), and its
+    summary says where it is and the command that uploads both sittings."""
+    assert "first sitting exit 143" in stdout, stdout[-2000:]  # interrupted by SIGTERM
+    second_sitting = stdout.split("--- second sitting ---")[1]
     first, resumed = read_records(workdir / "res.csv")
     assert first["status"] == "interrupted" and resumed["sittings"] == "2"
     folders = [next(Path(row["output_dir"]).glob("wandb/offline-run-*")) for row in (first, resumed)]
@@ -227,6 +228,35 @@ def test_wandb_offline_runs_hold_config_tags_step_losses_resume_and_say_how_to_s
     assert f"upload it with: wandb sync {folders[0]} {folders[1]}" in out, second_sitting[-2000:]
     assert f"history: {Path(resumed['output_dir']) / 'history.csv'}" in out
     assert "tensorboard imported: []" in out  # only logger=tensorboard imports it
+
+
+def check_a_sweeps_runs_are_one_group(workdir: Path, stdout: str) -> None:
+    """The two jobs of one sweep: one group (the sweep's folder name), a name per job; the sweep's
+    summary ends with the command that uploads both."""
+    rows = read_records(workdir / "sweep.csv")
+    assert len(rows) == 2
+    logged = [offline_run(next(Path(row["output_dir"]).glob("wandb/offline-run-*"))) for row in rows]
+    sweep_folder = Path(rows[0]["output_dir"]).parent
+    assert [run["group"] for run in logged] == [f"sweep-{sweep_folder.name}"] * 2
+    assert sorted(run["name"] for run in logged) == ["uea-Fixture-softmax-s0-job0", "uea-Fixture-softmax-s1-job1"]
+    command = f"wandb sync {sweep_folder}/*/wandb/offline-run-*"  # at the sweep's end, for all its jobs
+    assert f"wandb offline runs (2), upload them with: {command}" in re.sub(r"\s+", " ", stdout), stdout[-2000:]
+    assert len(list(sweep_folder.glob("*/wandb/offline-run-*"))) == 2
+
+
+def check_each_run_logged_and_no_threads_left(workdir: Path, stdout: str) -> None:
+    """Runs one after the other in one process, as a sweep's basic launcher runs them: each logged
+    offline (a .wandb file per run), and no wandb thread (the service's asyncio loop, its finaliser)
+    left running after any of them. (In its own process: wandb's service never lives in the test
+    process.)"""
+    for after in ("the first sitting", "the second sitting", "the sweep"):
+        assert f"wandb threads after {after} []" in stdout, stdout[-2000:]
+    rows = read_records(workdir / "sweep.csv")
+    assert [row["status"] for row in rows] == ["ok", "ok"]
+    for row in [*rows, *read_records(workdir / "res.csv")]:
+        runs = list(Path(row["output_dir"]).rglob("offline-run-*"))
+        assert runs, "no offline wandb run was written"
+        assert any(p.suffix == ".wandb" for p in runs[0].iterdir())
 
 
 def test_tensorboard_scalars(uea_fixture, workdir):

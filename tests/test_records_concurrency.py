@@ -132,21 +132,27 @@ def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture
 
 @pytest.mark.slow
 def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
-    """Two `attnbench sweep` processes started together on one CSV: both plan 3 jobs, 0 done; each
-    job runs once (one row per job_key), the other sweep says it skipped it."""
-    args = [*[a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")], "trainer.max_epochs=6",
-            "trainer.num_threads=1", "seed=0,1,2"]
-    logs = [workdir / "a.log", workdir / "b.log"]
-    procs = []
-    for log in logs:
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen([str(ATTNBENCH), "sweep", *args], stdout=out, stderr=subprocess.STDOUT))
+    """Two sweeps of one CSV at once, both planning the same 3 jobs: an `attnbench sweep` process and,
+    started as soon as that one has planned, the same sweep in the test's process (one process's
+    torch and first run fewer than two processes; the process's first job, importing torch's
+    compiler stack, outlasts the other's planning). Each job runs once (one row per job_key), in one
+    of the two; the other says it skipped it."""
+    args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
+    log = workdir / "a.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(ATTNBENCH), "sweep", *args], stdout=out, stderr=subprocess.STDOUT)
     try:
-        codes = [p.wait(timeout=400) for p in procs]
+        deadline = time.monotonic() + 120
+        while "3 jobs, 0 already done" not in log.read_text():  # the process has planned: it launches now
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        capsys.readouterr()
+        codes = [sweep(*args)]
+        in_process = capsys.readouterr().out
+        codes.insert(0, proc.wait(timeout=400))
     finally:
-        for p in procs:
-            p.kill()
-    texts = [log.read_text() for log in logs]
+        proc.kill()
+    texts = [log.read_text(), in_process]
     assert codes == [0, 0], texts
     rows = csv_store.read_records(workdir / "res.csv")
     keys = [r["job_key"] for r in rows]

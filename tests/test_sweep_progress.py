@@ -89,16 +89,25 @@ def test_a_job_in_a_worker_process_clears_the_sweeps_live_line_in_the_same_write
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loky_workers")  # joblib's worker processes, started once, serve test_sweep's too
 @pytest.mark.parametrize("launcher", ["basic", "joblib_cpu"])
 def test_a_redirected_sweep_prints_its_progress(launcher, uea_fixture, workdir, monkeypatch, capsys):
     """Two tiny jobs, one of which fails at its first step (eps -1: the optimiser raises inside
-    the run): a line with the counts and the time left as each finishes, whichever process runs them."""
+    the run): a line with the counts and the time left as each finishes, whichever process runs them.
+    The job that crashes is recorded with its error; the other job of the sweep still runs and the
+    exit status counts the failure."""
     monkeypatch.setattr(sweep_progress, "POLL_S", 0.1)
     args = [*tiny(workdir), "trainer.max_epochs=1", "model=softmax", "trainer.optimizer.eps=-1.0,1e-8"]
     if launcher != "basic":
         args.append(f"hydra/launcher={launcher}")
     assert sweep(*args) == 1
-    lines = progress_lines(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    rows = csv_store.read_records(workdir / "res.csv")
+    by_eps = {r["overrides"].split("trainer.optimizer.eps=")[1].split()[0]: r for r in rows}
+    assert by_eps["-1.0"]["status"] == "failed" and "epsilon" in by_eps["-1.0"]["error"]
+    assert by_eps["1e-08"]["status"] == "ok" or by_eps.get("1e-8", {}).get("status") == "ok"
+    assert "1 of 2 jobs did not finish ok" in out
+    lines = progress_lines(out)
     if launcher == "basic":  # one job after the other: the failed one (first) has a line, with the time left
         assert lines[0][:2] == (0, 1) and lines[0][4] != "?"
     # joblib's two workers may finish in either order, or within one poll of each other
