@@ -202,6 +202,24 @@ def test_garbage_left_before_a_measurement_changes_no_peak():
     assert dirty == clean
 
 
+@pytest.mark.parametrize("meta", [False, True])
+def test_the_kept_peak_is_memtrackers_own(meta, monkeypatch):
+    """The tracker keeps only the global peak (counting._total_peak_tracker): on a training step
+    of nested modules it equals what MemTracker itself records as the peak, on real and fake
+    tensors; a torch whose MemTracker no longer calls the overridden method fails here."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model = nn.Sequential(attention(), nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, D)))
+    inputs = make_inputs("mask", n=32)
+    kept = counting.peak_memory_train_step(model, (inputs["x"],), loss_fn, meta=meta)
+    monkeypatch.setattr(counting, "_total_peak_tracker", lambda: MemTracker)
+    monkeypatch.setattr(MemTracker, "peak_bytes", property(
+        lambda tracker: {device: snapshot["Total"] for device, snapshot in tracker.get_tracker_snapshot("peak").items()}),
+        raising=False)
+    own = counting.peak_memory_train_step(model, (inputs["x"],), loss_fn, meta=meta)
+    assert kept == own > 2 * nbytes(*model.parameters())
+
+
 class NaiveAttention(nn.Module):
     """softmax(Q K^T / sqrt(d)) V with the N x N scores materialised (no projections)."""
 

@@ -35,9 +35,10 @@ Peak memory (bytes)
       blocks). This is what the caching allocator handed out, including kernel workspaces;
       tensors of other objects on the GPU (optimizer states, other models) are excluded.
     * CPU and any other device, and ``meta=True``: ``MemTracker``
-      (``torch.distributed._tools.mem_tracker``), a dispatch mode that records the untyped
-      storage of every tensor an ATen op returns and drops it when the storage is freed
-      (weakref), keeping the running maximum of the live bytes after each op. It is
+      (``torch.distributed._tools.mem_tracker``; only its global peak is kept,
+      ``_total_peak_tracker``), a dispatch mode that records the untyped storage of every
+      tensor an ATen op returns and drops it when the storage is freed (weakref), keeping
+      the running maximum of the live bytes after each op. It is
       deterministic (the garbage collector is paused during the step) and exact for
       storages seen at the dispatcher, but scratch buffers a kernel allocates and frees
       internally (e.g. the blocks of the CPU flash-attention kernel) are invisible to it.
@@ -53,6 +54,7 @@ state are all restored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import resource
@@ -355,9 +357,35 @@ def _peak_cuda(call: Callable[[], Any], state: list[torch.Tensor], device: torch
     return torch.cuda.max_memory_allocated(device) - baseline + storage_bytes(state, device)
 
 
-def _peak_tracked(call: Callable[[], Any], state: list[torch.Tensor], device: torch.device) -> int:
+@functools.cache
+def _total_peak_tracker():
+    """The class of a ``MemTracker`` that keeps only what is read of it: each device's peak total.
+
+    MemTracker's ``_update_peak_stats`` runs after every op: it walks every module it has seen to
+    update that module's own peak, and deep-copies the device's whole snapshot each time the peak
+    rises (after nearly every op of a forward). Neither is read here, and they were a quarter of a
+    tracked step's time (more for deeper models). This override keeps MemTracker's global rule
+    (``_peak_mem``: the device's ``Total`` after the op, if higher) and nothing else.
+    Private names it relies on, checked against torch 2.13: ``_update_peak_stats(peak_state)``
+    (called by ``__torch_dispatch__`` after each op, and only there) and ``_curr_mem_snap``
+    ({device: {reference type or "Total": bytes}}); tests/test_measure.py compares the peak with
+    MemTracker's own peak snapshot."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    class TotalPeakTracker(MemTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.peak_bytes: dict[torch.device, int] = {}
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self.peak_bytes.get(device, 0) < snapshot["Total"]:
+                    self.peak_bytes[device] = snapshot["Total"]
+
+    return TotalPeakTracker
+
+
+def _peak_tracked(call: Callable[[], Any], state: list[torch.Tensor], device: torch.device) -> int:
     # No gc.collect() first: the tracker counts only what is allocated inside the region (and the
     # state it is given), and with the collector off inside it, garbage left from before is neither
     # counted nor freed there. A full collection cost 0.15-0.3 s per measurement in a process holding
@@ -365,15 +393,14 @@ def _peak_tracked(call: Callable[[], Any], state: list[torch.Tensor], device: to
     was_enabled = gc.isenabled()
     gc.disable()  # frees happen by reference counting only: deterministic
     try:
-        tracker = MemTracker()
+        tracker = _total_peak_tracker()()
         tracker.track_external(*state)
         with tracker:
             call()
-        snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         if was_enabled:
             gc.enable()
-    return snapshot.get(device, {}).get("Total", 0)
+    return tracker.peak_bytes.get(device, 0)
 
 
 def _peak(run: Callable[[], Any], state: list[torch.Tensor], device: torch.device, meta: bool) -> int:
