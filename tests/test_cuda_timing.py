@@ -46,11 +46,15 @@ def test_cuda_memory_is_the_allocator_peak_beside_the_fake_tensor_estimate():
     run records, and says which is which. (The model sits on the CPU here: the allocator's part
     then falls back to the tracker, which does not change the columns checked.)"""
     model, x = nn.Linear(8, 4), torch.randn(16, 8)
-    out = counting._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cuda"), None)
+    def measured(device):
+        return counting._flops_and_memory(model, x, lambda y: y.sum(), 16, torch.device(device), flops="off",
+                                          memory="real", budget_bytes=None, precision="32", into={})
+
+    out = measured("cuda")
     assert out["peak_mem_source"] == "torch.cuda.max_memory_allocated"
     assert out["peak_mem_train_estimate_bytes"] == counting.peak_memory_train_step(model, x, lambda y: y.sum(), meta=True)
     assert out["peak_mem_infer_estimate_bytes"] == counting.peak_memory_inference(model, x, meta=True) > 0
-    cpu = counting._peak_memory(model, x, lambda y: y.sum(), "real", torch.device("cpu"), None)
+    cpu = measured("cpu")
     assert "peak_mem_source" not in cpu  # CPU records keep their columns
 
 

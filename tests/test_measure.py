@@ -288,6 +288,36 @@ def test_measure_model():
     assert set(off) == {"params", "attn_params", "attn_layers", "attn_params_per_layer"}
 
 
+@pytest.mark.parametrize("flops,memory", [("meta", "fake"), ("real", "real"), ("meta", "real")])
+def test_a_step_is_run_once_for_its_flops_and_its_peak(flops, memory):
+    """measure_model counts a step's FLOPs and tracks its peak in one pass where both are on the
+    same kind of tensors (one training step and one inference pass, not two of each), and the
+    numbers are those of the separate measurements."""
+    model, inputs = attention(), make_inputs("mask")
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, out: calls.append(type(out).__name__), with_kwargs=True)
+    result = counting.measure_model(model, inputs, loss_fn, batch_size=B, flops=flops, memory=memory)
+    fake = {"flops": flops == "meta", "memory": memory == "fake"}
+    assert sorted(calls) == sorted(["FakeTensor" if fake["flops"] or fake["memory"] else "Tensor"] * 2
+                                   + (["Tensor"] * 2 if fake["flops"] != fake["memory"] else [])), calls
+    assert result["flops_forward"] * B == counting.flops_forward(model, inputs, meta=fake["flops"])
+    assert result["flops_train_step"] * B == counting.flops_train_step(model, inputs, loss_fn, meta=fake["flops"])
+    assert result["peak_mem_train_bytes"] == counting.peak_memory_train_step(model, inputs, loss_fn, meta=fake["memory"])
+    assert result["peak_mem_infer_bytes"] == counting.peak_memory_inference(model, inputs, meta=fake["memory"])
+
+
+def test_nothing_runs_on_real_tensors_for_a_step_over_the_budget():
+    """The budget is checked on fake tensors before any real pass, real FLOPs included."""
+    model, inputs = attention(), make_inputs("mask")
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, out: calls.append(type(out).__name__), with_kwargs=True)
+    measured = {}
+    with pytest.raises(counting.PredictedOOM, match="tracked training peak"):
+        counting.measure_model(model, inputs, loss_fn, batch_size=B, flops="real", memory="real", budget_bytes=1000,
+                               into=measured)
+    assert calls == ["FakeTensor"] and "flops_forward" not in measured and measured["params"] > 0
+
+
 def test_a_run_and_profile_measure_the_same_objective_ksvd_term_included(uea_fixture, single_thread):
     """One objective, one measurement path: a Primal model's training-step FLOPs and peak memory are
     those of task loss + eta x KSVD, and the run's measurement equals `attnbench profile`'s on the

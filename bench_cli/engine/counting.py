@@ -299,26 +299,38 @@ def _train_step(call: Callable[..., Any], loss_fn: LossFn) -> None:
         loss.backward()
 
 
+def _measured_pass(model: nn.Module, inputs: Inputs, loss_fn: LossFn | None, *, meta: bool, precision: str,
+                   flops: bool, memory: bool) -> tuple[int | None, int | None]:
+    """(FLOPs, peak bytes) of one training step (``loss_fn`` given: forward, loss and backward in
+    train mode) or of one inference pass (eval mode, no_grad), each only when asked, both from the
+    same pass: FlopCounterMode allocates nothing, so the peak is that of a pass without it, and the
+    tracker runs no op, so the count is that of a pass without it (tests/test_measure.py). A
+    measurement of both runs the model once per step instead of twice."""
+    if not (flops or memory):
+        return None, None
+    train = loss_fn is not None
+    counter = flop_counter.FlopCounterMode(display=False) if flops else contextlib.nullcontext()
+    with _runner(model, inputs, train=train, meta=meta, precision=precision) as (call, state, device):
+        def run() -> None:
+            with counter, contextlib.nullcontext() if train else torch.no_grad():
+                _train_step(call, loss_fn) if train else call()
+
+        peak = _peak(run, state, device, meta) if memory else run()
+    return (counter.get_total_flops() if flops else None), peak
+
+
 # --------------------------------------------------------------------------- FLOPs
-
-
-def _count_flops(fn: Callable[[], Any]) -> int:
-    with flop_counter.FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 def flops_forward(model: nn.Module, inputs: Inputs, *, meta: bool = False, precision: str = "32") -> int:
     """FLOPs of one forward pass over the whole batch (eval mode, no_grad)."""
-    with _runner(model, inputs, train=False, meta=meta, precision=precision) as (call, _, _dev), torch.no_grad():
-        return _count_flops(call)
+    return _measured_pass(model, inputs, None, meta=meta, precision=precision, flops=True, memory=False)[0]
 
 
 def flops_train_step(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool = False,
                      precision: str = "32") -> int:
     """FLOPs of forward + ``loss_fn(output)`` + backward over the whole batch (train mode, no optimizer step)."""
-    with _runner(model, inputs, train=True, meta=meta, precision=precision) as (call, _, _dev):
-        return _count_flops(lambda: _train_step(call, loss_fn))
+    return _measured_pass(model, inputs, loss_fn, meta=meta, precision=precision, flops=True, memory=False)[0]
 
 
 def per_sample(x: int | float, batch_size: int) -> float:
@@ -412,14 +424,12 @@ def _peak(run: Callable[[], Any], state: list[torch.Tensor], device: torch.devic
 def peak_memory_train_step(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool = False,
                            precision: str = "32") -> int:
     """Peak bytes of forward + loss + backward (train mode) over the whole batch; see the module doc."""
-    with _runner(model, inputs, train=True, meta=meta, precision=precision) as (call, state, device):
-        return _peak(lambda: _train_step(call, loss_fn), state, device, meta)
+    return _measured_pass(model, inputs, loss_fn, meta=meta, precision=precision, flops=False, memory=True)[1]
 
 
 def peak_memory_inference(model: nn.Module, inputs: Inputs, *, meta: bool = False, precision: str = "32") -> int:
     """Peak bytes of one forward pass (eval mode, no_grad) over the whole batch; see the module doc."""
-    with _runner(model, inputs, train=False, meta=meta, precision=precision) as (call, state, device), torch.no_grad():
-        return _peak(call, state, device, meta)
+    return _measured_pass(model, inputs, None, meta=meta, precision=precision, flops=False, memory=True)[1]
 
 
 def process_peak_rss_bytes() -> int:
@@ -435,53 +445,64 @@ class PredictedOOM(MemoryError):
     """The tracked peak of a training step exceeds the memory budget (``profile.memory_budget_gb``)."""
 
 
-def _counted_flops(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, how: str,
-                   precision: str = "32") -> dict:
-    """FLOPs per sample of a forward and of a training step; ``how``: real, or meta (fake
-    tensors), falling back to real tensors when the model needs tensor values."""
-    meta = how == "meta"
-    try:
-        fwd = flops_forward(model, inputs, meta=meta, precision=precision)
-        train = flops_train_step(model, inputs, loss_fn, meta=meta, precision=precision)
-    except MetaCountingError:
-        meta = False
-        fwd = flops_forward(model, inputs, precision=precision)
-        train = flops_train_step(model, inputs, loss_fn, precision=precision)
-    return {"flops_forward": per_sample(fwd, batch_size), "flops_train_step": per_sample(train, batch_size),
-            "flops_method": "FlopCounterMode on " + ("fake tensors" if meta else "real tensors")}
+def _passes(model: nn.Module, inputs: Inputs, loss_fn: LossFn, *, meta: bool, precision: str, flops: bool,
+            memory: tuple[bool, bool]) -> dict[str, tuple[int | None, int | None]]:
+    """{"train": (FLOPs, peak), "infer": (FLOPs, peak)}: a training step and an inference pass on
+    fake (``meta``) or real tensors, each run once for what is asked of it (``memory``: the
+    training peak, the inference peak)."""
+    return {"infer": _measured_pass(model, inputs, None, meta=meta, precision=precision, flops=flops,
+                                    memory=memory[1]),
+            "train": _measured_pass(model, inputs, loss_fn, meta=meta, precision=precision, flops=flops,
+                                    memory=memory[0])}
 
 
-def _peak_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, how: str, device: torch.device,
-                 budget_bytes: int | None, precision: str = "32") -> dict:
-    """Peak memory of a training step and of inference. ``how``: real, fake (tracked on fake
-    tensors), auto (fake unless on CUDA) or off; with ``budget_bytes``, a training step whose
-    tracked peak exceeds it raises PredictedOOM before anything real runs."""
-    out: dict = {}
-    fake = how in ("fake", "off") or (how == "auto" and device.type != "cuda")
-    if fake or budget_bytes is not None:
+def _flops_columns(passes: dict, batch_size: int, tensors: str) -> dict:
+    return {"flops_forward": per_sample(passes["infer"][0], batch_size),
+            "flops_train_step": per_sample(passes["train"][0], batch_size),
+            "flops_method": f"FlopCounterMode on {tensors}"}
+
+
+def _flops_and_memory(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size: int, device: torch.device, *,
+                      flops: str, memory: str, budget_bytes: int | None, precision: str, into: dict) -> dict:
+    """measure_model's FLOPs and peaks on ``device`` (see there). What runs on fake tensors runs
+    first (FLOPs when meta; the peaks when fake, or auto off CUDA; the training peak for the
+    budget), then the budget is checked, then what runs on real tensors: nothing real runs for a
+    step that the budget refuses. A model that reads tensor values (MetaCountingError) is measured
+    on real tensors instead, or refused under a budget off CUDA (its peak cannot be predicted)."""
+    fake_flops, real_flops = flops == "meta", flops == "real"
+    fake_memory = memory == "fake" or (memory == "auto" and device.type != "cuda")
+    real_memory = memory != "off" and not fake_memory
+    if fake_flops or fake_memory or budget_bytes is not None:
         try:
-            train_peak = peak_memory_train_step(model, inputs, loss_fn, meta=True, precision=precision)
-            infer_peak = peak_memory_inference(model, inputs, meta=True, precision=precision)
+            fake = _passes(model, inputs, loss_fn, meta=True, precision=precision, flops=fake_flops,
+                           memory=(fake_memory or budget_bytes is not None, fake_memory))
         except MetaCountingError:
             if budget_bytes is not None and device.type != "cuda":
                 raise PredictedOOM("cannot estimate the peak on fake tensors, so it is not run under "
                                    "profile.memory_budget_gb; set profile.memory_budget_gb=null to run it anyway") from None
-            train_peak = infer_peak = None
-            fake = False
-        if budget_bytes is not None and train_peak is not None and train_peak > budget_bytes:
-            raise PredictedOOM(f"tracked training peak {train_peak / 2**30:.2f} GiB > profile.memory_budget_gb="
-                               f"{budget_bytes / 2**30:.2f} GiB (not run)")
-        if fake and how != "off":
-            out.update(peak_mem_train_bytes=train_peak, peak_mem_infer_bytes=infer_peak,
-                       memory_method=f"MemTracker on fake tensors ({device.type})")
-    if how != "off" and not fake:
-        out.update(peak_mem_train_bytes=peak_memory_train_step(model, inputs, loss_fn, precision=precision),
-                   peak_mem_infer_bytes=peak_memory_inference(model, inputs, precision=precision),
-                   memory_method=("CUDA allocator peak" if device.type == "cuda"
-                                  else f"MemTracker on real tensors ({device.type})"))
-        if device.type == "cuda":  # the allocator's peak, and beside it the estimate a CPU run would record
-            out.update(cuda_memory_columns(model, inputs, loss_fn, precision))
-    return out
+            real_flops, real_memory = real_flops or fake_flops, real_memory or fake_memory
+        else:
+            if fake_flops:
+                into.update(_flops_columns(fake, batch_size, "fake tensors"))
+            train_peak = fake["train"][1]
+            if budget_bytes is not None and train_peak > budget_bytes:
+                raise PredictedOOM(f"tracked training peak {train_peak / 2**30:.2f} GiB > profile.memory_budget_gb="
+                                   f"{budget_bytes / 2**30:.2f} GiB (not run)")
+            if fake_memory:
+                into.update(peak_mem_train_bytes=train_peak, peak_mem_infer_bytes=fake["infer"][1],
+                            memory_method=f"MemTracker on fake tensors ({device.type})")
+    if real_flops or real_memory:
+        real = _passes(model, inputs, loss_fn, meta=False, precision=precision, flops=real_flops,
+                       memory=(real_memory, real_memory))
+        if real_flops:
+            into.update(_flops_columns(real, batch_size, "real tensors"))
+        if real_memory:
+            into.update(peak_mem_train_bytes=real["train"][1], peak_mem_infer_bytes=real["infer"][1],
+                        memory_method=("CUDA allocator peak" if device.type == "cuda"
+                                       else f"MemTracker on real tensors ({device.type})"))
+            if device.type == "cuda":  # the allocator's peak, and beside it the estimate a CPU run would record
+                into.update(cuda_memory_columns(model, inputs, loss_fn, precision))
+    return into
 
 
 def cuda_memory_columns(model: nn.Module, inputs: Inputs, loss_fn: LossFn, precision: str = "32") -> dict:
@@ -532,11 +553,9 @@ def measure_model(model: nn.Module, inputs: Inputs, loss_fn: LossFn, batch_size:
     tracked peak exceeds it. ``precision``: ``trainer.precision``'s autocast around the forward and
     the loss, as training runs them. Nothing else is caught: a measurement that cannot be made raises.
     ``into``: the dict to fill (and return), measurement by measurement, so what was measured
-    before a failure is kept."""
+    before a failure is kept. A step's FLOPs and peak on the same kind of tensors come from one
+    pass of it (_measured_pass), and nothing runs on real tensors before the budget is checked."""
     out: dict = {} if into is None else into
     out.update(params=count_parameters(model), **attention_parameters(model))
-    if flops != "off":
-        out.update(_counted_flops(model, inputs, loss_fn, batch_size, flops, precision))
-    if memory != "off" or budget_bytes is not None:
-        out.update(_peak_memory(model, inputs, loss_fn, memory, _device(model, inputs), budget_bytes, precision))
-    return out
+    return _flops_and_memory(model, inputs, loss_fn, batch_size, _device(model, inputs), flops=flops, memory=memory,
+                             budget_bytes=budget_bytes, precision=precision, into=out)
