@@ -58,6 +58,7 @@ def test_the_cpu_plan_is_smaller_with_one_value_per_key(tmp_path):
     gpu, cpu = (smoke_command.plan([d], tmp_path, (family,))[0].argv for d in ("cuda:0", "cpu"))
     assert "trainer.batch_size=8" in gpu and "task.subset.train=64" in gpu and "task.max_len=256" not in gpu
     assert {"trainer.batch_size=2", "task.subset.train=32", "task.max_len=256", "task.seq_len=256"} <= set(cpu)
+    assert "trainer.max_steps=4" in gpu and "trainer.max_steps=2" in cpu
     keys = [a.split("=", 1)[0] for a in cpu[1:]]
     assert len(keys) == len(set(keys)), keys
 

@@ -20,8 +20,10 @@ A failed check's reason is the run's own error: the ``error`` column of the reco
 merely the last line of its output (on CUDA that was the source line of a warning).
 
 On the CPU (``--device cpu``; the test suite runs this plan in-process, tests/test_smoke_plan.py)
-every check is smaller: batches of 2, subsets of 32/16/16 samples (CPU_SUBSETS), LRA Text and
-Retrieval at 256 bytes, DeiT at 32 pixels, nmt decoding 10 tokens, lm 2 layers of 128, d4rl's rollouts 20 steps; float32 and bf16 (the trainer refuses fp16 on the CPU).
+every check is smaller: 2 optimiser steps, batches of 2, subsets of 32/16/16 samples (CPU_SUBSETS), LRA
+Text and Retrieval at 256 bytes, DeiT at 32 pixels and 2 blocks, nmt decoding 10 tokens, nmt, lm (2 layers)
+and d4rl 128 wide (CPU_NARROW), d4rl's rollouts 20 steps; float32 and bf16 (the trainer refuses fp16 on the
+CPU).
 
 Each check prints one line (ok, or failed and its reason); the records go to ``<out>/records.csv``
 and ``<out>/profile.csv`` (not results/runs.csv), the check lines to ``<out>/checks.csv``. Exit
@@ -47,11 +49,16 @@ from bench_cli.core.errors import UserError
 STEPS = ("trainer.max_steps=4", "trainer.eval_every_steps=4", "trainer.batch_size=8", "trainer.eval_batch_size=32",
          "trainer.progress=false", "trainer.num_workers=0", "logger=none", "seed=0")
 SUBSETS = ("task.subset.train=64", "task.subset.val=32", "task.subset.test=32")
-# On the CPU the same code paths in less time: smaller batches and evaluation splits. A stratified
-# subset keeps one sample of a class only where it has two (tasks/data.py stratified_split), so a
-# split must keep more samples than it has classes: 32 training samples of 10 classes (3 each, the
-# holdout takes one of each to validate on), 16 to validate and test on.
-CPU_STEPS = ("trainer.batch_size=2", "trainer.eval_batch_size=8")
+# On the CPU the same code paths in less time: 2 optimiser steps (and one evaluation after them),
+# smaller batches and evaluation splits. A stratified subset keeps one sample of a class only where
+# it has two (tasks/data.py stratified_split), so a split must keep more samples than it has classes:
+# 32 training samples of 10 classes (3 each, the holdout takes one of each to validate on), 16 to
+# validate and test on.
+CPU_STEPS = ("trainer.max_steps=2", "trainer.eval_every_steps=2", "trainer.batch_size=2", "trainer.eval_batch_size=8")
+# The widest families narrower on the CPU, their structure kept: bf16 matrix products are emulated on a
+# CPU without bf16 units (AVX2), where nmt's 1024 wide layers, DeiT's 12 blocks and the Decision
+# Transformer's 256 wide ones were most of the plan's time.
+CPU_NARROW = ("task.backbone.d_model=128", "task.backbone.d_ff=256")
 CPU_SUBSETS = ("task.subset.train=32", "task.subset.val=16", "task.subset.test=16")
 # ImageNet-100: two training images of each of its 100 classes (one of them validates); its
 # validation split of 100 (one per class) is kept whole: any fewer would leave it empty.
@@ -88,16 +95,16 @@ FAMILIES = (
     Family("lra_retrieval", SUBSETS, cpu=CPU_SUBSETS + SHORT_BYTES),
     Family("lra_pathfinder", SUBSETS, cpu=CPU_SUBSETS),
     Family("vit", ("task.dataset=mnist5k",) + SUBSETS, cpu=CPU_SUBSETS),
-    Family("deit", IMAGENET100, cpu=("task.backbone.image_size=32",)),
+    Family("deit", IMAGENET100, cpu=("task.backbone.image_size=32", "task.backbone.n_layers=2")),
     Family("textcls", ("task.dataset=imdb",) + SUBSETS, ("textcls", "imdb"), CPU_SUBSETS),
     # greedy decoding for BLEU is most of nmt's time on the CPU: 10 tokens instead of 20
-    Family("nmt", ("task.dataset=anki",) + SUBSETS, ("nmt", "anki"), CPU_SUBSETS + ("task.seq_len=10",)),
+    Family("nmt", ("task.dataset=anki",) + SUBSETS, ("nmt", "anki"), CPU_SUBSETS + ("task.seq_len=10",) + CPU_NARROW),
     # on the CPU 2 layers of 128 (6 of 512 took 10 s a backward pass in bf16 on an AVX2-only CPU, whose
     # bf16 matrix products are emulated)
     Family("lm", ("task.subset.train=20000", "task.subset.valid=4096", "task.subset.test=4096"),
-           cpu=("task.backbone.n_layers=2", "task.backbone.d_model=128", "task.backbone.d_ff=256")),
+           cpu=("task.backbone.n_layers=2", *CPU_NARROW)),
     Family("d4rl", ("task.dataset=hopper-medium-v2", "task.eval.test_episodes=2", "task.eval.val_episodes=1",
-                    "task.eval.max_episode_steps=50"), ("d4rl", "hopper-medium-v2"), ("task.eval.max_episode_steps=20",)),
+                    "task.eval.max_episode_steps=50"), ("d4rl", "hopper-medium-v2"), ("task.eval.max_episode_steps=20", *CPU_NARROW)),
 )
 
 
