@@ -33,7 +33,7 @@ run: install ## Train the default model (UEA JapaneseVowels, softmax, CPU, ~1 mi
 TEST_WORKERS ?= auto
 test: install ## Run the test suite (offline, one worker per core)
 	@$(COMPILE)
-	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
 
 lint: install ## ruff check with the project's configuration (pyproject.toml); the suite runs it too
 	$(BIN)/ruff check .
@@ -53,6 +53,6 @@ test-durations: install ## Run the suite and print CPU seconds per test file and
 	@rm -rf $(dir $(DURATIONS)) && mkdir -p $(dir $(DURATIONS))
 	@$(COMPILE)
 	@echo "load average before: $$(cut -d' ' -f1-3 /proc/loadavg)"
-	-$(TEST_ENV) ATTNBENCH_TEST_DURATIONS=$(abspath $(DURATIONS)) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	-$(TEST_ENV) ATTNBENCH_TEST_DURATIONS=$(abspath $(DURATIONS)) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 	@echo "load average after: $$(cut -d' ' -f1-3 /proc/loadavg)"
 	@$(BIN)/python tests/durations.py $(abspath $(DURATIONS))

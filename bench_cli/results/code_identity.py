@@ -101,10 +101,11 @@ def _task_module(name: str) -> str | None:
         return None
 
 
-# {(module, id of the module object): digest} of the modules this process has run: the source as
-# first seen after import, so a plugin edited while a sweep runs is not credited with the old
-# code's results (a module imported again is another object, hashed again)
-_AS_RUN: dict[tuple[str, int], str | None] = {}
+# {module: (the module object, its digest)} of the modules this process has run: the source as first
+# seen after import, so a plugin edited while a sweep runs is not credited with the old code's results.
+# A module imported again is another object, hashed again; the object itself is kept and compared
+# (an id() alone can be reused by the new module once the old one is freed: the old digest then).
+_AS_RUN: dict[str, tuple[object, str | None]] = {}
 
 
 def digest_as_run(module: str) -> str | None:
@@ -112,10 +113,10 @@ def digest_as_run(module: str) -> str | None:
     loaded = sys.modules.get(module)
     if loaded is None:
         return module_digest(module)
-    key = (module, id(loaded))
-    if key not in _AS_RUN:
-        _AS_RUN[key] = module_digest(module)
-    return _AS_RUN[key]
+    seen = _AS_RUN.get(module)
+    if seen is None or seen[0] is not loaded:
+        seen = _AS_RUN[module] = (loaded, module_digest(module))
+    return seen[1]
 
 
 def columns(cfg) -> dict:
