@@ -18,15 +18,22 @@ from bench_cli.core.errors import UserError
 
 @pytest.fixture
 def hydra_as_is(monkeypatch):
-    """For the test: ``OmegaConf.load`` and ``CachingConfigRepository.__init__`` as Hydra and
-    OmegaConf ship them (none of this process's compositions re-install the lighter ones)."""
+    """For the test: ``OmegaConf.load``, ``CachingConfigRepository.__init__`` and the two steps of a
+    composition as Hydra and OmegaConf ship them (none of this process's compositions re-install
+    the lighter ones)."""
+    from hydra._internal import config_loader_impl
     from hydra._internal.config_repository import CachingConfigRepository
 
     hydra_private.lighter_compositions()
 
     def as_is() -> None:
+        loader = config_loader_impl.ConfigLoaderImpl
         monkeypatch.setattr(OmegaConf, "load", staticmethod(OmegaConf.load.uncached))
         monkeypatch.setattr(CachingConfigRepository, "__init__", CachingConfigRepository.__init__.copies_store)
+        monkeypatch.setattr(config_loader_impl, "create_defaults_list",
+                            config_loader_impl.create_defaults_list.unremembered)
+        monkeypatch.setattr(loader, "_compose_config_from_defaults_list",
+                            loader._compose_config_from_defaults_list.unremembered)
         monkeypatch.setattr(hydra_private, "lighter_compositions", lambda: None)
 
     return as_is
@@ -128,3 +135,41 @@ def test_each_composition_shares_the_config_store_and_copies_the_rest():
     stores = [s.store for s in sources if hasattr(s, "store")]
     assert len(stores) == 1 and stores[0] is ConfigStore.instance()
     assert all(s is not o for s, o in zip(sources, own))
+
+
+# Config choices shared and not: values that differ, the same choices in another order, an added
+# key, a group removed, Hydra's own groups and an experiment (its defaults list is its own).
+REMEMBERED = [["task=uea", "model=attention_bn", "seed=1"], ["model=attention_bn", "task=uea", "seed=2"],
+              ["task=uea", "model=attention_bn", "+probe=3", "trainer.max_epochs=2"], ["task=uea", "model=softmax"],
+              ["~logger", "seed=4"], ["hydra/launcher=joblib", "seed=5"], ["hydra/launcher=joblib"],
+              ["experiment=primal_dual/table1", "seed=6"], ["experiment=primal_dual/table1"], []]
+
+
+def test_remembered_compositions_are_the_ones_hydra_makes(hydra_as_is, monkeypatch):
+    """Each override list composed twice with the defaults lists and merges remembered (the first
+    time from what an earlier list of the same choices left, the second from the memo alone), and
+    what the caller changes in a composition is not seen by the next: then as Hydra composes each."""
+    monkeypatch.setattr(hydra_private, "_defaults_lists", {})
+    monkeypatch.setattr(hydra_private, "_merged", {})
+    remembered = []
+    for overrides in REMEMBERED * 2:
+        cfg = compose_unchecked(overrides, with_hydra=True)
+        remembered.append(state(cfg))
+        cfg.seed, cfg.task.name = 99, "changed by the caller"
+    # seed, +probe and trainer.max_epochs choose nothing (the same choices in another order are
+    # remembered apart: Hydra reads choices in their order); task=uea model=softmax are the default
+    # choices, so that list's defaults are those of []: one merge for both
+    assert (len(hydra_private._defaults_lists), len(hydra_private._merged)) == (len(REMEMBERED) - 3, len(REMEMBERED) - 5)
+    hydra_as_is()
+    assert remembered == [state(compose_unchecked(overrides, with_hydra=True)) for overrides in REMEMBERED] * 2
+
+
+def test_a_structured_config_stored_again_is_composed_anew():
+    """Hydra's ConfigStore is part of what a composition reads: a node stored again under the same
+    name (a plugin's schema, a launcher's config) is what the next composition takes."""
+    from hydra.core.config_store import ConfigStore
+
+    hydra_private.lighter_compositions()
+    for seed in (11, 12):
+        ConfigStore.instance().store(group="experiment", name="stored_check", node={"seed": seed}, package="_global_")
+        assert compose_unchecked(["experiment=stored_check"]).seed == seed
