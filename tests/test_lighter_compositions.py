@@ -5,7 +5,6 @@ OmegaConf fails."""
 from __future__ import annotations
 
 import os
-import pickle
 
 import pytest
 import yaml
@@ -39,11 +38,24 @@ def hydra_as_is(monkeypatch):
     return as_is
 
 
-def state(cfg) -> bytes:
-    """Everything a config holds (nodes, their types, flags, metadata, parents), but the values its
-    resolvers cached (``now``: the second the composition ran)."""
+def state(cfg) -> tuple:
+    """Everything a config holds, compared by value: each node's type, metadata (flags, its
+    object and key types, its key), value and whether its parent is the node holding it, but two
+    caches: the values its resolvers cached (``now``: the second the composition ran) and each
+    node's memo of its flags (which OmegaConf's own pickling leaves out too). Not a pickle: equal
+    strings that happen to be one object in one config and two in another pickle differently."""
     OmegaConf.clear_cache(cfg)
-    return pickle.dumps(cfg)
+
+    def canonical(node, parent) -> tuple:
+        own = {key: value for key, value in node.__getstate__().items() if key not in ("_content", "_parent")}
+        content = node.__dict__.get("_content")
+        if isinstance(content, dict):
+            content = tuple((repr(key), canonical(child, node)) for key, child in content.items())
+        elif isinstance(content, list):
+            content = tuple(canonical(child, node) for child in content)
+        return type(node).__name__, repr(sorted(own.items())), node._parent is parent, repr(content) if isinstance(content, str) or content is None else content
+
+    return canonical(cfg, None)
 
 
 def test_a_composition_is_the_one_hydra_makes_each_time(hydra_as_is, monkeypatch):
@@ -173,3 +185,24 @@ def test_a_structured_config_stored_again_is_composed_anew():
     for seed in (11, 12):
         ConfigStore.instance().store(group="experiment", name="stored_check", node={"seed": seed}, package="_global_")
         assert compose_unchecked(["experiment=stored_check"]).seed == seed
+
+
+def test_a_remembered_composition_resolves_now_anew(monkeypatch):
+    """Hydra's ``now`` is a cached resolver, resolved while a composition is made (hydra.run.dir
+    holds the date): a composition of remembered choices resolves it again, as a new one does."""
+    from hydra._internal import hydra as hydra_module
+
+    hydra_private.lighter_compositions()
+    monkeypatch.setattr(hydra_private, "_merged", {})
+    ticks, setup_globals = iter(range(1000)), hydra_module.setup_globals
+
+    def hydras_globals_then_a_clock_that_ticks() -> None:  # each Hydra made registers its own ``now``
+        setup_globals()
+        OmegaConf.register_new_resolver("now", lambda pattern: f"tick{next(ticks)}", use_cache=True, replace=True)
+
+    monkeypatch.setattr(hydra_module, "setup_globals", hydras_globals_then_a_clock_that_ticks)
+    try:
+        run_dirs = [compose_unchecked(["seed=1"], with_hydra=True).hydra.run.dir for _ in range(3)]
+    finally:
+        setup_globals()  # Hydra's own resolvers again
+    assert len(set(run_dirs)) == 3 and len(hydra_private._merged) == 1, run_dirs

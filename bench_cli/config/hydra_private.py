@@ -102,9 +102,11 @@ def remember_compositions() -> None:
     cannot be fingerprinted. What fails is not remembered: it fails the same way each time. The
     overrides are parsed and classified by Hydra each time (its errors about them are its own).
     What is handed out is the caller's own (Hydra sets flags on the merged config, then the
-    overrides): a deep copy. Calling this again changes nothing."""
+    overrides): a deep copy, without the values of cached resolvers (``${now:...}``), which it
+    resolves anew. Calling this again changes nothing."""
     from hydra._internal import config_loader_impl
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
 
     if getattr(config_loader_impl.create_defaults_list, "unremembered", None) is not None:
         return
@@ -143,7 +145,11 @@ def remember_compositions() -> None:
         key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults))  # ResultDefault's fields
         if key not in _merged:
             merged = compose_from_defaults(self, defaults=defaults, repo=repo)
-            _remember(_merged, key, copy.deepcopy(merged))
+            kept = copy.deepcopy(merged)
+            # what the merge resolved with a cached resolver (Hydra's ``now`` in hydra.run.dir) is
+            # resolved again by each composition handed out: at its first use, not the first merge's
+            OmegaConf.clear_cache(kept)
+            _remember(_merged, key, kept)
             return merged
         return copy.deepcopy(_merged[key])
 
