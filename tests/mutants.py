@@ -1,7 +1,8 @@
 """Runs the guarding tests of several broken copies of the project (tests/test_mutations.py), each
 in a process forked from one that has already imported the third-party libraries: torch, Hydra,
 pandas and pytest are imported once for every copy instead of once per copy (2-3 s of CPU each).
-Nothing of the project is imported before the fork, so each child imports its own copy's.
+Nothing of the project is imported before the fork, so each child imports its own copy's. As many
+children run at once as the process has cores.
 
 ``python tests/mutants.py SPEC.json``: SPEC is a list of [name, copy folder, [guard test ids]]; prints
 one JSON object, name -> {"exit": pytest's exit status, "where": the bench_cli the child ran,
@@ -43,20 +44,29 @@ def main(spec_path: str) -> None:
     import pytest  # noqa: F401
     import torch  # noqa: F401
 
-    results = {}
+    # one child per core at a time: the copies are independent, each in its own folder
+    at_once = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    running, statuses = {}, {}
     for name, copy, guards in spec:
-        copy = Path(copy)
+        if len(running) >= at_once:
+            pid, status = os.wait()
+            statuses[running.pop(pid)] = status
         pid = os.fork()
         if pid == 0:
             try:
-                run_guards(copy, guards)
+                run_guards(Path(copy), guards)
             finally:
                 os._exit(70)  # an exception before pytest ran: never a pass
-        _, status = os.waitpid(pid, 0)
-        where = copy / "where.txt"
-        results[name] = {"exit": os.waitstatus_to_exitcode(status),
+        running[pid] = name
+    while running:
+        pid, status = os.wait()
+        statuses[running.pop(pid)] = status
+    results = {}
+    for name, copy, _ in spec:
+        where = Path(copy) / "where.txt"
+        results[name] = {"exit": os.waitstatus_to_exitcode(statuses[name]),
                          "where": where.read_text() if where.exists() else "",
-                         "output": (copy / "pytest.out").read_text()[-3000:]}
+                         "output": (Path(copy) / "pytest.out").read_text()[-3000:]}
     print(json.dumps(results))
 
 
