@@ -293,21 +293,30 @@ def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file_then_interrupts(wor
     """Ctrl-C landing inside torch.save (its zip writer, cut, failed with "unexpected pos" and the
     run was recorded as a RuntimeError with exit status 1): the checkpoint is finished, then the
     KeyboardInterrupt comes (recorded as interrupted, exit 130)."""
-    import os
+    import threading
 
     from bench_cli.engine import checkpoint
 
     real_save = torch.save
 
-    def save_interrupted(state, f):  # the signal arrives while the file is half written
-        os.kill(os.getpid(), signal.SIGINT)
+    def save_interrupted(state, f):  # the signal arrives, at the main thread, while the file is half written
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         real_save(state, f)
 
     monkeypatch.setattr(checkpoint.torch, "save", save_interrupted)
     ck = checkpoint.Checkpoints(workdir / "ck", checkpoint.Settings(every=0, keep=1, keep_final=False, resume="true"), "k", {}, 0.0)
     parts = {k: {} for k in checkpoint.PARTS if k not in ("job_key", "meta", "sittings", "wall_time_s")}
-    with pytest.raises(KeyboardInterrupt):
-        ck.save({**parts, "position": {"step": 3}})
+    # Ctrl-C as a terminal's reaches a plain process: Python's handler, SIGINT not blocked. In the
+    # full suite this test failed three times in five runs on 2026-11-28 (no KeyboardInterrupt)
+    # and never alone: what an earlier test in the same worker left is not this test's subject.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ck.save({**parts, "position": {"step": 3}})
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is back to normal after it
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
     (path,) = ck.files()
     assert read(path)["position"] == {"step": 3}
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is back to normal after it
