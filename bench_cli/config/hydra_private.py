@@ -77,7 +77,7 @@ def lighter_compositions() -> None:
 # merged configs by (fingerprint, the defaults list's entries).
 _defaults_lists: dict = {}
 _merged: dict = {}
-REMEMBERED_LIMIT = 128  # distinct config choices; a composed config is about 1 MB of nodes
+REMEMBERED_LIMIT = 128  # distinct config choices; a merged config is about 0.15 MB of nodes
 _fingerprints: dict = {}  # fingerprint -> a small number naming it in the keys above
 _last_repository: list = [None, None]  # (repository, its fingerprint's number) of the composition under way
 
