@@ -45,7 +45,7 @@ def main(spec_path: str) -> None:
     import torch  # noqa: F401
 
     # one child per core at a time: the copies are independent, each in its own folder
-    at_once = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    at_once = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     running, statuses = {}, {}
     for name, copy, guards in spec:
         if len(running) >= at_once:

@@ -94,7 +94,7 @@ def remember_compositions() -> None:
     ``config_overrides``), then the value overrides applied to the merged config. The first step is
     four fifths of a composition's CPU (0.11 of 0.13 s for ``task=uea model=attention_bn``), and
     `attnbench` composes the same choices many times (`run` checks its config, then runs it; a
-    sweep's jobs differ in values; the test suite composes the default config 190 times).
+    sweep's jobs differ in values; the test suite composes the default choices over 250 times).
 
     Both steps are remembered under the fingerprint of the composition's config sources
     (source_fingerprint.py: every config file's text, the ConfigStore's entries), so an edited,

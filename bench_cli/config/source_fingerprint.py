@@ -15,9 +15,9 @@ import importlib.resources
 import os
 import pathlib
 
-# Hydra's file and package sources list and read these (hydra/_internal/core_plugins/
-# file_config_source.py and importlib_resources_config_source.py: ``.yaml``; ``.yml`` is refused
-# with a message naming the file, so a new one changes what a composition says).
+# What Hydra's file and package sources read (hydra/plugins/config_source.py
+# ``_normalize_file_name``): ``.yaml``, and ``.yml`` under a version_base before 1.2 (attnbench's
+# is 1.3, but a ``.yml`` file hashed for nothing costs only a composition made anew).
 CONFIG_SUFFIXES = (".yaml", ".yml")
 MAX_DEPTH = 32  # folders below a source's root, deeper than any config group
 
