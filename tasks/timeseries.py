@@ -2,9 +2,10 @@
 ``<data root>/<archive>/<Name>/<Name>_{TRAIN,TEST}.ts`` shared by the UEA classification and the
 TSER regression families.
 
-Reading follows sktime's reader; preprocessing follows mvts_transformer (Zerveas et al. 2021):
-missing values linearly interpolated per channel, channels standardised with statistics of the
-training split only, series zero-padded (with a mask) or truncated to the longest TRAIN length.
+Reading follows sktime's reader (ts_format.py, without importing sktime); preprocessing follows
+mvts_transformer (Zerveas et al. 2021): missing values linearly interpolated per channel, channels
+standardised with statistics of the training split only, series zero-padded (with a mask) or
+truncated to the longest TRAIN length.
 """
 from __future__ import annotations
 
@@ -59,25 +60,17 @@ def ts_header(path: Path) -> dict[str, str]:
 def read_ts(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
     """Series as float arrays of shape (length, channels) with NaN for missing values, and the
     labels (class names as str) or targets (``@targetLabel true``: as float)."""
-    from sktime.datasets import load_from_tsfile
+    from attnbench.tasks.ts_format import read_labelled_ts
 
     header = ts_header(path)
     if not any(header.get(k, "false").split()[:1] == ["true"] for k in ("classlabel", "targetlabel")):
         raise UserError(f"{path} has no labels (its header says neither @classLabel true nor @targetLabel true): "
                         "every series needs its class or target after the last ':'")
     try:
-        frame, labels = load_from_tsfile(str(path), return_data_type="nested_univ")
-    except Exception as e:  # sktime raises various errors on malformed files
+        series, written = read_labelled_ts(path)
+    except ValueError as e:  # the format's rules, a value that is not a number, bytes that are not UTF-8
         raise UserError(f"cannot parse {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    series = []
-    for row in frame.itertuples(index=False):
-        channels = [np.asarray(s, dtype=np.float64) for s in row]
-        length = max(len(c) for c in channels)
-        arr = np.full((length, len(channels)), np.nan)
-        for j, c in enumerate(channels):
-            arr[: len(c), j] = c
-        series.append(arr)
-    labels = np.asarray(labels)
+    labels = np.asarray(written)
     if header.get("targetlabel", "false").lower() == "true":
         try:
             return series, labels.astype(np.float64)
@@ -88,7 +81,7 @@ def read_ts(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
 
 def read_ts_cached(path: Path, data_root: Path) -> tuple[list[np.ndarray], np.ndarray]:
     """``read_ts`` through the cache under ``<data root>/ts_cache/`` (keyed by the file's path,
-    size and mtime): a sweep parses each file (and imports sktime) once, not once per job. The
+    size and mtime): a sweep parses each file once, not once per job. The
     values round-trip exactly (float64 tensors)."""
     from attnbench.tasks.data import cached, file_signature
 
