@@ -42,12 +42,14 @@ def state(cfg) -> tuple:
     """Everything a config holds, compared by value: each node's type, metadata (flags, its
     object and key types, its key), value and whether its parent is the node holding it, but two
     caches: the values its resolvers cached (``now``: the second the composition ran) and each
-    node's memo of its flags (which OmegaConf's own pickling leaves out too). Not a pickle: equal
-    strings that happen to be one object in one config and two in another pickle differently."""
+    node's memo of its flags. Not a pickle: equal strings that happen to be one object in one
+    config and two in another pickle differently, and a pickle writes a typed container's
+    ``Dict[str, int]`` as ``Dict`` (OmegaConf's ``__getstate__``), which is compared here."""
     OmegaConf.clear_cache(cfg)
 
     def canonical(node, parent) -> tuple:
-        own = {key: value for key, value in node.__getstate__().items() if key not in ("_content", "_parent")}
+        own = {key: value for key, value in node.__dict__.items() if key not in ("_content", "_parent", "_flags_cache")}
+        own["_metadata"] = sorted(vars(own["_metadata"]).items())
         content = node.__dict__.get("_content")
         if isinstance(content, dict):
             content = tuple((repr(key), canonical(child, node)) for key, child in content.items())
@@ -206,3 +208,26 @@ def test_a_remembered_composition_resolves_now_anew(monkeypatch):
     finally:
         setup_globals()  # Hydra's own resolvers again
     assert len(set(run_dirs)) == 3 and len(hydra_private._merged) == 1, run_dirs
+
+
+def test_kept_configs_hand_out_independent_exact_copies():
+    """Each copy is the config kept, node for node (a typed container's element type included, which
+    a pickle writes without it), and the caller's own; a config holding what pickle refuses (an
+    object under ``allow_objects``) is deep-copied instead."""
+    from dataclasses import dataclass, field
+
+    from bench_cli.config.kept_config import KeptConfig
+
+    @dataclass
+    class Typed:
+        sizes: dict[str, int] = field(default_factory=lambda: {"a": 1})
+        names: list[str] = field(default_factory=lambda: ["x"])
+
+    typed = OmegaConf.create({"typed": Typed, "n": 1})
+    for cfg in (typed, OmegaConf.create({"make": lambda: 1, "n": 1}, flags={"allow_objects": True})):
+        kept = KeptConfig(cfg)
+        first = kept.copy()
+        assert state(first) == state(cfg) and first is not cfg
+        first.n = 2
+        assert kept.copy().n == 1 and cfg.n == 1
+    assert str(KeptConfig(typed).copy().typed._get_node("sizes")._metadata.ref_type) == "typing.Dict[str, int]"

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 
+from bench_cli.config.kept_config import KeptConfig
 from bench_cli.config.omegaconf_private import load_each_yaml_once
 from bench_cli.config.search_path import config_path, user_config_dirs
 
@@ -63,7 +64,7 @@ def lighter_compositions() -> None:
     """From now on in this process, Hydra's compositions skip three costs that change nothing in
     what they compose: building again the defaults list and the merged config of config choices
     composed before from the same config files (``remember_compositions``), loading again a config
-    file whose text was loaded before (a deep copy of that config instead: omegaconf_private.py
+    file whose text was loaded before (a copy of that config instead: omegaconf_private.py
     ``load_each_yaml_once``), and the copy of Hydra's ConfigStore that each composition's
     repository made (``share_config_store``). Every Hydra attnbench creates (``create_hydra``)
     calls this first; calling it again changes nothing."""
@@ -85,7 +86,7 @@ _last_repository: list = [None, None]  # (repository, its fingerprint's number) 
 def remember_compositions() -> None:
     """From now on in this process, a composition whose config choices (the overrides that choose
     or add a config of a group: ``task=uea``, ``+experiment=...``) and config files are those of an
-    earlier composition takes that composition's defaults list and a deep copy of its merged config,
+    earlier composition takes that composition's defaults list and a copy of its merged config,
     then applies its own value overrides (``seed=1``, ``trainer.max_epochs=2``) as Hydra does.
 
     Hydra composes in two steps (hydra/_internal/config_loader_impl.py ``_load_configuration_impl``):
@@ -102,8 +103,8 @@ def remember_compositions() -> None:
     cannot be fingerprinted. What fails is not remembered: it fails the same way each time. The
     overrides are parsed and classified by Hydra each time (its errors about them are its own).
     What is handed out is the caller's own (Hydra sets flags on the merged config, then the
-    overrides): a deep copy, without the values of cached resolvers (``${now:...}``), which it
-    resolves anew. Calling this again changes nothing."""
+    overrides): a copy (kept_config.py), without the values of cached resolvers (``${now:...}``),
+    which it resolves anew. Calling this again changes nothing."""
     from hydra._internal import config_loader_impl
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
@@ -145,13 +146,14 @@ def remember_compositions() -> None:
         key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults))  # ResultDefault's fields
         if key not in _merged:
             merged = compose_from_defaults(self, defaults=defaults, repo=repo)
-            kept = copy.deepcopy(merged)
             # what the merge resolved with a cached resolver (Hydra's ``now`` in hydra.run.dir) is
             # resolved again by each composition handed out: at its first use, not the first merge's
-            OmegaConf.clear_cache(kept)
-            _remember(_merged, key, kept)
+            cache = OmegaConf.get_cache(merged)
+            OmegaConf.clear_cache(merged)
+            _remember(_merged, key, KeptConfig(merged))
+            OmegaConf.set_cache(merged, cache)
             return merged
-        return copy.deepcopy(_merged[key])
+        return _merged[key].copy()
 
     remembered_defaults_list.unremembered = create_defaults_list  # Hydra's, for the tests to compare with
     remembered_merge.unremembered = compose_from_defaults
