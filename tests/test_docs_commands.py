@@ -7,7 +7,8 @@ How each command is checked, cheaply (the whole file takes well under a minute):
   setting, the model against the task; data may be missing), which must plan exactly one job;
   `run --cfg ...` and the other flags that print and run nothing run as they are;
 - `attnbench sweep` runs with `--dry-run`; `profile` with timing, FLOPs and memory off and its CSV
-  and plot in a temporary folder; `report` with `--out` a temporary folder; `ls`, `validate`,
+  and plot in a temporary folder (`profile --replot` draws its figures from a committed CSV but
+  renders none: tests/test_figures.py renders each kind); `report` with `--out` a temporary folder; `ls`, `validate`,
   `check-attention` and `--help` as they are;
 - `attnbench data SOURCE NAME` asks the source whether it knows NAME and its options (nothing is
   downloaded); the commands that time or need a GPU (`bench*`, `smoke`, `evaluate`) answer
@@ -222,6 +223,11 @@ def check_attnbench(cmd: Command, argv: list[str], tmp: Path, capsys, monkeypatc
     checked, jobs = cheap_form(cmd, argv, tmp)
     if not checked:
         return
+    drawn = []
+    if "--replot" in checked:  # drawn, not rendered: test_figures.py renders each kind of figure
+        from bench_cli.results import plots
+
+        monkeypatch.setattr(plots, "save_figure", lambda fig, path, **options: drawn.append(Path(path)))
     code, out = attnbench_in_process(checked, capsys)
     if jobs == NO_RECORDS and code == 2:  # the name and the options parsed; its records do not exist here
         assert f"{NO_RECORDS} {checked[1]}" in out, f"{cmd}\n  exit {code}: {out.strip()[-1500:]}"
@@ -230,6 +236,9 @@ def check_attnbench(cmd: Command, argv: list[str], tmp: Path, capsys, monkeypatc
     if checked[-1] == "--help" and argv[-1:] != ["--help"]:  # a command that is not run: its options are known
         for option in (a.split("=")[0] for a in argv[1:] if a.startswith("--")):
             assert option in out, f"{cmd}: `attnbench {argv[0]} --help` does not know {option}"
+    if "--replot" in checked:
+        wanted = [Path(a.partition("=")[2]) for a in checked if a.startswith(("profile.plot=", "profile.figures."))]
+        assert wanted and {*wanted} <= {*drawn}, f"{cmd}: drew {drawn}, not {wanted}"
     if isinstance(jobs, int):
         planned = re.search(r": (\d+) jobs,", out)
         assert planned and int(planned.group(1)) == jobs, f"{cmd}: a run is one job; planned: {out[:300]}"
