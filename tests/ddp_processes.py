@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 
-# What the forkserver imports once, before it forks the processes of every run of the test process.
-PRELOADED = ["torch", "bench_cli.commands.cli", "bench_cli.engine.runner", "bench_cli.engine.trainer", "ddp_processes"]
+# What the forkserver imports once, before it forks the processes of every run of the test process
+# (torch._dynamo: every optimiser step of torch 2.13 imports it, 2 s of a process's first step).
+PRELOADED = ["torch", "torch._dynamo", "bench_cli.commands.cli", "bench_cli.engine.runner", "bench_cli.engine.trainer",
+             "ddp_processes"]
 
 
 def free_port() -> int:
@@ -62,6 +64,23 @@ def rank_main(rank: int, world: int, port: int, args: list[str], signal_at: tupl
     main(["run", *args])
 
 
+def preloaded_forkserver():
+    """The forkserver context, its server started with PRELOADED imported. A process has one
+    forkserver, which keeps the preload of whatever started it: after the ListOps generator's (it
+    preloads only itself: tasks/lra/listops_generator.py) each rank imported torch, Hydra and the
+    engine again, 5 s a rank. Such a server is stopped first, with the method CPython's own tests
+    stop it with (Lib/multiprocessing/forkserver.py ``ForkServer._stop``); a new one starts at the
+    next process."""
+    from multiprocessing import forkserver
+
+    fork = multiprocessing.get_context("forkserver")
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None and server._preload_modules != PRELOADED:
+        server._stop()
+    fork.set_forkserver_preload(PRELOADED)
+    return fork
+
+
 def run_ranks(workdir: Path, args: list[str], signal_at: tuple | None = None, world: int = 2,
               timeout: float = 60) -> tuple[list[int], str]:
     """The exit statuses of the ``world`` processes of one distributed run, and their output. A
@@ -70,8 +89,7 @@ def run_ranks(workdir: Path, args: list[str], signal_at: tuple | None = None, wo
     import torch.distributed as dist
 
     assert not dist.is_initialized()  # a forked process would inherit the group
-    fork = multiprocessing.get_context("forkserver")
-    fork.set_forkserver_preload(PRELOADED)
+    fork = preloaded_forkserver()
     port = free_port()
     logs = [str(Path(workdir) / f"rank{r}.log") for r in range(world)]
     procs = [fork.Process(target=rank_main, args=(r, world, port, args, signal_at, logs[r], dict(os.environ), os.getcwd()))
