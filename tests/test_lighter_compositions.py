@@ -17,8 +17,8 @@ from bench_cli.core.errors import UserError
 
 @pytest.fixture
 def hydra_as_is(monkeypatch):
-    """For the test: ``OmegaConf.load``, ``CachingConfigRepository.__init__`` and the two steps of a
-    composition as Hydra and OmegaConf ship them (none of this process's compositions re-install
+    """For the test: ``OmegaConf.load``, ``CachingConfigRepository.__init__`` and ``load_config``
+    and the two steps of a composition as Hydra and OmegaConf ship them (none of this process's compositions re-install
     the lighter ones)."""
     from hydra._internal import config_loader_impl
     from hydra._internal.config_repository import CachingConfigRepository
@@ -29,6 +29,7 @@ def hydra_as_is(monkeypatch):
         loader = config_loader_impl.ConfigLoaderImpl
         monkeypatch.setattr(OmegaConf, "load", staticmethod(OmegaConf.load.uncached))
         monkeypatch.setattr(CachingConfigRepository, "__init__", CachingConfigRepository.__init__.copies_store)
+        monkeypatch.setattr(CachingConfigRepository, "load_config", CachingConfigRepository.load_config.unshared)
         monkeypatch.setattr(config_loader_impl, "create_defaults_list",
                             config_loader_impl.create_defaults_list.unremembered)
         monkeypatch.setattr(loader, "_compose_config_from_defaults_list",
@@ -152,19 +153,23 @@ def test_each_composition_shares_the_config_store_and_copies_the_rest():
 
 
 # Config choices shared and not: values that differ, the same choices in another order, an added
-# key, a group removed, Hydra's own groups and an experiment (its defaults list is its own).
-REMEMBERED = [["task=uea", "model=attention_bn", "seed=1"], ["model=attention_bn", "task=uea", "seed=2"],
+# key, a group removed, Hydra's own groups and an experiment (its defaults list is its own). The
+# default choices come right after another model's: the root config's load result, shared between
+# compositions, must not keep the model that composition chose.
+REMEMBERED = [["task=uea", "model=attention_bn", "seed=1"], [], ["model=attention_bn", "task=uea", "seed=2"],
               ["task=uea", "model=attention_bn", "+probe=3", "trainer.max_epochs=2"], ["task=uea", "model=softmax"],
               ["~logger", "seed=4"], ["hydra/launcher=joblib", "seed=5"], ["hydra/launcher=joblib"],
-              ["experiment=primal_dual/table1", "seed=6"], ["experiment=primal_dual/table1"], []]
+              ["experiment=primal_dual/table1", "seed=6"], ["experiment=primal_dual/table1"]]
 
 
 def test_remembered_compositions_are_the_ones_hydra_makes(hydra_as_is, monkeypatch):
-    """Each override list composed twice with the defaults lists and merges remembered (the first
-    time from what an earlier list of the same choices left, the second from the memo alone), and
+    """Each override list composed twice with the defaults lists, merges and config loads remembered
+    (the first time from what an earlier list of the same choices left, the second from the memo
+    alone), and
     what the caller changes in a composition is not seen by the next: then as Hydra composes each."""
     monkeypatch.setattr(hydra_private, "_defaults_lists", {})
     monkeypatch.setattr(hydra_private, "_merged", {})
+    monkeypatch.setattr(hydra_private, "_load_results", {})
     remembered = []
     for overrides in REMEMBERED * 2:
         cfg = compose_unchecked(overrides, with_hydra=True)

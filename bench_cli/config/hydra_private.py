@@ -32,6 +32,10 @@ The private symbols, each with what it is used for:
   and ``hydra._internal.config_loader_impl.ConfigLoaderImpl._compose_config_from_defaults_list``:
   replaced, once per process, by the same functions remembering what they returned
   (``remember_compositions``);
+- ``hydra._internal.config_repository.CachingConfigRepository.load_config``: replaced, once per
+  process, by the same method taking a config file's load result (``ConfigResult``: the config,
+  its header and defaults list) from an earlier composition from the same config files
+  (``share_loaded_configs``);
 - ``hydra._internal.callbacks.Callbacks``: Hydra's callbacks around a run and a multirun;
 - ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments`` and
   ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_overrides_to_chunks``: a
@@ -44,6 +48,7 @@ The private symbols, each with what it is used for:
 from __future__ import annotations
 
 import copy
+import weakref
 from contextlib import contextmanager
 
 from bench_cli.config.kept_config import KeptConfig
@@ -61,14 +66,16 @@ def create_hydra(task_name: str, search_path):
 
 
 def lighter_compositions() -> None:
-    """From now on in this process, Hydra's compositions skip three costs that change nothing in
+    """From now on in this process, Hydra's compositions skip four costs that change nothing in
     what they compose: building again the defaults list and the merged config of config choices
     composed before from the same config files (``remember_compositions``), loading again a config
-    file whose text was loaded before (a copy of that config instead: omegaconf_private.py
+    file an earlier composition from the same config files loaded (``share_loaded_configs``) or
+    whose text was loaded before (a copy of that config instead: omegaconf_private.py
     ``load_each_yaml_once``), and the copy of Hydra's ConfigStore that each composition's
     repository made (``share_config_store``). Every Hydra attnbench creates (``create_hydra``)
     calls this first; calling it again changes nothing."""
     remember_compositions()
+    share_loaded_configs()
     load_each_yaml_once()
     share_config_store()
 
@@ -80,7 +87,13 @@ _defaults_lists: dict = {}
 _merged: dict = {}
 REMEMBERED_LIMIT = 128  # distinct config choices; a merged config is about 0.15 MB of nodes
 _fingerprints: dict = {}  # fingerprint -> a small number naming it in the keys above
-_last_repository: list = [None, None]  # (repository, its fingerprint's number) of the composition under way
+# The repository of each composition under way -> its fingerprint's number, taken when its defaults
+# list is made (the merge and the repository's loads read it there: hashing the files is 3 ms)
+_repository_fingerprints = weakref.WeakKeyDictionary()
+# What share_loaded_configs keeps, oldest first out past its limit: (fingerprint's number, config
+# path) -> the KeptConfig of a pickled ConfigResult (None: no source has that config)
+_load_results: dict = {}
+LOAD_RESULTS_LIMIT = 1024  # config files; a pickled result is a few kB
 
 
 def remember_compositions() -> None:
@@ -118,7 +131,8 @@ def remember_compositions() -> None:
         from hydra._internal.defaults_list import DefaultsList, Overrides
 
         fingerprint = _fingerprint_number(repo)
-        _last_repository[:] = [repo, fingerprint]
+        if fingerprint is not None:
+            _repository_fingerprints[repo] = fingerprint
         if fingerprint is None:
             return create_defaults_list(repo=repo, config_name=config_name, overrides_list=overrides_list,
                                         prepend_hydra=prepend_hydra, skip_missing=skip_missing)
@@ -139,8 +153,9 @@ def remember_compositions() -> None:
                             overrides=overrides)
 
     def remembered_merge(self, defaults, repo):
-        fingerprint = _last_repository[1] if _last_repository[0] is repo else _fingerprint_number(repo)
-        _last_repository[:] = [None, None]
+        fingerprint = _repository_fingerprints.get(repo)
+        if fingerprint is None:
+            fingerprint = _fingerprint_number(repo)
         if fingerprint is None:
             return compose_from_defaults(self, defaults=defaults, repo=repo)
         key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults))  # ResultDefault's fields
@@ -170,10 +185,46 @@ def _fingerprint_number(repo) -> int | None:
     return _fingerprints.setdefault(fingerprint, len(_fingerprints))
 
 
-def _remember(kept: dict, key, value) -> None:
+def _remember(kept: dict, key, value, limit: int = REMEMBERED_LIMIT) -> None:
     kept[key] = value
-    if len(kept) > REMEMBERED_LIMIT:
+    if len(kept) > limit:
         del kept[next(iter(kept))]
+
+
+def share_loaded_configs() -> None:
+    """From now on in this process, a composition's repository loads a config file that an earlier
+    composition from the same config files (the same fingerprint: source_fingerprint.py) loaded as
+    a copy of that load's result, instead of finding its source, reading it and parsing its defaults
+    list again (config_repository.py ``ConfigRepository.load_config``): a fifth of a new
+    composition's CPU, most of it for Hydra's own configs (hydra/config, job_logging, launcher...),
+    which every composition loads. The copies are unpickled (kept_config.py), so each composition
+    has its own, as Hydra's own loads give it; within a composition the repository still hands out
+    one result per path (its ``cache``). A repository whose fingerprint is not known (composed
+    outside ``remember_compositions``, or of a source that cannot be fingerprinted) loads as
+    Hydra does; a load that fails is not kept: it fails the same way each time."""
+    from hydra._internal.config_repository import CachingConfigRepository
+
+    if getattr(CachingConfigRepository.load_config, "unshared", None) is not None:
+        return
+    original = CachingConfigRepository.load_config
+
+    def load_config(self, config_path: str):
+        fingerprint = _repository_fingerprints.get(self)
+        cache_key = f"config_path={config_path}"  # Hydra's key in self.cache
+        if fingerprint is None or cache_key in self.cache:
+            return original(self, config_path)
+        key = (fingerprint, config_path)
+        if key in _load_results:
+            kept = _load_results[key]
+            result = kept.copy() if kept is not None else None
+        else:
+            result = self.delegate.load_config(config_path=config_path)
+            _remember(_load_results, key, KeptConfig(result) if result is not None else None, LOAD_RESULTS_LIMIT)
+        self.cache[cache_key] = result
+        return result
+
+    load_config.unshared = original  # Hydra's, for tests/test_lighter_compositions.py to compare with
+    CachingConfigRepository.load_config = load_config
 
 
 def share_config_store() -> None:

@@ -6,7 +6,9 @@ configs through) keeps every node's value, flags and metadata (a typed container
 rebuilt from its key and element types), at a fifth of deepcopy's CPU (8 -> 2 ms for a composed
 config with Hydra's node; 4 -> 0.8 ms for attnbench's root config file). Compositions hand out such
 copies thousands of times in a sweep's planning and in the test suite (hydra_private.py
-``remember_compositions``, omegaconf_private.py ``load_each_yaml_once``).
+``remember_compositions``, omegaconf_private.py ``load_each_yaml_once``); Hydra's load result of a
+config file (its ``ConfigResult``: the config, header and defaults list) is kept the same way
+(hydra_private.py ``share_loaded_configs``).
 
 Keep only root configs (the two callers keep what OmegaConf.load and Hydra's merge return): a node's
 pickle would carry copies of its parents. A config
