@@ -81,18 +81,24 @@ def read_ts(path: Path) -> tuple[list[np.ndarray], np.ndarray]:
 
 def read_ts_cached(path: Path, data_root: Path) -> tuple[list[np.ndarray], np.ndarray]:
     """``read_ts`` through the cache under ``<data root>/ts_cache/`` (keyed by the file's path,
-    size and mtime): a sweep parses each file once, not once per job. The
-    values round-trip exactly (float64 tensors)."""
+    size and mtime): a sweep parses each file once, not once per job. The values round-trip exactly
+    (float64). The series are kept as one tensor of every time step with their lengths, not as a
+    tensor per series: loading JapaneseVowels' 270 series took 0.11 s that way, three times the
+    parse it saves."""
     from attnbench.tasks.data import cached, file_signature
 
     def build():
         series, labels = read_ts(path)
-        return {"series": [torch.from_numpy(s) for s in series], "labels": labels.tolist(),
-                "numeric": labels.dtype.kind == "f"}
+        channels = series[0].shape[1] if series else 0
+        return {"values": torch.from_numpy(np.concatenate(series) if series else np.zeros((0, channels))),
+                "lengths": torch.tensor([len(s) for s in series], dtype=torch.int64),
+                "labels": labels.tolist(), "numeric": labels.dtype.kind == "f"}
 
-    data, _ = cached(Path(data_root).expanduser() / "ts_cache", Path(path).stem, {"file": file_signature([path])}, build)
+    key = {"file": file_signature([path]), "layout": "concatenated"}
+    data, _ = cached(Path(data_root).expanduser() / "ts_cache", Path(path).stem, key, build)
     labels = np.asarray(data["labels"], dtype=np.float64 if data["numeric"] else str)
-    return [s.numpy() for s in data["series"]], labels
+    ends = np.cumsum(data["lengths"].numpy())[:-1]
+    return np.split(data["values"].numpy(), ends), labels
 
 
 def interpolate_missing(x: np.ndarray) -> np.ndarray:

@@ -365,7 +365,7 @@ def test_a_cache_entry_of_another_shape_is_a_miss_rebuilt_with_a_warning(uea_fix
     source = uea_fixture / "Fixture_TRAIN.ts"
     series, labels = read_ts_cached(source, workdir / "data")
     (entry,) = (workdir / "data" / "ts_cache").glob("*.pt")
-    for foreign in ({"series": [1, 2], "labels": "x", "numeric": False}, [1, 2, 3]):
+    for foreign in ({"values": [1, 2], "lengths": "x", "labels": "x", "numeric": False}, [1, 2, 3]):
         monkeypatch.setattr(errors, "_WARNED", set())  # each foreign entry says so (once per process)
         torch.save(foreign, entry)
         again, labels_again = read_ts_cached(source, workdir / "data")
