@@ -25,14 +25,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
-def pytest_collection_modifyitems(config, items):
-    """The tests marked slow (end-to-end runs, the processes they start: 5-18 s each) first, each
-    group in its collected order: the workers share them out while most tests remain, and the run
-    ends on tests of a second or less instead of one worker finishing a DDP test alone (10 s of one
-    idle core at the end of a run, measured)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_collection_finish(session):
     """Once the tests are collected, what is in memory (torch, Hydra, the test modules: hundreds of
     thousands of objects) is moved out of the garbage collector's reach (gc.freeze), and a young

@@ -15,7 +15,6 @@ TINY = ["--against-reference", "--seq-lens", "128", "--d-model", "16", "--heads"
         "--budget", "0"]
 
 
-@pytest.mark.slow
 def test_times_each_baseline_against_its_reference(capsys):
     packaged = bench_reference.import_transformers() is not None
     results = main(TINY)

@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("bench_cli", "attnbench", "tasks", "models", "conf", "tests", "pyproject.toml")
 
@@ -56,7 +54,6 @@ def broken_copy(tmp: Path, file: str, before: str, after: str) -> Path:
     return tmp
 
 
-@pytest.mark.slow
 def test_the_guarding_tests_fail_against_each_broken_copy(tmp_path):
     spec = []
     for number, (name, (file, before, after, guards)) in enumerate(MUTATIONS.items()):

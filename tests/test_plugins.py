@@ -155,7 +155,6 @@ def test_a_profile_of_a_plugin_attention_is_named_after_it(isolated, workdir, ca
     assert row["model"] == row["attention"] == "elu_linear"
 
 
-@pytest.mark.slow
 @pytest.mark.usefixtures("uea_fixture")
 def test_joblib_sweep_workers_import_the_configured_plugin(plugin_dir, workdir):
     paths = [f"paths.data_root={workdir / 'data'}", f"paths.output_dir={workdir / 'outputs'}",

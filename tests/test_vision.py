@@ -524,7 +524,6 @@ def test_precision_bf16_runs_on_the_cpu_and_fp16_is_refused_there(workdir, singl
     assert row["precision"] == "bf16"  # the record says what it trained in
 
 
-@pytest.mark.slow
 def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(workdir, monkeypatch):
     """gloo, 2 processes x 32 samples vs 1 process x 64: the same global batches (the
     DistributedSampler's permutation), the averaged gradients, the summed evaluation statistics:
@@ -559,7 +558,6 @@ VISION_EXPERIMENTS = ("pay_better_attention/table1", "pay_better_attention/table
                       "primal_dual/table3", "primal_dual/table6", "primal_attention/imagenet")
 
 
-@pytest.mark.slow
 def test_every_vision_experiment_job_composes_and_its_model_fits_and_builds():
     """Every job of every vision table's grid: composes, its attentions fill the task's roles and
     its model builds (on synthetic shapes: no dataset needed); Super's l is the config's tokens."""
