@@ -2,14 +2,14 @@
 (lightning-hydra-template style): tiny shapes, the real code paths."""
 from __future__ import annotations
 
-import copy
 import functools
 
 import pytest
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from bench_cli.config.compose import compose, group_options, load_option
+from conftest import with_model
 from bench_cli.core.errors import UserError
 from bench_cli.config.taskfit import build_task, check_model_fits_task
 from bench_cli.commands.validate import check_model_builds
@@ -46,13 +46,9 @@ def task_config(task: str):
 
 
 def task_with_model(task: str, model: str):
-    """The task's smoke config composed once, with the model group's option put in its place: what
-    Hydra composes for `task=... model=...` (test_model_options_compose_as_loaded checks that), for a
-    fraction of the cost of a composition per pair."""
-    cfg = copy.deepcopy(task_config(task))
-    with open_dict(cfg):
-        cfg.model = load_option("model", model)
-    return cfg
+    """The task's smoke config composed once, with the model group's option put in its place
+    (conftest.with_model): what Hydra composes for `task=... model=...`."""
+    return with_model(task_config(task), model)
 
 
 @pytest.mark.parametrize("model", MODELS)
