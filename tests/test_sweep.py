@@ -535,3 +535,46 @@ def json_claims(path: Path) -> dict:
         return json.loads(path.read_text() or "{}")
     except (OSError, ValueError):  # not written yet, or being replaced
         return {}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="forks a process")
+def test_a_process_forked_while_a_sweep_launches_does_not_stop_the_sweep():
+    """A data loader's worker forked by a job run in the sweep's own process inherits the sweep's
+    signal handler: a SIGTERM to it (its loader ending it) ends that worker as SIGTERM would have,
+    and leaves the sweep unmarked (a mark left behind would make the process's later sweeps start
+    none of their jobs: "not started", no record)."""
+    import signal
+
+    from bench_cli.commands.sweep import stop
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what the worker takes: SIGTERM's default
+    try:
+        forked_worker_signalled(stop)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def forked_worker_signalled(stop) -> None:
+    import os
+    import signal
+    import time
+
+    with stop.stopping_jobs_with_the_sweep([], [], 60.0, print):
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the forked worker: signalled while it runs Python; never back into pytest
+            try:
+                os.close(read)
+                os.write(write, b"r")  # running: a signal before Python's after-fork reset would be lost
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
+            finally:
+                os._exit(3)
+        os.close(write)
+        assert os.read(read, 1) == b"r"
+        os.close(read)
+        os.kill(child, signal.SIGTERM)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert not stop.stopping(os.getpid())

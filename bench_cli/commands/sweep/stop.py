@@ -58,11 +58,20 @@ def stopping_jobs_with_the_sweep(paths, keys, ttl_s: float, say):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    marker, handed = _marker(os.getpid()), {}
+    sweep_pid = os.getpid()
+    marker, handed = _marker(sweep_pid), {}
     signums = [getattr(signal, n) for n in (*TERMINATION_SIGNALS, "SIGINT") if hasattr(signal, n)]
     before = {signum: signal.getsignal(signum) for signum in signums}
 
     def handler(signum, frame):
+        if os.getpid() != sweep_pid:
+            # a process forked while the sweep launched (the data loader workers of a job run in the
+            # sweep's own process) inherits this handler but is not the sweep: were it to mark the
+            # sweep stopping (a worker terminated after the sweep ended), every later sweep of that
+            # process would take its jobs for "not started". It takes the signal as it would have.
+            signal.signal(signum, before[signum])
+            signal.raise_signal(signum)
+            return
         if marker.exists():  # a second signal: at once
             raise Interrupted(signum)
         marker.touch()
