@@ -88,9 +88,8 @@ def read_ts_cached(path: Path, data_root: Path) -> tuple[list[np.ndarray], np.nd
     from attnbench.tasks.data import cached, file_signature
 
     def build():
-        series, labels = read_ts(path)
-        channels = series[0].shape[1] if series else 0
-        return {"values": torch.from_numpy(np.concatenate(series) if series else np.zeros((0, channels))),
+        series, labels = read_ts(path)  # at least one series: a file without any is refused
+        return {"values": torch.from_numpy(np.concatenate(series)),
                 "lengths": torch.tensor([len(s) for s in series], dtype=torch.int64),
                 "labels": labels.tolist(), "numeric": labels.dtype.kind == "f"}
 

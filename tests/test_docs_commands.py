@@ -8,8 +8,8 @@ How each command is checked, cheaply (the whole file takes well under a minute):
   `run --cfg ...` and the other flags that print and run nothing run as they are;
 - `attnbench sweep` runs with `--dry-run`; `profile` with timing, FLOPs and memory off and its CSV
   and plot in a temporary folder (`profile --replot` draws its figures from a committed CSV but
-  renders none: tests/test_figures.py renders each kind); `report` with `--out` a temporary folder; `ls`, `validate`,
-  `check-attention` and `--help` as they are;
+  renders none: tests/test_figures.py renders each kind); `report` with `--out` a temporary folder;
+  `ls`, `validate`, `check-attention` and `--help` as they are;
 - `attnbench data SOURCE NAME` asks the source whether it knows NAME and its options (nothing is
   downloaded); the commands that time or need a GPU (`bench*`, `smoke`, `evaluate`) answer
   `--help`, which must name every option the manual gives them;
@@ -222,7 +222,7 @@ def check_attnbench(cmd: Command, argv: list[str], tmp: Path, capsys, monkeypatc
         monkeypatch.setenv(key, value)
     checked, jobs = cheap_form(cmd, argv, tmp)
     form = (tuple(checked), tuple(sorted(cmd.env.items())), jobs)
-    if not checked or ("--replot" not in checked and form in CHECKED_FORMS):  # checked as it is already
+    if not checked or form in CHECKED_FORMS:  # checked as it is already
         return
     drawn = []
     if "--replot" in checked:  # drawn, not rendered: test_figures.py renders each kind of figure

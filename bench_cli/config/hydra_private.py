@@ -131,11 +131,10 @@ def remember_compositions() -> None:
         from hydra._internal.defaults_list import DefaultsList, Overrides
 
         fingerprint = _fingerprint_number(repo)
-        if fingerprint is not None:
-            _repository_fingerprints[repo] = fingerprint
         if fingerprint is None:
             return create_defaults_list(repo=repo, config_name=config_name, overrides_list=overrides_list,
                                         prepend_hydra=prepend_hydra, skip_missing=skip_missing)
+        _repository_fingerprints[repo] = fingerprint
         values = Overrides(repo=repo, overrides_list=overrides_list).config_overrides
         choices = tuple(o.input_line for o in overrides_list
                         if not o.is_sweep_override() and not any(o is value for value in values))

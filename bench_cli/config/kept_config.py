@@ -10,25 +10,25 @@ copies thousands of times in a sweep's planning and in the test suite (hydra_pri
 config file (its ``ConfigResult``: the config, header and defaults list) is kept the same way
 (hydra_private.py ``share_loaded_configs``).
 
-Keep only root configs (the two callers keep what OmegaConf.load and Hydra's merge return): a node's
-pickle would carry copies of its parents. A config
-holding a value that cannot be pickled is deep-copied instead, as before.
+Keep only root configs (the callers keep what OmegaConf.load, Hydra's merge and Hydra's load
+return): a node's pickle would carry copies of its parents. A config holding a value that cannot be
+pickled is deep-copied instead, as before.
 """
 from __future__ import annotations
 
 import copy
 import pickle
 
-from omegaconf import Container
+from typing import Any
 
 
 class KeptConfig:
-    def __init__(self, cfg: Container) -> None:
+    def __init__(self, cfg: Any) -> None:
         try:
             self._pickled, self._config = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL), None
         except Exception:  # noqa: BLE001 - any value pickle refuses: deep copies, as before
             self._pickled, self._config = None, copy.deepcopy(cfg)
 
-    def copy(self) -> Container:
+    def copy(self) -> Any:
         """A new copy, sharing nothing with the config kept or with earlier copies."""
         return pickle.loads(self._pickled) if self._pickled is not None else copy.deepcopy(self._config)
