@@ -18,7 +18,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -183,6 +182,9 @@ def tser_fixture(workdir):
 @pytest.fixture
 def single_thread():
     """One intra-op thread: tiny shapes run fastest that way, above all on a busy 2-core machine."""
+    import torch  # here, not at the top: xdist's controller loads this file before it starts the
+    # workers, and has no use for torch (2 s of the suite's start)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -192,6 +194,8 @@ def single_thread():
 @pytest.fixture
 def float64_single_thread(single_thread):
     """Equation tests compare in float64, on one thread."""
+    import torch
+
     dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     yield
