@@ -158,15 +158,17 @@ def test_measurement_is_reused_for_the_same_shapes_and_not_for_value_reading_mod
     assert reads.seen == {"_local_scalar_dense", "index"}
 
 
-def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure():
+def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure(monkeypatch):
     """The setup's objects are out of the collector's sight while training only: a sweep worker's
     next job must be able to collect them, also after a job that failed. A process that froze
     objects of its own before the run (this test worker: tests/conftest.py) keeps them frozen."""
     import gc
 
+    from bench_cli.engine import runner
     from bench_cli.engine.runner import setup_frozen
 
     gc.unfreeze()  # a process that has frozen nothing, as `attnbench run` and a sweep worker start
+    monkeypatch.setattr(runner, "_caller_froze", False)
     try:
         with pytest.raises(RuntimeError):
             with setup_frozen():
@@ -177,9 +179,11 @@ def test_training_runs_with_the_setup_frozen_and_unfreezes_after_a_failure():
         gc.collect()
         gc.freeze()  # the worker's own freeze, as conftest made it
     frozen = gc.get_freeze_count()
+    monkeypatch.setattr(runner, "_caller_froze", False)  # a caller's freeze not seen yet: found by the run
     with setup_frozen():
         pass
     assert gc.get_freeze_count() == frozen, "a run undid the freeze of the process that called it"
+    assert runner._caller_froze  # and the later runs of this process take it as kept
 
 
 def test_bench_overhead_bare_loop_does_the_runs_work_and_both_split_their_stages(uea_fixture, workdir, capsys):
