@@ -88,6 +88,27 @@ def with_model(cfg, model: str):
 
 
 @functools.cache
+def composed(overrides: tuple[str, ...]):
+    """``overrides`` composed once per test process (callers copy before they change it)."""
+    from bench_cli.config.compose import compose
+
+    return compose(list(overrides))
+
+
+def causal_config(overrides: tuple[str, ...], model: str, dataset: str):
+    """What Hydra composes for ``overrides`` with ``model=<model>`` and
+    ``+per_dataset.data_dependent.<model>.<dataset>=false`` (a causal Primal-Attention takes
+    data-independent weights, Listing 1), from one composition of ``overrides`` per process: the
+    model's option put in its place (``with_model``), then that key added."""
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = with_model(composed(overrides), model)
+    with open_dict(cfg):
+        OmegaConf.update(cfg, f"per_dataset.data_dependent.{model}.{dataset}", False, force_add=True)
+    return cfg
+
+
+@functools.cache
 def composed_models() -> dict:
     """Every model preset in the default composition, once per test process (each worker's
     collection parametrises over them: composing each was 3 s of every worker's collection)."""

@@ -14,7 +14,7 @@ import torch
 from bench_cli.commands.cli import main
 from bench_cli.config.compose import compose
 from bench_cli.results.csv_store import read_records
-from conftest import causal_models
+from conftest import causal_config, causal_models
 from attnbench.tasks import task_class
 from attnbench.tasks.fetch import fetcher
 from attnbench.tasks.d4rl.data import TrajectoryWindows, d4rl_filename, normalized_score, read_hdf5, trajectory_bounds
@@ -151,8 +151,8 @@ def test_rollouts_match_gymnasium_stepped_by_hand():
 
 @pytest.mark.parametrize("model", causal_models(3))
 def test_every_causal_variant_is_causal_in_the_decision_transformer(model, tmp_path):
-    cfg = compose(["task=d4rl", f"model={model}", "task.backbone.d_model=16", "task.backbone.d_ff=32",
-                   "task.backbone.n_heads=2", "task.context_len=6", f"+per_dataset.data_dependent.{model}.hopper-medium-v2=false"])
+    cfg = causal_config(("task=d4rl", "task.backbone.d_model=16", "task.backbone.d_ff=32", "task.backbone.n_heads=2",
+                         "task.context_len=6"), model, "hopper-medium-v2")
     task = task_class("d4rl")(cfg.task, tmp_path)
     task.setup_synthetic(18)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from bench_cli.commands.cli import main
 from bench_cli.config.compose import compose
 from bench_cli.core.errors import UserError
 from bench_cli.results.csv_store import read_records
-from conftest import causal_models
+from conftest import causal_config, causal_models
 from attnbench.tasks import task_class
 from bench_cli.core.task import EvalContext
 from attnbench.tasks.lm.wikitext import EOS, IGNORE, UNK, TokenBlocks, build_dictionary, read_lines, tokenize_line
@@ -128,9 +128,8 @@ def test_evaluator_matches_scoring_each_token_on_its_own_context(tmp_path):
 
 @pytest.mark.parametrize("model", causal_models(2))
 def test_every_causal_variant_is_causal_in_the_lm(model, tmp_path):
-    cfg = compose(["task=lm", f"model={model}", "task.backbone.d_model=16", "task.backbone.d_ff=32",
-                   "task.backbone.n_layers=2", "task.backbone.n_heads=2", "task.tokens_per_sample=12",
-                   f"+per_dataset.data_dependent.{model}.wikitext103=false"])
+    cfg = causal_config(("task=lm", "task.backbone.d_model=16", "task.backbone.d_ff=32", "task.backbone.n_layers=2",
+                         "task.backbone.n_heads=2", "task.tokens_per_sample=12"), model, "wikitext103")
     task = task_class("lm")(cfg.task, tmp_path)
     task.setup_synthetic(12)
     torch.manual_seed(0)
