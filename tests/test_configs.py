@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_cli.config.compose import compose, group_options, load_option
-from conftest import with_model
+from conftest import causal_config, composed, with_model
 from bench_cli.core.errors import UserError
 from bench_cli.config.taskfit import build_task, check_model_fits_task
 from bench_cli.commands.validate import check_model_builds
@@ -33,22 +33,17 @@ def smoke_overrides(task: str) -> tuple[str, ...]:
     """The task's overrides for a smoke step: SMALL, and 16 per head where the paper-size width is
     slow here. Composed once per task (a composition costs about 0.3 s), not once per model."""
     overrides = (f"task={task}", *SMALL.get(task, []))
-    backbone = compose(list(overrides)).task.get("backbone") or {}
+    backbone = composed(overrides).task.get("backbone") or {}
     if backbone.get("d_model", 0) > 128:
         width = 16 * int(backbone.get("n_heads") or 4)
         overrides += (f"task.backbone.d_model={width}", f"task.backbone.d_ff={2 * width}")
     return overrides
 
 
-@functools.cache
-def task_config(task: str):
-    return compose(list(smoke_overrides(task)))
-
-
 def task_with_model(task: str, model: str):
     """The task's smoke config composed once, with the model group's option put in its place
     (conftest.with_model): what Hydra composes for `task=... model=...`."""
-    return with_model(task_config(task), model)
+    return with_model(composed(smoke_overrides(task)), model)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -60,7 +55,6 @@ def test_model_options_compose_as_loaded(model):
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("task", TASKS)
 def test_task_model_preset_builds_and_trains_one_step(task, model):
-    overrides = [*smoke_overrides(task), f"model={model}"]
     cfg = task_with_model(task, model)
     assert cfg.model.name == model and cfg.task.name == task
     t = build_task(cfg)
@@ -76,7 +70,7 @@ def test_task_model_preset_builds_and_trains_one_step(task, model):
         # runs once the experiment's per_dataset table says so
         with pytest.raises(UserError, match="data_dependent=false"):
             check_model_builds(t, cfg)
-        cfg = compose([*overrides, f"+per_dataset.data_dependent.{model}.{cfg.task.dataset}=false"])
+        cfg = causal_config(smoke_overrides(task), model, cfg.task.dataset)
         t = build_task(cfg)
     seq_len = 16
     t.setup_synthetic(seq_len)
