@@ -6,8 +6,9 @@ A pytest plugin (loaded by tests/conftest.py) that, for every test:
   on one of the two workers is most of the tail. The limit is on each phase, so a session fixture
   that trains a shared model counts once, in the setup of the first test that uses it;
 - with ``ATTNBENCH_TEST_DURATIONS=FILE`` set, appends one JSON line per test to ``FILE.<worker>``:
-  its wall time (setup + call + teardown) and the CPU seconds spent in the test process and in the
-  child processes it started and waited for (an `attnbench` command, a pytest of a broken copy).
+  its wall time (setup + call + teardown), the CPU seconds spent in the test process and in the
+  child processes it started and waited for (an `attnbench` command, a pytest of a broken copy),
+  and the children's share of them (what a process started once per test costs).
 
 ``python tests/durations.py FILE`` (what `make test-durations` runs after the suite) reads those
 lines and prints the CPU seconds per test file and the slowest tests (each name whole, on a line
@@ -38,11 +39,10 @@ def limit_s() -> float:
     return float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_S))
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and of its waited-for children so far."""
-    own = time.process_time()
+def cpu_seconds() -> tuple[float, float]:
+    """CPU time (user + system) of this process, and of its waited-for children, so far."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own + children.ru_utime + children.ru_stime
+    return time.process_time(), children.ru_utime + children.ru_stime
 
 
 class DurationPlugin:
@@ -55,11 +55,13 @@ class DurationPlugin:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        wall, cpu = time.perf_counter(), cpu_seconds()
+        wall, (own, children) = time.perf_counter(), cpu_seconds()
         yield
         if self.record is not None:
+            own_after, children_after = cpu_seconds()
             line = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 3),
-                    "cpu_s": round(cpu_seconds() - cpu, 3)}
+                    "cpu_s": round(own_after - own + children_after - children, 3),
+                    "child_cpu_s": round(children_after - children, 3)}
             with open(self.record, "a") as f:
                 f.write(json.dumps(line) + "\n")
 
@@ -96,22 +98,26 @@ def read_lines(prefix: Path) -> list[dict]:
 
 
 def report(rows: list[dict], slowest: int = 15) -> str:
-    per_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    per_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     for row in rows:
         entry = per_file[row["test"].split("::")[0]]
         entry[0] += row["cpu_s"]
-        entry[1] += row["wall_s"]
-        entry[2] += 1
+        entry[1] += row.get("child_cpu_s", 0.0)  # records written before the column: none counted
+        entry[2] += row["wall_s"]
+        entry[3] += 1
     cpu, wall = sum(r["cpu_s"] for r in rows), sum(r["wall_s"] for r in rows)
-    lines = [f"{len(rows)} tests: {cpu:.0f} s of CPU, {wall:.0f} s of test wall time (summed over workers)",
-             "", f"{'CPU s':>7} {'wall s':>7} {'tests':>5}  file"]
-    for name, (c, w, n) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
-        lines.append(f"{c:7.1f} {w:7.1f} {n:5d}  {name.removeprefix('tests/')}")
+    children = sum(r.get("child_cpu_s", 0.0) for r in rows)
+    lines = [f"{len(rows)} tests: {cpu:.0f} s of CPU ({children:.0f} s of it in the processes they started),",
+             f"{wall:.0f} s of test wall time (summed over workers)",
+             "", f"{'CPU s':>7} {'in children':>11} {'wall s':>7} {'tests':>5}  file"]
+    for name, (c, child, w, n) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{c:7.1f} {child:11.1f} {w:7.1f} {n:5d}  {name.removeprefix('tests/')}")
     # a test's name is often longer than a table's column: each on a line of its own, whole
     lines += ["", f"the {slowest} slowest tests (wall; limit {limit_s():g} s each for setup and call):"]
     for row in sorted(rows, key=lambda r: -r["wall_s"])[:slowest]:
         file, _, test = row["test"].removeprefix("tests/").partition("::")
-        lines += [f"{row['wall_s']:7.1f} s wall {row['cpu_s']:7.1f} s CPU  {file}", f"    {test}"]
+        lines += [f"{row['wall_s']:7.1f} s wall {row['cpu_s']:7.1f} s CPU "
+                  f"({row.get('child_cpu_s', 0.0):.1f} in children)  {file}", f"    {test}"]
     return "\n".join(lines)
 
 

@@ -57,6 +57,9 @@ def test_under_the_limit_nothing_fails_and_the_record_counts_child_cpu(pytester,
     assert set(rows) == {"test_timed.py::test_sleeps", "test_timed.py::test_starts_a_child"}
     assert rows["test_timed.py::test_sleeps"]["wall_s"] >= 0.3 > rows["test_timed.py::test_sleeps"]["cpu_s"]
     assert rows["test_timed.py::test_starts_a_child"]["cpu_s"] > 0.02  # the child's interpreter and its sum
+    child = rows["test_timed.py::test_starts_a_child"]["child_cpu_s"]
+    assert 0.02 < child <= rows["test_timed.py::test_starts_a_child"]["cpu_s"]
+    assert rows["test_timed.py::test_sleeps"]["child_cpu_s"] == 0
     table = durations.report(list(rows.values()))
-    assert "test_timed.py" in table and "test_starts_a_child" in table
+    assert "test_timed.py" in table and "test_starts_a_child" in table and f"({child:.1f} in children)" in table
     assert all(len(line) <= 80 for line in table.splitlines())
