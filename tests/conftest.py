@@ -107,6 +107,35 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def plugin_folder(tmp_path, monkeypatch) -> Path:
+    """A folder first on sys.path, as PYTHONPATH puts a user's plugins, for plugin modules imported
+    in the test's process as a fresh process imports them: no plugin loaded yet, no user config
+    folder, ATTNBENCH_PLUGINS unset. Afterwards the registries, the plugins, the environment and
+    sys.modules are as before (the modules imported from the folder are forgotten)."""
+    import attnbench.tasks as tasks
+    from attnbench.models.attention import registry
+    from bench_cli.config import checks, plugins, search_path
+
+    folder = tmp_path / "plugins"
+    folder.mkdir(exist_ok=True)
+    tasks.discover()  # the families stay registered after the test only if discovered first
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(search_path, "_SEARCHPATH_DIRS", [])
+    monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(folder))
+    plugins._packages.cache_clear()
+    with registry.ATTENTIONS.restoring(), tasks.TASKS.restoring():
+        yield folder
+    for name, module in list(sys.modules.items()):
+        if Path(getattr(module, "__file__", None) or "/").is_relative_to(folder):
+            del sys.modules[name]
+    plugins._packages.cache_clear()
+    checks._group_defaults.cache_clear()
+
+
 def write_ts(path: Path, series: list[np.ndarray], labels: list, classes: list[str] | None, missing: bool) -> None:
     """Write multivariate series (length_i, channels) in the `.ts` format; NaN -> '?'. With
     ``classes`` a classification file (``@classLabel true ...``), without one a regression file
