@@ -56,6 +56,42 @@ def attnbench(*args: str, env: dict | None = None, timeout: float = 300, **kw) -
                           env={**os.environ, **(env or {})}, **kw)
 
 
+# The CLI's commands (a JSON list of argument lists, argv[1]) one after the other in one process, each
+# followed by its exit status on stdout and the separator (argv[2]) on both streams.
+COMMANDS_MAIN = """
+import json, sys
+from bench_cli.commands.cli import main
+for args in json.loads(sys.argv[1]):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    print("exit status", code, flush=True)
+    for stream in (sys.stdout, sys.stderr):
+        print(sys.argv[2], file=stream, flush=True)
+"""
+SEPARATOR = "--- the next command ---"
+
+
+def commands_in_one_process(commands: list[list[str]], prelude: str = "", env: dict | None = None,
+                            timeout: float = 120, **kw) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of each of ``commands`` run one after the other in one fresh
+    process, after ``prelude`` (code run before the CLI is imported). For what only a fresh
+    interpreter shows (its imports), where a process per command would cost seconds of imports each."""
+    import json
+
+    done = subprocess.run([sys.executable, "-c", prelude + COMMANDS_MAIN, json.dumps(commands), SEPARATOR],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, **kw)
+    outs, errs = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")
+    assert done.returncode == 0 and len(outs) == len(errs) == len(commands) + 1, done.stdout + done.stderr
+    results = []
+    for out, err in zip(outs[:-1], errs[:-1]):  # after the last separator: nothing
+        *lines, status = out.rstrip("\n").splitlines()
+        results.append((int(status.removeprefix("exit status ")), "\n".join(lines), err))
+    return results
+
+
 def python_path_with(folder) -> str:
     """PYTHONPATH with ``folder`` first and the one this process was given after it (the checkout
     under test stays importable in the child)."""

@@ -3,15 +3,13 @@ without any of them, and a family whose extra is missing is one line naming it (
 'attnbench[vision]'`), exit status 2."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from bench_cli.core.extras import MissingExtraError, require
+from conftest import commands_in_one_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,14 +18,11 @@ EXTRA_MODULES = {"vision": ["torchvision", "timm", "mlxtend"], "rl": ["h5py", "g
                  "text": ["datasets", "sacrebleu"], "wandb": ["wandb"], "tensorboard": ["tensorboard"],
                  "bench": ["transformers"], "tune": ["optuna"]}
 
-# Runs the CLI's commands (a JSON list of argument lists) one after the other in one fresh process
-# with the named top-level modules made unimportable, as in an environment where their extra was not
-# installed (a meta path finder refusing them, before anything imports). After each command, its exit
-# status on stdout and a separator on both streams.
-BLOCKED_MAIN = """
-import json, sys
+# Makes the top-level modules named in `blocked` unimportable, as in an environment where their extra
+# was not installed (a meta path finder refusing them, before anything imports).
+BLOCKER = """
+import sys
 from importlib.abc import MetaPathFinder
-blocked = set(sys.argv[1].split(","))
 
 class Blocker(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -36,39 +31,20 @@ class Blocker(MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Blocker())
-from bench_cli.commands.cli import main
-for args in json.loads(sys.argv[2]):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    print(f"exit status {code}", flush=True)
-    for stream in (sys.stdout, sys.stderr):
-        print(sys.argv[3], file=stream, flush=True)
 """
-SEPARATOR = "--- the next command ---"
 COMMANDS = {"ls": ["ls"], "validate uea": ["validate", "task.dataset=BasicMotions"],
             "validate vit": ["validate", "task=vit", "task.dataset=mnist5k"]}
 
 
 @pytest.fixture(scope="module")
 def without_extras(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
-    """{command: (exit status, stdout, stderr)} of COMMANDS run in one process where no module of any
-    extra is importable (one process: each costs seconds of imports)."""
+    """{command: (exit status, stdout, stderr)} of COMMANDS, run in one process where no module of any
+    extra is importable."""
     workdir = tmp_path_factory.mktemp("without_extras")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTNBENCH_DATA": str(workdir / "data"),
-           "ATTNBENCH_OUTPUT": str(workdir / "outputs")}
-    done = subprocess.run([sys.executable, "-c", BLOCKED_MAIN, ",".join(sum(EXTRA_MODULES.values(), [])),
-                           json.dumps(list(COMMANDS.values())), SEPARATOR], capture_output=True, text=True,
-                          timeout=120, cwd=workdir, env=env)
-    outs, errs = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")
-    assert done.returncode == 0 and len(outs) == len(errs) == len(COMMANDS) + 1, done.stdout + done.stderr
-    results = {}
-    for name, out, err in zip(COMMANDS, outs, errs):
-        *lines, status = out.rstrip("\n").splitlines()
-        results[name] = (int(status.removeprefix("exit status ")), "\n".join(lines), err)
-    return results
+    prelude = f"blocked = {set(sum(EXTRA_MODULES.values(), []))!r}\n" + BLOCKER
+    env = {"PYTHONPATH": str(ROOT), "ATTNBENCH_DATA": str(workdir / "data"), "ATTNBENCH_OUTPUT": str(workdir / "outputs")}
+    done = commands_in_one_process(list(COMMANDS.values()), prelude, env, cwd=workdir)
+    return dict(zip(COMMANDS, done))
 
 
 def test_pyproject_pins_no_torch_and_names_every_extra():
