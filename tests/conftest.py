@@ -55,6 +55,42 @@ def attnbench(*args: str, env: dict | None = None, timeout: float = 300, **kw) -
                           env={**os.environ, **(env or {})}, **kw)
 
 
+# The CLI's commands (a JSON list of argument lists, argv[1]) one after the other in one process, each
+# followed by its exit status on stdout and the separator (argv[2]) on both streams.
+COMMANDS_MAIN = """
+import json, sys
+from bench_cli.commands.cli import main
+for args in json.loads(sys.argv[1]):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    print("exit status", code, flush=True)
+    for stream in (sys.stdout, sys.stderr):
+        print(sys.argv[2], file=stream, flush=True)
+"""
+SEPARATOR = "--- the next command ---"
+
+
+def commands_in_one_process(commands: list[list[str]], prelude: str = "", env: dict | None = None,
+                            timeout: float = 120, **kw) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of each of ``commands`` run one after the other in one fresh
+    process, after ``prelude`` (code run before the CLI is imported). For what only a fresh
+    interpreter shows (its imports), where a process per command would cost seconds of imports each."""
+    import json
+
+    done = subprocess.run([sys.executable, "-c", prelude + COMMANDS_MAIN, json.dumps(commands), SEPARATOR],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, **kw)
+    outs, errs = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")
+    assert done.returncode == 0 and len(outs) == len(errs) == len(commands) + 1, done.stdout + done.stderr
+    results = []
+    for out, err in zip(outs[:-1], errs[:-1]):  # after the last separator: nothing
+        *lines, status = out.rstrip("\n").splitlines()
+        results.append((int(status.removeprefix("exit status ")), "\n".join(lines), err))
+    return results
+
+
 def python_path_with(folder) -> str:
     """PYTHONPATH with ``folder`` first and the one this process was given after it (the checkout
     under test stays importable in the child)."""
@@ -125,6 +161,35 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("ATTNBENCH_OUTPUT", str(tmp_path / "outputs"))
     return tmp_path
+
+
+@pytest.fixture
+def plugin_folder(tmp_path, monkeypatch) -> Path:
+    """A folder first on sys.path, as PYTHONPATH puts a user's plugins, for plugin modules imported
+    in the test's process as a fresh process imports them: no plugin loaded yet, no user config
+    folder, ATTNBENCH_PLUGINS unset. Afterwards the registries, the plugins, the environment and
+    sys.modules are as before (the modules imported from the folder are forgotten)."""
+    import attnbench.tasks as tasks
+    from attnbench.models.attention import registry
+    from bench_cli.config import checks, plugins, search_path
+
+    folder = tmp_path / "plugins"
+    folder.mkdir(exist_ok=True)
+    tasks.discover()  # the families stay registered after the test only if discovered first
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
+    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
+    monkeypatch.setattr(search_path, "_SEARCHPATH_DIRS", [])
+    monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(folder))
+    plugins._packages.cache_clear()
+    with registry.ATTENTIONS.restoring(), tasks.TASKS.restoring():
+        yield folder
+    for name, module in list(sys.modules.items()):
+        if Path(getattr(module, "__file__", None) or "/").is_relative_to(folder):
+            del sys.modules[name]
+    plugins._packages.cache_clear()
+    checks._group_defaults.cache_clear()
 
 
 def write_ts(path: Path, series: list[np.ndarray], labels: list, classes: list[str] | None, missing: bool) -> None:

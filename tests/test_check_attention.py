@@ -2,8 +2,6 @@
 attentions that break a declared property fail naming it (test-local variants registered here)."""
 from __future__ import annotations
 
-import os
-import sys
 import textwrap
 
 import pytest
@@ -13,7 +11,6 @@ from bench_cli.commands.check_attention import PROPERTIES
 from bench_cli.commands.cli import main
 from attnbench.models.attention import ATTENTIONS, Capabilities, ProjectedAttention, available_attentions, register_attention
 from attnbench.models.attention.base import softmax_kernel
-from tests.conftest import attnbench
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -209,9 +206,10 @@ def test_mistakes_are_one_line_and_exit_2(capsys, args, message):
     assert e.value.code == 2 and message in err and len(err.splitlines()) == 1
 
 
-def test_a_plugin_attention_is_checked_from_the_command_line(tmp_path):
-    """As a user runs it: a module outside the repository named in ATTNBENCH_PLUGINS."""
-    (tmp_path / "my_leaky_attention.py").write_text(textwrap.dedent("""
+def test_a_plugin_attention_is_checked_from_the_command_line(plugin_folder, capsys, monkeypatch):
+    """As a user runs it: a module outside the repository, on the path, named in ATTNBENCH_PLUGINS
+    (imported in this process as a fresh one imports it: conftest.plugin_folder)."""
+    (plugin_folder / "my_leaky_attention.py").write_text(textwrap.dedent("""
         from attnbench.models.attention import Capabilities, ProjectedAttention, register_attention
         from attnbench.models.attention.base import softmax_kernel
 
@@ -221,8 +219,7 @@ def test_a_plugin_attention_is_checked_from_the_command_line(tmp_path):
             def kernel(self, q, k, v, mask, causal):
                 return softmax_kernel(q, k, v, mask, causal=False)  # sees the future
     """))
-    env = {"ATTNBENCH_PLUGINS": "my_leaky_attention",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "OMP_NUM_THREADS": "1"}
-    result = attnbench("check-attention", "leaky", "--length", "8", env=env, cwd=tmp_path)
-    assert result.returncode == 1, result.stderr
-    assert result.stdout.splitlines()[-1] == f"failed: causality (1 of {len(PROPERTIES)} properties)"
+    monkeypatch.setenv("ATTNBENCH_PLUGINS", "my_leaky_attention")
+    code, lines = check(capsys, "leaky", "--length", "8")
+    assert code == 1, "\n".join(lines)
+    assert lines[-1] == f"failed: causality (1 of {len(PROPERTIES)} properties)"

@@ -3,14 +3,13 @@ without any of them, and a family whose extra is missing is one line naming it (
 'attnbench[vision]'`), exit status 2."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from bench_cli.core.extras import MissingExtraError, require
+from conftest import commands_in_one_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,12 +18,11 @@ EXTRA_MODULES = {"vision": ["torchvision", "timm", "mlxtend"], "rl": ["h5py", "g
                  "text": ["datasets", "sacrebleu"], "wandb": ["wandb"], "tensorboard": ["tensorboard"],
                  "bench": ["transformers"], "tune": ["optuna"]}
 
-# Runs `attnbench ARGS` with the named top-level modules made unimportable, as in an environment
-# where their extra was not installed (a meta path finder refusing them, before anything imports).
-BLOCKED_MAIN = """
+# Makes the top-level modules named in `blocked` unimportable, as in an environment where their extra
+# was not installed (a meta path finder refusing them, before anything imports).
+BLOCKER = """
 import sys
 from importlib.abc import MetaPathFinder
-blocked = set(sys.argv[1].split(","))
 
 class Blocker(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -33,15 +31,20 @@ class Blocker(MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Blocker())
-from bench_cli.commands.cli import main
-main(sys.argv[2:])
 """
+COMMANDS = {"ls": ["ls"], "validate uea": ["validate", "task.dataset=BasicMotions"],
+            "validate vit": ["validate", "task=vit", "task.dataset=mnist5k"]}
 
 
-def run_blocked(blocked: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", BLOCKED_MAIN, ",".join(blocked), *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd, env=env)
+@pytest.fixture(scope="module")
+def without_extras(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """{command: (exit status, stdout, stderr)} of COMMANDS, run in one process where no module of any
+    extra is importable."""
+    workdir = tmp_path_factory.mktemp("without_extras")
+    prelude = f"blocked = {set(sum(EXTRA_MODULES.values(), []))!r}\n" + BLOCKER
+    env = {"PYTHONPATH": str(ROOT), "ATTNBENCH_DATA": str(workdir / "data"), "ATTNBENCH_OUTPUT": str(workdir / "outputs")}
+    done = commands_in_one_process(list(COMMANDS.values()), prelude, env, cwd=workdir)
+    return dict(zip(COMMANDS, done))
 
 
 def test_pyproject_pins_no_torch_and_names_every_extra():
@@ -83,19 +86,18 @@ def test_missing_sacrebleu_is_one_line_naming_text(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_without_the_vision_extra_is_one_line_exit_2(workdir):
+def test_cli_without_the_vision_extra_is_one_line_exit_2(without_extras):
     """A vision run where torchvision, timm and mlxtend are absent: one line, no traceback."""
-    r = run_blocked(EXTRA_MODULES["vision"], "validate", "task=vit", "task.dataset=mnist5k", cwd=workdir)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    code, _, err = without_extras["validate vit"]
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert "pip install 'attnbench[vision]'" in lines[0]
 
 
 @pytest.mark.slow
-def test_core_cli_runs_without_any_extra(workdir):
+def test_core_cli_runs_without_any_extra(without_extras):
     """`ls` and the default task (UEA, shipped in sktime) need no extra."""
-    blocked = sum(EXTRA_MODULES.values(), [])
-    for args in (["ls"], ["validate", "task.dataset=BasicMotions"]):
-        r = run_blocked(blocked, *args, cwd=workdir)
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
+    for name in ("ls", "validate uea"):
+        code, out, err = without_extras[name]
+        assert code == 0, (name, out, err)

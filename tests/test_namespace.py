@@ -5,12 +5,14 @@ still works, with a DeprecationWarning, where no other `models` exists."""
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
-from conftest import attnbench, python_path_with
+from conftest import commands_in_one_process, python_path_with
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = ("models", "tasks", "conf")
@@ -27,26 +29,29 @@ def foreign_project(tmp_path: Path) -> Path:
 def test_a_projects_own_models_and_tasks_first_on_the_path_change_nothing(tmp_path):
     project = foreign_project(tmp_path)
     env = {"PYTHONPATH": python_path_with(project), "COLUMNS": "80"}
-    listing = attnbench("ls", "models", env=env, cwd=project, timeout=120)
-    assert listing.returncode == 0 and "softmax" in listing.stdout, listing.stderr
-    validated = attnbench("validate", "task=uea", "model=softmax", env=env, cwd=project, timeout=120)
-    assert validated.returncode == 0, validated.stderr
-    assert "Traceback" not in listing.stderr + validated.stderr
+    listing, validated = commands_in_one_process([["ls", "models"], ["validate", "task=uea", "model=softmax"]],
+                                                 env=env, cwd=project)
+    assert listing[0] == 0 and "softmax" in listing[1], listing[2]
+    assert validated[0] == 0, validated[2]
+    assert "Traceback" not in listing[2] + validated[2]
 
 
-def test_the_old_plugin_path_works_with_a_warning_naming_the_new_one(tmp_path):
-    code = ("import warnings; warnings.simplefilter('always')\n"
-            "import attnbench.models.attention as new\n"
-            "with warnings.catch_warnings(record=True) as said:\n"
-            "    warnings.simplefilter('always')\n"
-            "    from models.attention import register_attention, ProjectedAttention\n"
-            "    import models.attention as old\n"
-            "print(old is new, register_attention is new.register_attention)\n"
-            "print([str(w.message) for w in said if w.category is DeprecationWarning])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         check=True).stdout.splitlines()
-    assert out[0] == "True True"  # the same module object: one registry, not a second copy
-    assert "deprecated" in out[1] and "attnbench.models" in out[1]
+def test_the_old_plugin_path_works_with_a_warning_naming_the_new_one(monkeypatch):
+    """In this process, where attnbench is imported: the old names are its finder's aliases."""
+    import attnbench.models.attention as new
+
+    for name in [m for m in sys.modules if m.partition(".")[0] == "models"]:  # as before any old import
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            old = importlib.import_module("models.attention")  # a literal import would be a bare one
+    finally:
+        for name in [m for m in sys.modules if m.partition(".")[0] == "models"]:
+            del sys.modules[name]
+    assert old is new and old.register_attention is new.register_attention  # one registry, not a second copy
+    deprecations = [str(w.message) for w in said if w.category is DeprecationWarning]
+    assert any("deprecated" in message and "attnbench.models" in message for message in deprecations), deprecations
     # a script in a checkout (the repository's root on sys.path) that imports the old name before
     # anything imported attnbench: the folder becomes the alias, still one registry. (Outside a
     # checkout, the old names exist only once attnbench is imported, as it is before any plugin.)

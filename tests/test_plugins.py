@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench_cli.config import compose
-from bench_cli.config import checks, plugins, search_path
+from bench_cli.config import plugins
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
 from bench_cli.results.job_keys import job_key
@@ -25,7 +25,6 @@ TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_hea
 MODEL_YAML = "name: elu\nattention:\n  name: elu_linear\n  dropout: 0.0\nfinal_attention: null\n"
 EXPERIMENT_YAML = ("# @package _global_\ndefaults:\n  - override /model: elu\nplugins: [mymod]\n"
                    "experiment_name: elu_fixture\n")
-TEST_MODULES = ("mymod", "broken", "exitimp", "dup_builtin", "first_mod", "second_mod", "dup_task")
 
 
 def readme_plugin() -> str:
@@ -36,7 +35,7 @@ def readme_plugin() -> str:
 
 @pytest.fixture
 def plugin_dir(tmp_path) -> Path:
-    """A folder outside the repository holding the manual's plugin as mymod.py."""
+    """A folder outside the repository holding the manual's plugin as mymod.py (for processes)."""
     folder = tmp_path / "plugins"
     folder.mkdir()
     (folder / "mymod.py").write_text(readme_plugin())
@@ -55,26 +54,11 @@ def config_dir(tmp_path) -> Path:
 
 
 @pytest.fixture
-def isolated(monkeypatch, plugin_dir):
-    """In-process plugin imports without leaking into other tests: registries, imported plugins,
-    config folders and the test modules are restored afterwards."""
-    import attnbench.tasks as tasks
-    from attnbench.models.attention import registry
-
-    tasks.discover()  # the families stay registered after the test only if discovered first
-    monkeypatch.setattr(plugins, "_LOADED", {})
-    monkeypatch.setattr(plugins, "_ENTRY_POINTS_DONE", False)
-    monkeypatch.setattr(search_path, "_CONFIG_DIRS", [])
-    monkeypatch.setattr(search_path, "_SEARCHPATH_DIRS", [])
-    monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
-    monkeypatch.syspath_prepend(str(plugin_dir))
-    plugins._packages.cache_clear()
-    with registry.ATTENTIONS.restoring(), tasks.TASKS.restoring():
-        yield plugin_dir
-    for name in TEST_MODULES:
-        sys.modules.pop(name, None)
-    plugins._packages.cache_clear()
-    checks._group_defaults.cache_clear()
+def isolated(plugin_folder) -> Path:
+    """The manual's plugin as mymod.py in a folder on this process's sys.path, imported in-process
+    without leaking into other tests (conftest.plugin_folder)."""
+    (plugin_folder / "mymod.py").write_text(readme_plugin())
+    return plugin_folder
 
 
 def fail_line(capsys, *args: str) -> str:
@@ -88,32 +72,36 @@ def fail_line(capsys, *args: str) -> str:
 
 
 # --- found three ways -----------------------------------------------------------------------------
-def test_ls_models_lists_a_plugin_attention_with_its_module(plugin_dir, workdir):
-    r = attnbench("ls", "models", env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "mymod", "COLUMNS": "80"},
-                  timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "attention: elu_linear (plugin: mymod)" in r.stdout  # 80 columns: one block per row
-    assert "Katharopoulos et al. 2020, Eqn. 6" in r.stdout
-    assert all(len(line) <= 80 for line in r.stdout.splitlines() if "elu_linear" in line)
+# In-process, as a fresh process finds them: the plugin's folder first on sys.path (PYTHONPATH), the
+# registries and the imported plugins restored afterwards (`isolated`). What only a process shows, a
+# sweep's worker processes importing the plugin and the console script's exit status on a broken
+# one, is run as processes below.
+def test_ls_models_lists_a_plugin_attention_with_its_module(isolated, workdir, capsys, monkeypatch):
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "mymod")
+    monkeypatch.setenv("COLUMNS", "80")
+    main(["ls", "models"])
+    out = capsys.readouterr().out
+    assert "attention: elu_linear (plugin: mymod)" in out  # 80 columns: one block per row
+    assert "Katharopoulos et al. 2020, Eqn. 6" in out
+    assert all(len(line) <= 80 for line in out.splitlines() if "elu_linear" in line)
 
 
-def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, plugin_dir, workdir):
+def test_plugin_trains_a_fixture_epoch_and_its_record_names_it(uea_fixture, isolated, workdir, monkeypatch):
     """A registered attention without a yaml is selectable in the default model."""
-    r = attnbench("run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv",
-                  env={"PYTHONPATH": python_path_with(plugin_dir), plugins.PLUGINS_ENV: "mymod"})
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "mymod")
+    main(["run", *TINY, "model.attention.name=elu_linear", "results.path=res.csv"])
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok" and row["attention"] == "elu_linear" and row["model"] == "elu_linear"
-    assert row["plugins"] == f"mymod (no package: {plugin_dir / 'mymod.py'})"
+    assert row["plugins"] == f"mymod (no package: {isolated / 'mymod.py'})"
     assert int(row["params"]) > 0
 
 
-def test_config_key_and_config_dir_select_the_plugin_model(uea_fixture, plugin_dir, config_dir, workdir):
+def test_config_key_and_config_dir_select_the_plugin_model(uea_fixture, isolated, config_dir, workdir, capsys):
     """No ATTNBENCH_PLUGINS: the experiment in the user folder names the plugin (`plugins:`)."""
-    r = attnbench("validate", "--config-dir", str(config_dir), "experiment=elu_fixture", "task.dataset=Fixture",
-                  env={"PYTHONPATH": python_path_with(plugin_dir)}, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "ok: model elu:" in r.stdout and "elu_linear" in r.stdout
+    main(["validate", "--config-dir", str(config_dir), "experiment=elu_fixture", "task.dataset=Fixture"])
+    out = capsys.readouterr().out
+    assert "ok: model elu:" in out and "elu_linear" in out
+    assert [p.found_by for p in plugins.loaded()] == ["config key plugins"]
 
 
 def test_hydra_searchpath_and_plugins_override_in_process(uea_fixture, isolated, config_dir, capsys):

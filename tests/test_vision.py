@@ -63,31 +63,49 @@ def test_shim_defines_the_two_schemas_when_the_plain_import_fails_that_way():
     assert "v2: (3, 8, 8) datasets: True" in lines and "timm: True" in lines
 
 
-def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_path):
+@pytest.fixture
+def torchvision_unimported(monkeypatch):
+    """This process as if torchvision had never been imported and the shim never applied; afterwards
+    the torchvision modules it had (if any) are back and the ones imported meanwhile forgotten."""
+    from attnbench.tasks.vision import torchvision_shim
+
+    def imported() -> dict:
+        return {name: module for name, module in sys.modules.items()
+                if name == "torchvision" or name.startswith("torchvision.")}
+
+    before = imported()
+    for name in before:
+        del sys.modules[name]
+    monkeypatch.setattr(torchvision_shim, "applied", False)
+    monkeypatch.setattr(torchvision_shim, "_library", None)
+    yield torchvision_shim
+    for name in imported():
+        del sys.modules[name]
+    sys.modules.update(before)
+
+
+def test_shim_leaves_a_working_torchvision_alone_and_other_errors_propagate(tmp_path, torchvision_unimported,
+                                                                             monkeypatch):
+    shim = torchvision_unimported
     ok = tmp_path / "ok"
     (ok / "torchvision" / "transforms" / "v2").mkdir(parents=True)
     (ok / "torchvision" / "__init__.py").write_text("__version__ = 'stub'\n")
     (ok / "torchvision" / "transforms" / "__init__.py").write_text("")
     (ok / "torchvision" / "transforms" / "v2" / "__init__.py").write_text("")
-    out = run_python("""
-        from attnbench.tasks.vision import torchvision_shim
-        tv = torchvision_shim.import_torchvision()
-        print(tv.__version__, torchvision_shim.applied, torchvision_shim._library is None)
-    """, extra_path=ok)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["stub", "False", "True"]
+    with monkeypatch.context() as m:
+        m.syspath_prepend(str(ok))
+        tv = shim.import_torchvision()
+        assert (tv.__version__, shim.applied, shim._library) == ("stub", False, None)
 
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
     bad = tmp_path / "bad"
     (bad / "torchvision").mkdir(parents=True)
     (bad / "torchvision" / "__init__.py").write_text("raise RuntimeError('some other failure')\n")
-    out = run_python("""
-        from attnbench.tasks.vision import torchvision_shim
-        try:
-            torchvision_shim.import_torchvision()
-        except RuntimeError as e:
-            print("raised:", e, torchvision_shim.applied)
-    """, extra_path=bad)
-    assert out.stdout.strip() == "raised: some other failure False", out.stderr
+    monkeypatch.syspath_prepend(str(bad))
+    with pytest.raises(RuntimeError, match="^some other failure$"):
+        shim.import_torchvision()
+    assert not shim.applied
 
 
 IMPORT = re.compile(r"""(?:^\s*(?:import|from)\s+|\brequire\(["'])(torchvision|timm)\b""", re.M)  # or via require
@@ -543,14 +561,15 @@ def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(work
     DistributedSampler's permutation), the averaged gradients, the summed evaluation statistics:
     the same numbers; rank 0 alone writes the record. The one-process run is a process group of
     one in the test's own process, set up from the variables torchrun would set; the 2 processes
-    are forked from a forkserver that has imported a run's modules (tests/ddp_processes.py)."""
+    are forked from a forkserver that has imported a run's modules (tests/ddp_processes.py). The
+    digits are MNIST idx files of 192 images (mnist5k's text file took each process 7 s of CPU to
+    parse) and the model is the shrunk ViT."""
     from bench_cli.commands.cli import main
     from ddp_processes import as_one_process, run_ranks
 
-    args = ["task=vit", "model=standard", "task.protocol=paper", "task.subset.train=128", "task.subset.test=64",
-            "trainer.max_epochs=2", "trainer.batch_size=64", "trainer.strategy=ddp", "task.backbone.dropout=0",
-            "task.backbone.attention_dropout=0", "task.backbone.head_dropout=0", "task.augment.flip=false",
-            "task.augment.rotation=0", "task.augment.zoom=0", *QUICK]
+    write_mnist(workdir / "data", n_train=128, n_test=64)
+    args = ["task=vit", "task.dataset=mnist", "model=standard", "task.protocol=paper", "task.subset.train=128", "task.subset.test=64",
+            "trainer.max_epochs=2", "trainer.batch_size=64", "trainer.strategy=ddp", *SMALL_VIT, *QUICK]
     with monkeypatch.context() as m:
         as_one_process(m)
         main(["run", *args])
