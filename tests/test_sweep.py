@@ -436,16 +436,13 @@ def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
     """kill -9 of a joblib_cpu sweep: its worker processes exit too (they watch their parent)."""
     import os
     import signal
-    import subprocess
     import time
 
-    from conftest import ATTNBENCH
+    from sweep_processes import start_sweep
 
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
     log = workdir / "sweep.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(ATTNBENCH), "sweep", *args, "trainer.max_epochs=500", "seed=0,1",
-                                 "hydra/launcher=joblib_cpu"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_sweep([*args, "trainer.max_epochs=500", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
     try:
         workers, deadline = [], time.time() + 120
         # both jobs are running: each worker watches the sweep before it prints its job's start
@@ -454,7 +451,7 @@ def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
         workers = [p for p in _children(proc.pid) if b"LokyProcess" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(workers) == 2, log.read_text()
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.join(timeout=10)
         deadline = time.time() + 15
         while time.time() < deadline and any(_alive(p) for p in workers):
             time.sleep(0.1)
@@ -465,6 +462,7 @@ def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
+        proc.join()
 
 
 def test_an_interrupted_jobs_dry_run_and_rerun_say_where_it_resumes(uea_fixture, workdir, monkeypatch, capsys):
@@ -500,27 +498,26 @@ def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_f
     job stopped by a signal keeps its checkpoint and resumes from it: the test above.)"""
     import os
     import signal
-    import subprocess
     import time
 
-    from conftest import ATTNBENCH
+    from sweep_processes import start_sweep
 
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
-    proc = subprocess.Popen([str(ATTNBENCH), "sweep", *args, "trainer.max_epochs=5000", "seed=0,1",
-                             "hydra/launcher=joblib_cpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    log = workdir / "sweep.log"
+    proc = start_sweep([*args, "trainer.max_epochs=5000", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
     try:
         deadline = time.monotonic() + 120
         while len(list(workdir.glob("outputs/multirun/**/run.json"))) < 2:  # both jobs' runs have started
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            assert proc.is_alive() and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0]
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.join(timeout=120)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 143 and "2 jobs: 2 interrupted" in out and "Traceback" not in out, out
+            proc.join()
+    out = log.read_text()
+    assert proc.exitcode == 143 and "2 jobs: 2 interrupted" in out and "Traceback" not in out, out
     rows = read_records(workdir / "res.csv")
     assert sorted((r["seed"], r["status"], r["error"]) for r in rows) == [
         ("0", "interrupted", "interrupted (SIGTERM)"), ("1", "interrupted", "interrupted (SIGTERM)")]
