@@ -17,11 +17,13 @@ from bench_cli.core.errors import UserError
 
 @pytest.fixture
 def hydra_as_is(monkeypatch):
-    """For the test: ``OmegaConf.load``, ``CachingConfigRepository.__init__`` and ``load_config``
-    and the two steps of a composition as Hydra and OmegaConf ship them (none of this process's compositions re-install
+    """For the test: ``OmegaConf.load``, OmegaConf's interpolation parser,
+    ``CachingConfigRepository.__init__`` and ``load_config`` and the two steps of a composition as
+    Hydra and OmegaConf ship them (none of this process's compositions re-install
     the lighter ones)."""
     from hydra._internal import config_loader_impl
     from hydra._internal.config_repository import CachingConfigRepository
+    from omegaconf import base as omegaconf_base
 
     hydra_private.lighter_compositions()
 
@@ -34,6 +36,7 @@ def hydra_as_is(monkeypatch):
                             config_loader_impl.create_defaults_list.unremembered)
         monkeypatch.setattr(loader, "_compose_config_from_defaults_list",
                             loader._compose_config_from_defaults_list.unremembered)
+        monkeypatch.setattr(omegaconf_base, "parse", omegaconf_private._unmemoised_parse)
         monkeypatch.setattr(hydra_private, "lighter_compositions", lambda: None)
 
     return as_is
@@ -236,3 +239,26 @@ def test_kept_configs_hand_out_independent_exact_copies():
         first.n = 2
         assert kept.copy().n == 1 and cfg.n == 1
     assert str(KeptConfig(typed).copy().typed._get_node("sizes")._metadata.ref_type) == "typing.Dict[str, int]"
+
+
+def test_an_interpolation_is_parsed_once_and_resolves_as_omegaconfs_own_parser_resolves_it(monkeypatch):
+    """omegaconf_private.parse_each_interpolation_once: the same values as OmegaConf's parser gives
+    (nested, relative, resolvers, defaults); a second resolution parses nothing again; a string that
+    does not parse fails with OmegaConf's error each time, not kept."""
+    from omegaconf import base
+    from omegaconf.errors import GrammarParseError
+
+    hydra_private.lighter_compositions()
+    assert base.parse.__wrapped__ is omegaconf_private._unmemoised_parse
+    values = {"a": 1, "b": "${a}", "c": "x-${b}-${oc.env:ATTNBENCH_NO_SUCH_VARIABLE,none}",
+              "d": {"e": "${..a}", "f": "${oc.select:d.missing,7}", "g": "${oc.decode:'[1, ${a}]'}"}, "h": "${c}"}
+    memoised = OmegaConf.to_container(OmegaConf.create(values), resolve=True)
+    misses = base.parse.cache_info().misses
+    again = OmegaConf.to_container(OmegaConf.create(values), resolve=True)
+    assert base.parse.cache_info().misses == misses
+    for _ in range(2):
+        with pytest.raises(GrammarParseError, match="no viable alternative"):
+            OmegaConf.to_container(OmegaConf.create({"a": 1, "x": "${a"}), resolve=True)
+    monkeypatch.setattr(base, "parse", omegaconf_private._unmemoised_parse)
+    assert memoised == again == OmegaConf.to_container(OmegaConf.create(values), resolve=True)
+    assert memoised["c"] == "x-1-none" and memoised["d"] == {"e": 1, "f": 7, "g": [1, 1]}

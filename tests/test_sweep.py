@@ -181,10 +181,9 @@ def planned_against_whole(overrides: list[str]) -> list[str]:
             by_choices.setdefault(composer.split(job)[0], []).append(tuple(job))
         combos = list(by_choices.values())
         for jobs in [combos[0], combos[-1]][:len(combos)]:
-            with composition.shared_interpolation_parses():  # as plan_sweep plans
-                planned = {job: sweep_command.plan_job(composer, list(job)) for job in dict.fromkeys([*jobs[:20], jobs[-1]])}
+            planned = {job: sweep_command.plan_job(composer, list(job)) for job in dict.fromkeys([*jobs[:20], jobs[-1]])}
             for job in dict.fromkeys([jobs[0], jobs[-1]]):
-                with composition.shared_interpolation_parses(), composer.applied(job) as cfg:
+                with composer.applied(job) as cfg:
                     shared, resolved = as_dict(cfg), composer.resolved(cfg, job)
                 whole = app.compose_job(master, list(job))
                 with read_write(whole), open_dict(whole):

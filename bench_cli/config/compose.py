@@ -27,7 +27,6 @@ from bench_cli.config.index import (experiment_tasks, group_options, load_option
                                     root_config, root_default)
 from bench_cli.config.job_composer import JobComposer
 from bench_cli.config.keys import top_level_keys
-from bench_cli.config.omegaconf_private import shared_interpolation_parses
 from bench_cli.config.resolvers import cache_dir
 from bench_cli.config.search_path import CONFIG_NAME, add_config_dir, conf_dir, config_dirs, set_config_path
 from bench_cli.config.session import (HYDRA_VERSION_BASE, RUN_JOB_NAME, HydraApp, compose_unchecked, composer,
@@ -37,7 +36,7 @@ __all__ = ["CONFIG_NAME", "HYDRA_VERSION_BASE", "HydraApp", "JobComposer", "add_
            "check_group_choices", "check_value_types", "compose", "compose_for_listing", "compose_run",
            "compose_unchecked", "composer", "conf_dir", "config_dirs", "dispatch_to_hydra", "experiment_tasks",
            "group_options", "hydra_app", "load_option", "option_data", "option_file", "parse_override",
-           "refuse_search", "run_job", "set_config_path", "shared_interpolation_parses", "top_level_keys"]
+           "refuse_search", "run_job", "set_config_path", "top_level_keys"]
 
 
 def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:

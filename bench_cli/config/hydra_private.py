@@ -52,7 +52,7 @@ import weakref
 from contextlib import contextmanager
 
 from bench_cli.config.kept_config import KeptConfig
-from bench_cli.config.omegaconf_private import load_each_yaml_once
+from bench_cli.config.omegaconf_private import load_each_yaml_once, parse_each_interpolation_once
 from bench_cli.config.search_path import config_path, user_config_dirs
 
 
@@ -66,18 +66,21 @@ def create_hydra(task_name: str, search_path):
 
 
 def lighter_compositions() -> None:
-    """From now on in this process, Hydra's compositions skip four costs that change nothing in
+    """From now on in this process, Hydra's compositions skip five costs that change nothing in
     what they compose: building again the defaults list and the merged config of config choices
     composed before from the same config files (``remember_compositions``), loading again a config
     file an earlier composition from the same config files loaded (``share_loaded_configs``) or
     whose text was loaded before (a copy of that config instead: omegaconf_private.py
-    ``load_each_yaml_once``), and the copy of Hydra's ConfigStore that each composition's
-    repository made (``share_config_store``). Every Hydra attnbench creates (``create_hydra``)
-    calls this first; calling it again changes nothing."""
+    ``load_each_yaml_once``), the copy of Hydra's ConfigStore that each composition's
+    repository made (``share_config_store``), and parsing again an interpolation string that was
+    parsed before, in the composition or in any later resolution of its configs
+    (omegaconf_private.py ``parse_each_interpolation_once``). Every Hydra attnbench creates
+    (``create_hydra``) calls this first; calling it again changes nothing."""
     remember_compositions()
     share_loaded_configs()
     load_each_yaml_once()
     share_config_store()
+    parse_each_interpolation_once()
 
 
 # What remember_compositions keeps, oldest first out past its limit: defaults lists by (search

@@ -19,8 +19,8 @@ Checked against omegaconf 2.3.1 (with hydra-core 1.3.8). The private symbols:
   value, read and set in place (``BaseContainer._set_item_impl`` sets an untyped leaf so);
 - ``omegaconf.basecontainer.BaseContainer._to_content``: ``to_container`` of one node;
 - ``omegaconf.base.Node._get_full_key``: a node's dotted key from the root, for messages;
-- ``omegaconf.base.parse``: the interpolation grammar's parser, memoised for the time of a
-  sweep's planning (``shared_interpolation_parses``);
+- ``omegaconf.base.parse``: the interpolation grammar's parser, replaced, once per process, by the
+  same function remembering its parse trees (``parse_each_interpolation_once``);
 - ``omegaconf._utils.get_omega_conf_dumper``: the YAML dumper of ``OmegaConf.to_yaml``;
 - ``omegaconf.omegaconf.OmegaConf.load``: replaced, once per process, by the same function that
   loads each distinct text once and hands out copies (``load_each_yaml_once``).
@@ -31,7 +31,6 @@ import functools
 import io
 import os
 import pathlib
-from contextlib import contextmanager
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -105,19 +104,26 @@ def full_key(config, key: str) -> str:
     return config._get_full_key(key) if OmegaConf.is_config(config) else key
 
 
-@contextmanager
-def shared_interpolation_parses():
-    """For the time of the ``with``, OmegaConf parses each interpolation string once, not each time
-    it resolves it: its grammar parser (ANTLR) was most of the time of a sweep job's ``job_key``.
-    The parse trees are only read by the resolution, so one serves every config."""
+# OmegaConf's parser of interpolation strings, kept by parse_each_interpolation_once (None: not yet)
+_unmemoised_parse = None
+PARSES_LIMIT = 4096  # distinct interpolation strings (conf/ has a few hundred)
+
+
+def parse_each_interpolation_once() -> None:
+    """From now on in this process, OmegaConf parses each interpolation string once (for each
+    grammar rule), not each time it resolves it: its parser (ANTLR, ``omegaconf.base.parse``) was
+    most of the time of a sweep job's ``job_key`` and 3% of the test suite's CPU (every read of an
+    interpolated value parses it again). A parse depends only on the string, and the parse trees
+    are only read by the resolution (grammar_visitor.py), so one serves every config; a string that
+    fails to parse is not kept: it raises the same error each time. Calling this again changes
+    nothing."""
+    global _unmemoised_parse
     from omegaconf import base
 
-    original = base.parse
-    base.parse = functools.lru_cache(maxsize=4096)(original)
-    try:
-        yield
-    finally:
-        base.parse = original
+    if _unmemoised_parse is not None:
+        return
+    _unmemoised_parse = base.parse
+    base.parse = functools.lru_cache(maxsize=PARSES_LIMIT)(base.parse)
 
 
 def yaml_dumper():

@@ -136,9 +136,8 @@ def plan_command(args: list[str]) -> tuple[Sweep, bool, bool] | None:
     force, dry_run = bool(p.get("--force")), bool(p.get("--dry-run"))
     if not dry_run:  # a dry run lists every job, data or not
         check_data_first(p.overrides, flags)
-    with compose.shared_interpolation_parses():  # the plan's, and the checks' resolutions of job configs
-        sweep = plan_sweep(p.overrides, flags, progress=True)
-        sweep.jobs, skipped = skip_incapable(sweep.jobs)
+    sweep = plan_sweep(p.overrides, flags, progress=True)
+    sweep.jobs, skipped = skip_incapable(sweep.jobs)
     for reason in dict.fromkeys(reason for _, reason in skipped):
         console.print(f"[yellow]skipped[/] ({sum(r == reason for _, r in skipped)} jobs): {escape(reason)}",
                       highlight=False, soft_wrap=True)
@@ -165,8 +164,7 @@ def run_grid(sweep: Sweep, force: bool, dry_run: bool) -> None:
     todo = jobs if force else [j for j in jobs if j.key not in done]
     # the jobs that will run (a done job needs neither its data nor its model built: a resumed
     # sweep starts at once); a dry run lists every job, data or not
-    with compose.shared_interpolation_parses():
-        missing = validate_jobs(todo, missing_data_ok=dry_run)
+    missing = validate_jobs(todo, missing_data_ok=dry_run)
     what = OmegaConf.select(jobs[0].cfg, "experiment_name", default=None) or "sweep"
     console.print(f"[bold]{what}[/]: {len(jobs)} jobs, {n_done} already done"
                   + (" (rerun: --force)" if force and n_done else "")

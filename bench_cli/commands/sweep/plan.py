@@ -210,7 +210,7 @@ def plan_sweep(overrides: list[str], flags: dict | None = None, progress: bool =
     bar (a line every few seconds without a terminal) when planning takes more than a moment."""
     from bench_cli.core.progress import count_progress
 
-    with multirun_config(overrides, flags) as (app, master), compose.shared_interpolation_parses():
+    with multirun_config(overrides, flags) as (app, master):
         grid = job_overrides(app, master)
         composer = compose.JobComposer(app, master)
         shown = {"every_s": 5, "after_s": 2 if progress else None}
