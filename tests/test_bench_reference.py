@@ -11,6 +11,11 @@ from bench_cli.commands.bench_attention import main
 from bench_cli.commands.bench_reference import PACKAGE_REFERENCES, VARIANTS, geometric_mean
 from bench_cli.core.errors import UserError
 
+# Every test of this file in one xdist worker (`make test` runs --dist loadgroup): importing
+# transformers (and torchvision, which it imports) costs about 3 s of CPU, paid once instead of by
+# both workers.
+pytestmark = pytest.mark.xdist_group("transformers")
+
 TINY = ["--against-reference", "--seq-lens", "128", "--d-model", "16", "--heads", "2", "--repeats", "2",
         "--budget", "0"]
 

@@ -34,6 +34,12 @@ import pytest
 from bench_cli.commands.cli import main
 from test_plugins import isolated, plugin_dir  # noqa: F401 - fixtures: the manual's plugin, registries restored
 
+# Every test of this file in one xdist worker (`make test` runs --dist loadgroup): the commands the
+# manual writes twice and the checks two commands share (PASSED, CHECKED_FORMS) are checked once per
+# process, and the compositions and imports they need are made once. Split over the two workers, the
+# file took 41 s of CPU instead of 31 s.
+pytestmark = pytest.mark.xdist_group("manual_commands")
+
 ROOT = Path(__file__).resolve().parents[1]
 MANUAL = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 SHELL = {"bash", "sh", "shell", "console"}
