@@ -33,7 +33,9 @@ class Blocker(MetaPathFinder):
 sys.meta_path.insert(0, Blocker())
 """
 COMMANDS = {"ls": ["ls"], "validate uea": ["validate", "task.dataset=BasicMotions"],
-            "validate vit": ["validate", "task=vit", "task.dataset=mnist5k"]}
+            "validate vit": ["validate", "task=vit", "task.dataset=mnist5k"],
+            "optuna sweep": ["sweep", "task.dataset=BasicMotions", "hydra/sweeper=optuna",
+                             "task.backbone.dropout=interval(0,0.3)", "--dry-run"]}
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +103,9 @@ def test_core_cli_runs_without_any_extra(without_extras):
     for name in ("ls", "validate uea"):
         code, out, err = without_extras[name]
         assert code == 0, (name, out, err)
+
+
+def test_without_the_tune_extra_an_optuna_sweep_is_one_line_naming_it(without_extras):
+    code, _, err = without_extras["optuna sweep"]
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip() == "error: hydra/sweeper=optuna needs optuna, which is not installed: pip install 'attnbench[tune]'"

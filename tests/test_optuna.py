@@ -214,15 +214,6 @@ def test_committed_records_without_study_columns_still_load_and_gain_blank_ones(
     assert [{k: v for k, v in r.items() if k in before[0]} for r in after[:-1]] == before
 
 
-def test_without_the_tune_extra_an_optuna_sweep_is_one_line_naming_it(uea_fixture, workdir):
-    from test_extras import run_blocked
-
-    r = run_blocked(["optuna"], "sweep", *tiny(workdir), "hydra/sweeper=optuna", "task.backbone.dropout=interval(0,0.3)",
-                    "--dry-run", cwd=workdir)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.strip() == "error: hydra/sweeper=optuna needs optuna, which is not installed: pip install 'attnbench[tune]'"
-
-
 # --- a study database that cannot be used, a study searched twice at once, counts -----------------
 @pytest.mark.parametrize("content", [b"\x00\xffgarbage bytes, not SQLite" * 40, b"SQLite format 3\x00" + b"\x00" * 200,
                                      None])
