@@ -4,6 +4,7 @@ interrupted (SIGINT and SIGTERM sent to the running console script); and the CSV
 process that dies in the middle of rewriting it."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,6 @@ import pytest
 
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
-from conftest import ATTNBENCH
 
 pytestmark = pytest.mark.slow
 
@@ -92,20 +92,17 @@ def test_oom_from_a_real_allocation_failure(uea_fixture, workdir, monkeypatch):
 
 
 def start_run(workdir, *extra):
-    """The console script training for a long time, output to a file; returns once training has
-    started (its first evaluation line), so a signal lands inside the training loop."""
-    log = open(workdir / "run.log", "w")
-    # A process started in the background (CI, nohup, `cmd &` in a script) inherits SIGINT ignored,
-    # and Python then never raises KeyboardInterrupt: restore the default before exec, as a
-    # terminal's foreground process has it.
-    argv = [str(ATTNBENCH), "run", *TINY, "trainer.max_epochs=100000", *extra]
-    exec_with_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                        "os.execv(sys.argv[1], sys.argv[1:])")
-    proc = subprocess.Popen([sys.executable, "-c", exec_with_sigint, *argv],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=workdir, text=True)
+    """A run training for a long time in a process of its own (tests/command_processes.py: forked
+    with torch and the engine imported, the console script's entry called), output to a file;
+    returns once training has started (its first evaluation line), so a signal lands inside the
+    training loop."""
+    from command_processes import start_command
+
+    log = workdir / "run.log"
+    proc = start_command(["run", *TINY, "trainer.max_epochs=100000", *extra], log)
     deadline = time.monotonic() + 120
-    while "epoch 1" not in (workdir / "run.log").read_text():
-        assert proc.poll() is None, (workdir / "run.log").read_text()
+    while "epoch 1" not in log.read_text():
+        assert proc.is_alive(), log.read_text()
         assert time.monotonic() < deadline, "the run never reached its first evaluation"
         time.sleep(0.2)
     return proc
@@ -117,12 +114,13 @@ def test_interrupted_by_a_signal(uea_fixture, workdir, sig, name, code):
         pytest.skip("POSIX signals")
     proc = start_run(workdir)
     try:
-        proc.send_signal(sig)
-        assert proc.wait(timeout=60) == code
+        os.kill(proc.pid, sig)
+        proc.join(timeout=60)
+        assert proc.exitcode == code
     finally:  # never leave a 100000-epoch run behind when the test fails
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
-            proc.wait()
+            proc.join()
     out = (workdir / "run.log").read_text()
     assert "Traceback" not in out and f"interrupted ({name})" in out
     row = one_row(workdir)

@@ -437,11 +437,11 @@ def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
     import signal
     import time
 
-    from sweep_processes import start_sweep
+    from command_processes import start_command
 
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
     log = workdir / "sweep.log"
-    proc = start_sweep([*args, "trainer.max_epochs=500", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
+    proc = start_command(["sweep", *args, "trainer.max_epochs=500", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
     try:
         workers, deadline = [], time.time() + 120
         # both jobs are running: each worker watches the sweep before it prints its job's start
@@ -499,11 +499,11 @@ def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_f
     import signal
     import time
 
-    from sweep_processes import start_sweep
+    from command_processes import start_command
 
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
     log = workdir / "sweep.log"
-    proc = start_sweep([*args, "trainer.max_epochs=5000", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
+    proc = start_command(["sweep", *args, "trainer.max_epochs=5000", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
     try:
         deadline = time.monotonic() + 120
         while len(list(workdir.glob("outputs/multirun/**/run.json"))) < 2:  # both jobs' runs have started

@@ -1,0 +1,46 @@
+"""An `attnbench` command in a process of its own, for the tests of what only a separate process
+shows (a signal to it, kill -9 of it, its exit status, the worker processes it starts). The process
+is forked from the forkserver of tests/ddp_processes.py, which has imported torch, torch._dynamo,
+Hydra and the engine once per test process, and calls the console script's ``entry`` as
+`attnbench` does: an exec'd `attnbench` spent 3.5-4 s of CPU importing them before it did anything.
+What it starts (a sweep's joblib workers: loky's fresh interpreters) are its own children, as they
+are `attnbench`'s.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def command_main(argv: list[str], log: str, environment: dict, folder: str) -> None:
+    """The command's process: the test's environment and working folder (the forkserver keeps those
+    of the test that started it), a session of its own (as ``start_new_session``: a signal to the
+    test's process group does not reach it), Ctrl-C raising KeyboardInterrupt as in a terminal's
+    foreground process (the forkserver's processes, like a process started in the background, had
+    SIGINT ignored), its output into ``log``."""
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(folder)
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+    sys.argv = ["attnbench", *argv]
+    from bench_cli.cli import entry
+
+    entry()  # raises SystemExit with the command's exit status: the process's exitcode
+
+
+def start_command(argv: list[str], log: Path):
+    """The started `attnbench <argv>` process (a ``multiprocessing`` process: ``pid``, ``join``,
+    ``exitcode``, ``is_alive``), its output (stdout and stderr) written to ``log``."""
+    from ddp_processes import preloaded_forkserver
+
+    log.write_text("")  # there to read from the start
+    process = preloaded_forkserver().Process(target=command_main, args=(argv, str(log), dict(os.environ), os.getcwd()))
+    process.start()
+    return process
