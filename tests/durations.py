@@ -6,9 +6,10 @@ A pytest plugin (loaded by tests/conftest.py) that, for every test:
   on one of the two workers is most of the tail. The limit is on each phase, so a session fixture
   that trains a shared model counts once, in the setup of the first test that uses it;
 - with ``ATTNBENCH_TEST_DURATIONS=FILE`` set, appends one JSON line per test to ``FILE.<worker>``:
-  its wall time (setup + call + teardown), the CPU seconds spent in the test process and in the
-  child processes it started and waited for (an `attnbench` command, a pytest of a broken copy),
-  and the children's share of them (what a process started once per test costs).
+  its wall time (setup + call + teardown), the CPU seconds spent in the test process and in its
+  child processes (an `attnbench` command, a pytest of a broken copy, and, counted as they work,
+  the long-lived ones: a forkserver and what it forks, joblib's workers), and the children's share
+  of them (what a process started once per test costs).
 
 ``python tests/durations.py FILE`` (what `make test-durations` runs after the suite) reads those
 lines and prints the CPU seconds per test file and the slowest tests (each name whole, on a line
@@ -45,6 +46,30 @@ def cpu_seconds() -> tuple[float, float]:
     return time.process_time(), children.ru_utime + children.ru_stime
 
 
+def live_children_cpu() -> dict[int, float]:
+    """pid -> CPU seconds so far of each live child process of this one, with the CPU of the
+    processes it has reaped itself (/proc/<pid>/stat: utime, stime, cutime, cstime). Children that
+    outlive a test (the DDP and command tests' forkserver and what it forks, joblib's loky workers)
+    are counted as they work, not when this process reaps them; {} where there is no /proc."""
+    me, ticks, found = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if int(fields[1]) == me:  # fields after the name: state, ppid, ..., utime (the 12th) to cstime
+            found[int(stat.parent.name)] = sum(int(v) for v in fields[11:15]) / ticks
+    return found
+
+
+def started_processes_cpu(before: dict[int, float], after: dict[int, float], reaped_s: float) -> float:
+    """The CPU of child processes between two snapshots: what the waited-for ones used (``reaped_s``,
+    from getrusage, whole lives: the part before the first snapshot of a child live then is taken
+    off) and what the live ones used meanwhile."""
+    gone = sum(cpu for pid, cpu in before.items() if pid not in after)
+    return reaped_s - gone + sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
 class DurationPlugin:
     """The pytest hooks: the per-phase limit, and the per-test record when asked. Hook wrappers of
     the runtest protocol, so they run where the test runs (an xdist worker), never in the controller
@@ -55,13 +80,14 @@ class DurationPlugin:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
+        live = live_children_cpu() if self.record is not None else {}
         wall, (own, children) = time.perf_counter(), cpu_seconds()
         yield
         if self.record is not None:
             own_after, children_after = cpu_seconds()
+            started = started_processes_cpu(live, live_children_cpu(), children_after - children)
             line = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 3),
-                    "cpu_s": round(own_after - own + children_after - children, 3),
-                    "child_cpu_s": round(children_after - children, 3)}
+                    "cpu_s": round(own_after - own + started, 3), "child_cpu_s": round(started, 3)}
             with open(self.record, "a") as f:
                 f.write(json.dumps(line) + "\n")
 

@@ -27,6 +27,24 @@ def test_starts_a_child():
     subprocess.run([sys.executable, "-c", "sum(range(10**6))"], check=True)
 """
 
+WITH_A_LIVE_CHILD = """
+import subprocess, sys, time
+from pathlib import Path
+
+BUSY = "import sys, time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.5: pass\\n" \\
+       "open(sys.argv[1], 'w').close()\\ntime.sleep(60)"
+children = []
+
+def test_starts_a_busy_child_it_does_not_wait_for(tmp_path):
+    children.append(subprocess.Popen([sys.executable, "-c", BUSY, str(tmp_path / "busy")]))
+    while not (tmp_path / "busy").exists():  # then it sleeps, alive past this test
+        time.sleep(0.05)
+
+def test_ends_it():
+    children[0].kill()
+    children[0].wait()
+"""
+
 
 def run_with_the_plugin(pytester, monkeypatch, tests: str, limit: float, record: Path | None = None):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {str(Path(durations.__file__).parent)!r})\n"
@@ -63,3 +81,13 @@ def test_under_the_limit_nothing_fails_and_the_record_counts_child_cpu(pytester,
     table = durations.report(list(rows.values()))
     assert "test_timed.py" in table and "test_starts_a_child" in table and f"({child:.1f} in children)" in table
     assert all(len(line) <= 80 for line in table.splitlines())
+
+
+def test_a_child_that_outlives_its_test_is_counted_in_that_test(pytester, monkeypatch, tmp_path):
+    """A forkserver or a joblib worker works for a test and is reaped later: its CPU goes to the test
+    it worked for, not to the one that reaps it."""
+    prefix = tmp_path / "run"
+    run_with_the_plugin(pytester, monkeypatch, WITH_A_LIVE_CHILD, limit=20, record=prefix).assert_outcomes(passed=2)
+    rows = {row["test"].split("::")[1]: row for row in durations.read_lines(prefix)}
+    assert rows["test_starts_a_busy_child_it_does_not_wait_for"]["child_cpu_s"] >= 0.45
+    assert rows["test_ends_it"]["child_cpu_s"] < 0.2
