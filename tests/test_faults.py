@@ -12,7 +12,6 @@ import pytest
 
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
-from conftest import attnbench
 
 TINY = ["task.dataset=Fixture", "task.backbone.d_model=16", "task.backbone.n_heads=2", "task.backbone.n_layers=1",
         "task.backbone.d_ff=32", "trainer.max_epochs=2", "trainer.batch_size=8", "trainer.progress=false",
@@ -194,15 +193,21 @@ def test_report_writes_beside_its_records(workdir, capsys):
 def test_wandb_with_a_key_but_no_network_falls_back_to_offline_at_once(uea_fixture, workdir, monkeypatch):
     import time
 
+    from command_processes import start_command
+
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_DIR", str(workdir))
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
     started = time.perf_counter()
-    # in its own process: wandb's service and threads stay out of the test process
-    r = attnbench("run", *TINY, "logger=wandb", "results.path=res.csv",
-                  env={"WANDB_API_KEY": "x" * 40, "WANDB_DIR": str(workdir),
-                       "WANDB_BASE_URL": "http://127.0.0.1:9"})  # nothing listens there
-    assert r.returncode == 0, r.stderr
+    # in a process of its own (forked with torch and the engine imported, wandb not): wandb's
+    # service and threads stay out of the test process
+    run = start_command(["run", *TINY, "logger=wandb", "results.path=res.csv"], workdir / "run.log")
+    run.join(timeout=300)
+    out = (workdir / "run.log").read_text()
+    assert run.exitcode == 0, out
     assert time.perf_counter() - started < 60
-    assert "is not reachable; logging offline" in r.stdout
+    assert "is not reachable; logging offline" in out
     (row,) = read_records(workdir / "res.csv")
     assert row["status"] == "ok" and list(Path(row["output_dir"]).rglob("offline-run-*"))
 
