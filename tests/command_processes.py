@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 
-def command_main(argv: list[str], log: str, environment: dict, folder: str) -> None:
-    """The command's process: the test's environment and working folder (the forkserver keeps those
-    of the test that started it), a session of its own (as ``start_new_session``: a signal to the
-    test's process group does not reach it), Ctrl-C raising KeyboardInterrupt as in a terminal's
-    foreground process (the forkserver's processes, like a process started in the background, had
-    SIGINT ignored), its output into ``log``."""
+def as_a_process_of_its_own(log: str, environment: dict, folder: str) -> None:
+    """The forked process made what an exec'd one would be: the test's environment and working
+    folder (the forkserver keeps those of the test that started it), a session of its own (as
+    ``start_new_session``: a signal to the test's process group does not reach it), Ctrl-C raising
+    KeyboardInterrupt as in a terminal's foreground process (the forkserver's processes, like a
+    process started in the background, had SIGINT ignored), its output into ``log``."""
     os.environ.clear()
     os.environ.update(environment)
     os.chdir(folder)
@@ -29,18 +29,40 @@ def command_main(argv: list[str], log: str, environment: dict, folder: str) -> N
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
     sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+
+
+def command_main(argv: list[str], log: str, environment: dict, folder: str) -> None:
+    """`attnbench <argv>`, through the console script's ``entry``."""
+    as_a_process_of_its_own(log, environment, folder)
     sys.argv = ["attnbench", *argv]
     from bench_cli.cli import entry
 
     entry()  # raises SystemExit with the command's exit status: the process's exitcode
 
 
-def start_command(argv: list[str], log: Path):
-    """The started `attnbench <argv>` process (a ``multiprocessing`` process: ``pid``, ``join``,
-    ``exitcode``, ``is_alive``), its output (stdout and stderr) written to ``log``."""
+def code_main(code: str, argv: list[str], log: str, environment: dict, folder: str) -> None:
+    """``python -c <code> <argv>``: the code run as the main module, ``sys.argv[1:]`` its arguments."""
+    as_a_process_of_its_own(log, environment, folder)
+    sys.argv = ["-c", *argv]
+    exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+
+
+def started(target, args: tuple, log: Path):
+    """The process (a ``multiprocessing`` process: ``pid``, ``join``, ``exitcode``, ``is_alive``) of
+    ``target(*args, log, environment, folder)``, its output (stdout and stderr) written to ``log``."""
     from ddp_processes import preloaded_forkserver
 
     log.write_text("")  # there to read from the start
-    process = preloaded_forkserver().Process(target=command_main, args=(argv, str(log), dict(os.environ), os.getcwd()))
+    process = preloaded_forkserver().Process(target=target, args=(*args, str(log), dict(os.environ), os.getcwd()))
     process.start()
     return process
+
+
+def start_command(argv: list[str], log: Path):
+    """The started `attnbench <argv>` process, its output written to ``log``."""
+    return started(command_main, (argv,), log)
+
+
+def start_code(code: str, argv: list[str], log: Path):
+    """The started ``python -c <code> <argv>`` process, its output written to ``log``."""
+    return started(code_main, (code, argv), log)

@@ -10,8 +10,6 @@ import json
 import os
 import re
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -190,13 +188,21 @@ def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir
             "print('tensorboard imported:', sorted({'tensorboard', 'torch.utils.tensorboard'} & set(sys.modules)))\n"
             f"print('--- sweep ---')\nmain(['sweep', *{sweep!r}])\n"
             "threads_left('the sweep')\n")
-    done = subprocess.run([sys.executable, "-c", code, *TINY, *WANDB], capture_output=True, text=True, timeout=300,
-                          env=wandb_env(workdir), cwd=workdir)
-    assert done.returncode == 0, done.stderr[-2000:]
-    sittings, swept = done.stdout.split("--- sweep ---")
+    from command_processes import start_code
+
+    # forked with torch and the engine imported (tests/command_processes.py), wandb not
+    with pytest.MonkeyPatch.context() as environment:
+        for key, value in wandb_env(workdir).items():
+            environment.setenv(key, value)
+        environment.delenv("WANDB_API_KEY", raising=False)
+        done = start_code(code, [*TINY, *WANDB], workdir / "wandb.log")
+    done.join(timeout=300)
+    stdout = (workdir / "wandb.log").read_text()
+    assert done.exitcode == 0, stdout[-2000:]
+    sittings, swept = stdout.split("--- sweep ---")
     check_offline_sittings_resume_and_say_how_to_sync(workdir, sittings)
     check_a_sweeps_runs_are_one_group(workdir, swept)
-    check_each_run_logged_and_no_threads_left(workdir, done.stdout)
+    check_each_run_logged_and_no_threads_left(workdir, stdout)
 
 
 def check_offline_sittings_resume_and_say_how_to_sync(workdir: Path, stdout: str) -> None:

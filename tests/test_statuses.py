@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -134,11 +133,14 @@ def test_csv_survives_a_process_dying_mid_rewrite(uea_fixture, workdir):
     a later run appends to it normally."""
     main(["run", *TINY])
     before = (workdir / "res.csv").read_bytes()
+    from command_processes import start_code
+
     code = ("import os, sys; from bench_cli.commands.cli import main\n"
             "os.replace = lambda *a, **k: os._exit(9)\n"
             f"main(['run', *{TINY!r}])\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 9, r.stderr
+    dying = start_code(code, [], workdir / "dying.log")
+    dying.join(timeout=300)
+    assert dying.exitcode == 9, (workdir / "dying.log").read_text()
     assert (workdir / "res.csv").read_bytes() == before
     main(["run", *TINY, "seed=1"])
     rows = read_records(workdir / "res.csv")
