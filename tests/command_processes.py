@@ -16,19 +16,15 @@ from pathlib import Path
 
 def as_a_process_of_its_own(log: str, environment: dict, folder: str) -> None:
     """The forked process made what an exec'd one would be: the test's environment and working
-    folder (the forkserver keeps those of the test that started it), a session of its own (as
+    folder, its output into ``log`` (ddp_processes.in_the_tests_place), a session of its own (as
     ``start_new_session``: a signal to the test's process group does not reach it), Ctrl-C raising
     KeyboardInterrupt as in a terminal's foreground process (the forkserver's processes, like a
-    process started in the background, had SIGINT ignored), its output into ``log``."""
-    os.environ.clear()
-    os.environ.update(environment)
-    os.chdir(folder)
+    process started in the background, had SIGINT ignored)."""
+    from ddp_processes import in_the_tests_place
+
+    in_the_tests_place(log, environment, folder)
     os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with open(log, "w") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
 
 
 def command_main(argv: list[str], log: str, environment: dict, folder: str) -> None:
@@ -47,22 +43,24 @@ def code_main(code: str, argv: list[str], log: str, environment: dict, folder: s
     exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
 
 
-def started(target, args: tuple, log: Path):
+def started(target, args: tuple, log: Path, environment: dict | None):
     """The process (a ``multiprocessing`` process: ``pid``, ``join``, ``exitcode``, ``is_alive``) of
-    ``target(*args, log, environment, folder)``, its output (stdout and stderr) written to ``log``."""
+    ``target(*args, log, environment, folder)``, in ``environment`` (this process's by default) and
+    this process's working folder, its output (stdout and stderr) written to ``log``."""
     from ddp_processes import preloaded_forkserver
 
     log.write_text("")  # there to read from the start
-    process = preloaded_forkserver().Process(target=target, args=(*args, str(log), dict(os.environ), os.getcwd()))
+    environment = dict(os.environ) if environment is None else environment
+    process = preloaded_forkserver().Process(target=target, args=(*args, str(log), environment, os.getcwd()))
     process.start()
     return process
 
 
-def start_command(argv: list[str], log: Path):
+def start_command(argv: list[str], log: Path, environment: dict | None = None):
     """The started `attnbench <argv>` process, its output written to ``log``."""
-    return started(command_main, (argv,), log)
+    return started(command_main, (argv,), log, environment)
 
 
-def start_code(code: str, argv: list[str], log: Path):
+def start_code(code: str, argv: list[str], log: Path, environment: dict | None = None):
     """The started ``python -c <code> <argv>`` process, its output written to ``log``."""
-    return started(code_main, (code, argv), log)
+    return started(code_main, (code, argv), log, environment)

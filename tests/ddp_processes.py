@@ -34,22 +34,29 @@ def as_one_process(monkeypatch) -> None:
         monkeypatch.setenv(k, v)
 
 
+def in_the_tests_place(log: str, environment: dict, folder: str) -> None:
+    """A forked process in the environment and working folder of the test that started it (the
+    forkserver keeps those of the test that started the server), its output (stdout and stderr)
+    into ``log``."""
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(folder)
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+
+
 def rank_main(rank: int, world: int, port: int, args: list[str], signal_at: tuple | None, log: str,
               environment: dict, folder: str) -> None:
     """One process of the run, in the test's environment and working folder (the forkserver has
     those of the test that started it). ``signal_at`` = (rank, step, signal name): that signal to
     this process after that optimiser step, when it is this rank (a real signal, through the run's
     handlers)."""
-    os.environ.clear()
-    os.environ.update(environment)
-    os.chdir(folder)
+    in_the_tests_place(log, environment, folder)  # this rank's output in log, for the test's message
     from bench_cli.commands.cli import main
     from bench_cli.engine.trainer import _Loop
 
-    with open(log, "w") as f:  # this rank's output, for the test's message
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     if signal_at is not None and signal_at[0] == rank:

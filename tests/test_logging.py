@@ -191,11 +191,7 @@ def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir
     from command_processes import start_code
 
     # forked with torch and the engine imported (tests/command_processes.py), wandb not
-    with pytest.MonkeyPatch.context() as environment:
-        for key, value in wandb_env(workdir).items():
-            environment.setenv(key, value)
-        environment.delenv("WANDB_API_KEY", raising=False)
-        done = start_code(code, [*TINY, *WANDB], workdir / "wandb.log")
+    done = start_code(code, [*TINY, *WANDB], workdir / "wandb.log", wandb_env(workdir))
     done.join(timeout=300)
     stdout = (workdir / "wandb.log").read_text()
     assert done.exitcode == 0, stdout[-2000:]

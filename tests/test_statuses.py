@@ -1,6 +1,6 @@
 """Every ending of a run leaves its row, produced for real through `attnbench run`: ok, failed (with
 error.txt), nan (a diverging optimiser), oom (a real allocation failure of the CPU allocator),
-interrupted (SIGINT and SIGTERM sent to the running console script); and the CSV survives a
+interrupted (SIGINT and SIGTERM sent to a run in a process of its own); and the CSV survives a
 process that dies in the middle of rewriting it."""
 from __future__ import annotations
 
