@@ -53,13 +53,20 @@ def live_children_cpu() -> dict[int, float]:
     outlive a test (the DDP and command tests' forkserver and what it forks, joblib's loky workers)
     are counted as they work, not when this process reaps them; {} where there is no /proc."""
     me, ticks, found = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    # Listed, then read: a process may end in between (pathlib's glob stats each entry and raised
+    # ProcessLookupError for one that had), so each read may fail and is skipped.
+    for pid in pids:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):  # gone meanwhile
             continue
         if int(fields[1]) == me:  # fields after the name: state, ppid, ..., utime (the 12th) to cstime
-            found[int(stat.parent.name)] = sum(int(v) for v in fields[11:15]) / ticks
+            found[int(pid)] = sum(int(v) for v in fields[11:15]) / ticks
     return found
 
 
