@@ -35,6 +35,15 @@ def pytest_collection_finish(session):
     gc.set_threshold(50_000, 20, 20)
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, whose suffix pytest 9.2 no longer reads
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` keeps each xdist_group in one worker (tests/xdist_groups.py says why this
+    is needed)."""
+    import xdist_groups
+
+    xdist_groups.restore_group_suffixes(config, items)
+
+
 def pytest_configure(config):
     """The limit on one test's time and the per-test CPU record (tests/durations.py); an interrupted
     run stops its workers and what they started (tests/interruption.py)."""
