@@ -36,7 +36,11 @@ def test_two_nodes_of_two_tasks_from_the_slurm_environment(monkeypatch, node, lo
     """What each of the 4 processes of `hydra/launcher=slurm_ddp hydra.launcher.nodes=2
     hydra.launcher.tasks_per_node=2` sees (SLURM_PROCID counts tasks over the nodes) and makes of it."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then removed: monkeypatch then puts back the variable's state from before the test,
+        # and the MASTER_ADDR and MASTER_PORT that launch_env sets do not outlive it (delenv of an
+        # unset variable records nothing to undo)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the node list is expanded here
     procid = 2 * node + localid
     monkeypatch.setenv("SLURM_PROCID", str(procid))
@@ -54,11 +58,18 @@ def test_two_nodes_of_two_tasks_from_the_slurm_environment(monkeypatch, node, lo
     assert env.is_main == (procid == 0)
 
 
+def job_logs(workdir) -> str:
+    """The end of each submitit job's own log files, for a failure's message: a job that dies before
+    it records says why only there."""
+    logs = sorted(workdir.glob("outputs/**/.submitit/*/*_log.*"))
+    return "\n".join(f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]) for log in logs)
+
+
 @pytest.mark.slow
 def test_a_two_job_sweep_through_submitit_local_processes(uea_fixture, workdir, capsys):
     args = [*tiny(workdir), "trainer.num_threads=1", "trainer.progress=false", "seed=0,1", "hydra/launcher=local",
             "hydra.launcher.timeout_min=5"]
-    assert sweep(*args) == 0, capsys.readouterr()
+    assert sweep(*args) == 0, (capsys.readouterr(), job_logs(workdir))
     # the jobs print into their own log files: the sweep's progress lines are what the terminal shows
     assert "sweep progress: 2 done, 0 failed, 0 running, 0 to go" in capsys.readouterr().out
     rows = read_records(workdir / "res.csv")
