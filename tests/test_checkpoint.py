@@ -264,8 +264,6 @@ def test_a_launchers_own_handler_gets_the_signal_after_the_checkpoint(uea_fixtur
     """Under submitit, SIGUSR2 is its requeue handler's (it requeues the Slurm job and exits): the
     run writes its checkpoint at the step boundary first, then hands the signal on; the record says
     interrupted by that signal, and the requeued job resumes to the uninterrupted record."""
-    from bench_cli.core import errors
-
     run(*UEA, "results.path=straight/res.csv")
     called = []
 
@@ -274,7 +272,6 @@ def test_a_launchers_own_handler_gets_the_signal_after_the_checkpoint(uea_fixtur
         raise SystemExit(-1)
 
     previous = signal.signal(signal.SIGUSR2, requeue_and_exit)
-    monkeypatch.setattr(errors, "_previous", {})
     try:
         with monkeypatch.context() as m:
             interrupt_at(m, 6, "SIGUSR2")

@@ -489,6 +489,27 @@ def test_an_interrupted_jobs_dry_run_and_rerun_say_where_it_resumes(uea_fixture,
     assert "resumed from their checkpoints (1 jobs):" in out and f"seed=0: {where}, sitting 2 (ok)" in out
 
 
+def test_a_run_signalled_after_a_sweep_in_the_same_process_leaves_later_sweeps_whole(uea_fixture, workdir, monkeypatch):
+    """A sweep whose job ran in this process, then a run here stopped by SIGTERM: the run hands the
+    signal to no handler of the ended sweep (which would mark that sweep stopping, and every later
+    sweep of this process would start none of its jobs), and a later sweep here runs its job."""
+    import os
+    import signal
+
+    from bench_cli.commands.sweep import stop
+    from test_checkpoint import interrupt_at
+
+    assert sweep(*tiny(workdir), "seed=0") == 0
+    with monkeypatch.context() as m:
+        interrupt_at(m, 2, "SIGTERM")
+        with pytest.raises(SystemExit) as e:
+            main(["run", *tiny(workdir), "seed=1"])
+        assert e.value.code == 128 + signal.SIGTERM
+    assert not stop._marker(os.getpid()).exists()
+    assert sweep(*tiny(workdir), "seed=2") == 0
+    assert [r["status"] for r in read_records(workdir / "res.csv")] == ["ok", "interrupted", "ok"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_fixture, workdir):

@@ -109,7 +109,6 @@ def exit_code_of(err: BaseException) -> int:
 TERMINATION_SIGNALS = ("SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGHUP")  # SIGQUIT: Ctrl-\ (a core dump, no row)
 _deferring = [False]
 _pending: list[int] = []
-_previous: dict[int, object] = {}  # signal -> the handler a launcher had installed (submitit's requeue)
 # One signal that arrives twice at once is one: a sweep hands the signal it receives to its jobs'
 # processes (bench_cli/commands/sweep/stop.py), which may have had it already (`timeout` and a
 # closed terminal signal the whole process group); only a later one means "stop at once".
@@ -141,19 +140,31 @@ def catch_termination() -> None:
             return
         raise Interrupted(signum)
 
+    # The handler a launcher had installed (submitit's requeue) is kept on this handler, per signal,
+    # not in the module: it is handed on only while this handler is the one installed. Kept in the
+    # module, it outlived what installed it: a job run in a sweep's own process kept the sweep's
+    # handler (bench_cli/commands/sweep/stop.py), and a later run in that process, signalled, called
+    # it after the sweep had ended; it marked that sweep stopping, and every later sweep of the
+    # process then started none of its jobs.
     handler.attnbench = True
+    handler.hands_on_to = {}
     for name in TERMINATION_SIGNALS:
         if hasattr(signal, name):
             signum = getattr(signal, name)
             before = signal.signal(signum, handler)
-            if callable(before) and not getattr(before, "attnbench", False):
-                _previous[signum] = before
+            if getattr(before, "attnbench", False):  # ours already: hand on to what that one handed on to
+                before = before.hands_on_to.get(signum)
+            if callable(before):
+                handler.hands_on_to[signum] = before
 
 
 def hand_on(signum: int) -> None:
-    """The signal to the Python handler that was installed before ``catch_termination`` (a
-    launcher's: submitit requeues the job and exits), if any; then ``Interrupted``."""
-    before = _previous.get(signum)
+    """The signal to the Python handler that was installed before ``catch_termination`` installed
+    the one now in place (a launcher's: submitit requeues the job and exits), if any; then
+    ``Interrupted``."""
+    import signal
+
+    before = getattr(signal.getsignal(signum), "hands_on_to", {}).get(signum)
     if before is not None:
         try:
             before(signum, None)
