@@ -18,10 +18,11 @@ from bench_cli.core.errors import UserError
 @pytest.fixture
 def hydra_as_is(monkeypatch):
     """For the test: ``OmegaConf.load``, OmegaConf's interpolation parser,
-    ``CachingConfigRepository.__init__`` and ``load_config`` and the two steps of a composition as
-    Hydra and OmegaConf ship them (none of this process's compositions re-install
+    ``CachingConfigRepository.__init__`` and ``load_config``, the two steps of a composition, the
+    placing of a loaded config under its package and the map of known choices as Hydra and
+    OmegaConf ship them (none of this process's compositions re-install
     the lighter ones)."""
-    from hydra._internal import config_loader_impl
+    from hydra._internal import config_loader_impl, defaults_list
     from hydra._internal.config_repository import CachingConfigRepository
     from omegaconf import base as omegaconf_base
 
@@ -36,6 +37,8 @@ def hydra_as_is(monkeypatch):
                             config_loader_impl.create_defaults_list.unremembered)
         monkeypatch.setattr(loader, "_compose_config_from_defaults_list",
                             loader._compose_config_from_defaults_list.unremembered)
+        monkeypatch.setattr(loader, "_embed_result_config", staticmethod(loader._embed_result_config.copying))
+        monkeypatch.setattr(defaults_list, "_create_interpolation_map", defaults_list._create_interpolation_map.always)
         monkeypatch.setattr(omegaconf_base, "parse", omegaconf_private._unmemoised_parse)
         monkeypatch.setattr(hydra_private, "lighter_compositions", lambda: None)
 
@@ -262,3 +265,27 @@ def test_an_interpolation_is_parsed_once_and_resolves_as_omegaconfs_own_parser_r
     monkeypatch.setattr(base, "parse", omegaconf_private._unmemoised_parse)
     assert memoised == again == OmegaConf.to_container(OmegaConf.create(values), resolve=True)
     assert memoised["c"] == "x-1-none" and memoised["d"] == {"e": 1, "f": 7, "g": [1, 1]}
+
+
+def test_a_config_placed_twice_and_an_interpolated_default_compose_as_hydra_composes_them(tmp_path, hydra_as_is):
+    """A config file named twice in one defaults list (under two packages, a config merged between
+    the two placings that changes the first one's values), and a defaults entry interpolating a
+    choice made before it: the first placing takes the composition's own copy as it is, the second
+    a new one; the map of known choices is built for the interpolated entry."""
+    hydra_private.lighter_compositions()
+    files = {"probe/base.yaml": "value: 1\nnested:\n  a: [1, 2]\n", "probe/alt.yaml": "value: 2\n",
+             "combo/alt.yaml": "combo: from-alt\n", "combo/base.yaml": "combo: from-base\n",
+             "edit/first.yaml": "# @package _global_\nfirst:\n  value: 5\n  nested:\n    a: [7]\n",
+             "experiment/twice.yaml": "# @package _global_\ndefaults:\n  - /probe@first: base\n  - /edit: first\n"
+                                      "  - /probe@second: base\n  - /probe: alt\n  - /combo: ${probe}\n  - _self_\n"
+                                      "third: ${first.value}\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=twice"]
+    lighter = [state(compose_unchecked(overrides, with_hydra=True)) for _ in range(2)]
+    cfg = compose_unchecked(overrides)
+    assert (cfg.first.value, list(cfg.first.nested.a), cfg.second.value, list(cfg.second.nested.a)) == (5, [7], 1, [1, 2])
+    assert (cfg.combo.combo, cfg.probe.value, cfg.third) == ("from-alt", 2, 5)
+    hydra_as_is()
+    assert lighter == [state(compose_unchecked(overrides, with_hydra=True))] * 2

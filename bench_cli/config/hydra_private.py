@@ -36,6 +36,12 @@ The private symbols, each with what it is used for:
   process, by the same method taking a config file's load result (``ConfigResult``: the config,
   its header and defaults list) from an earlier composition from the same config files
   (``share_loaded_configs``);
+- ``hydra._internal.config_loader_impl.ConfigLoaderImpl._embed_result_config``: replaced, once per
+  process, by the same placing of a loaded config under its package, without the deep copy where
+  the config is a copy of this composition's own (``embed_own_copies``);
+- ``hydra._internal.defaults_list._create_interpolation_map`` (with ``GroupDefault``): replaced,
+  once per process, by the same function building the map only for a defaults list that has an
+  interpolated entry to resolve with it (``interpolation_maps_where_used``);
 - ``hydra._internal.callbacks.Callbacks``: Hydra's callbacks around a run and a multirun;
 - ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments`` and
   ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_overrides_to_chunks``: a
@@ -66,21 +72,26 @@ def create_hydra(task_name: str, search_path):
 
 
 def lighter_compositions() -> None:
-    """From now on in this process, Hydra's compositions skip five costs that change nothing in
+    """From now on in this process, Hydra's compositions skip seven costs that change nothing in
     what they compose: building again the defaults list and the merged config of config choices
     composed before from the same config files (``remember_compositions``), loading again a config
     file an earlier composition from the same config files loaded (``share_loaded_configs``) or
     whose text was loaded before (a copy of that config instead: omegaconf_private.py
     ``load_each_yaml_once``), the copy of Hydra's ConfigStore that each composition's
-    repository made (``share_config_store``), and parsing again an interpolation string that was
+    repository made (``share_config_store``), parsing again an interpolation string that was
     parsed before, in the composition or in any later resolution of its configs
-    (omegaconf_private.py ``parse_each_interpolation_once``). Every Hydra attnbench creates
-    (``create_hydra``) calls this first; calling it again changes nothing."""
+    (omegaconf_private.py ``parse_each_interpolation_once``), deep-copying a loaded config that is
+    already the composition's own copy as it is placed under its package (``embed_own_copies``),
+    and building the map of known choices for a defaults list with no interpolation to resolve
+    (``interpolation_maps_where_used``). Every Hydra attnbench creates (``create_hydra``) calls
+    this first; calling it again changes nothing."""
     remember_compositions()
     share_loaded_configs()
     load_each_yaml_once()
     share_config_store()
     parse_each_interpolation_once()
+    embed_own_copies()
+    interpolation_maps_where_used()
 
 
 # What remember_compositions keeps, oldest first out past its limit: defaults lists by (search
@@ -221,12 +232,93 @@ def share_loaded_configs() -> None:
             result = kept.copy() if kept is not None else None
         else:
             result = self.delegate.load_config(config_path=config_path)
-            _remember(_load_results, key, KeptConfig(result) if result is not None else None, LOAD_RESULTS_LIMIT)
+            kept = KeptConfig(result) if result is not None else None
+            _remember(_load_results, key, kept, LOAD_RESULTS_LIMIT)
+        if result is not None:  # this composition's own copy, and where to take another (embed_own_copies)
+            result.attnbench_own_copy = OwnCopy(kept, result.config)
         self.cache[cache_key] = result
         return result
 
     load_config.unshared = original  # Hydra's, for tests/test_lighter_compositions.py to compare with
     CachingConfigRepository.load_config = load_config
+
+
+class OwnCopy:
+    """What embed_own_copies knows of a load result share_loaded_configs handed out: the KeptConfig
+    it is a copy of, the config it held then, and whether that config has been placed."""
+
+    def __init__(self, kept: KeptConfig, config) -> None:
+        self.kept, self.config, self.placed = kept, config, False
+
+
+def embed_own_copies() -> None:
+    """From now on in this process, a loaded config placed under its package for the merge
+    (config_loader_impl.py ``_embed_result_config``: ``OmegaConf.update`` of a new config at the
+    package's key) is placed there as it is, not deep-copied, where it is a copy this composition
+    owns: one that share_loaded_configs handed out, placed for the first time (a config file named
+    twice in a defaults list is placed a second time from a new copy of its load result, as Hydra
+    places a second deep copy of the one it cached). The copy went straight into the merge, as
+    Hydra's deep copy does, with the same nodes, flags and parents; a ninth of a new composition's
+    CPU. Any other load result (of a source that cannot be fingerprinted) is placed as Hydra does."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf, flag_override
+
+    embed = ConfigLoaderImpl._embed_result_config
+    if getattr(embed, "copying", None) is not None:
+        return
+
+    def _embed_result_config(ret, package_override):
+        package = ret.header["package"] if package_override is None else package_override
+        own = getattr(ret, "attnbench_own_copy", None)
+        # a config Hydra replaced after the load (merged with a schema of the same name) is placed as Hydra does
+        if not package or own is None or ret.config is not own.config:
+            return embed(ret, package_override)
+        config = ret.config
+        if own.placed:  # its nodes are in the merge now; Hydra's cached load result is still the one loaded
+            config = own.kept.copy().config
+        own.placed = True
+        cfg = OmegaConf.create()
+        with flag_override(cfg, "no_deepcopy_set_nodes", True):  # unset again on leaving, as create() left it
+            OmegaConf.update(cfg, package, config, merge=False)
+        placed = copy.copy(ret)
+        placed.config = cfg
+        return placed
+
+    _embed_result_config.copying = embed  # Hydra's, for tests/test_lighter_compositions.py to compare with
+    ConfigLoaderImpl._embed_result_config = staticmethod(_embed_result_config)
+
+
+def interpolation_maps_where_used() -> None:
+    """From now on in this process, the map of the choices known so far that Hydra builds for each
+    config of a defaults tree (defaults_list.py ``_create_interpolation_map``: a new OmegaConf
+    config of every choice, a sixth of a new composition's CPU) is built only for a defaults list
+    with an interpolated entry (``- db: ${task}``), the only entries it is read for
+    (``_create_defaults_tree_impl`` resolves them with it after its loop over the list). For any
+    other list the map is None: were an entry to need it after all, its resolution would fail
+    loudly, never compose something else."""
+    from hydra._internal import defaults_list as defaults_module
+    from hydra.core.default_element import GroupDefault
+
+    create_map = defaults_module._create_interpolation_map
+    if getattr(create_map, "always", None) is not None:
+        return
+
+    def interpolated(entry) -> bool:
+        """The entries ``_create_defaults_tree_impl`` resolves with the map: neither _self_ nor an
+        override nor a list of options (whose items may not interpolate), and interpolated."""
+        if entry.is_self() or entry.is_override():
+            return False
+        if isinstance(entry, GroupDefault) and entry.is_options():
+            return False
+        return entry.is_interpolation()
+
+    def _create_interpolation_map(overrides, defaults_list, self_added):
+        if any(interpolated(entry) for entry in defaults_list):
+            return create_map(overrides, defaults_list, self_added)
+        return None
+
+    _create_interpolation_map.always = create_map  # Hydra's, for tests/test_lighter_compositions.py to compare with
+    defaults_module._create_interpolation_map = _create_interpolation_map
 
 
 def share_config_store() -> None:
