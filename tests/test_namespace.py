@@ -63,21 +63,19 @@ def test_the_old_plugin_path_works_with_a_warning_naming_the_new_one(monkeypatch
     assert again.stdout.strip() == "True True" and "deprecated: import attnbench.models" in again.stderr
 
 
-def test_a_projects_own_models_is_imported_as_its_own(tmp_path):
+def test_the_public_api_imports_from_attnbench_which_is_light_and_a_projects_own_models_stay_its_own(tmp_path):
+    """In a fresh interpreter (one for both checks: each costs one, 3 s of imports), with a research
+    project's own models/ and tasks/ first on the path: `import attnbench` imports neither torch nor
+    Hydra, the public API is attnbench's, and the project's `models` and `tasks` are its own."""
     project = foreign_project(tmp_path)
-    code = "import attnbench.models.attention, models, tasks; print(models.WHOSE, '|', tasks.WHOSE)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=project, check=True,
-                         env={**os.environ, "PYTHONPATH": python_path_with(project)}).stdout
-    assert out.strip() == "the project's own models | the project's own tasks"
-
-
-def test_the_public_api_imports_from_attnbench_and_import_attnbench_is_light():
     code = ("import sys, attnbench; light = not {'torch', 'hydra'} & set(sys.modules)\n"
             "from attnbench import register_attention, ProjectedAttention, Capabilities, register_task\n"
             "from attnbench.models.attention import ProjectedAttention as base\n"
-            "print(light, ProjectedAttention is base)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True True"
+            "import models, tasks\n"
+            "print(light, ProjectedAttention is base, models.WHOSE, '|', tasks.WHOSE)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=project, check=True,
+                         env={**os.environ, "PYTHONPATH": python_path_with(project)}).stdout
+    assert out.strip() == "True True the project's own models | the project's own tasks"
 
 
 def test_attnbenchs_code_imports_models_tasks_and_conf_only_under_attnbench():
