@@ -681,3 +681,14 @@ def test_conv2d_sees_the_pixel_grid_on_image_tasks_and_a_row_on_sequences():
         net = t.build_model(cfg.model)
         grids[task] = {m.grid for m in net.modules() if type(m).__name__ == "Conv2dAttention"}
     assert grids == {"lra_image": {(8, 8)}, "lra_pathfinder": {(8, 8)}, "lra_listops": {(1, 64)}}
+
+
+def test_a_small_generated_set_starts_no_worker_processes_and_a_large_one_does(monkeypatch):
+    """By default the generator runs in the calling process below WORDS_FOR_WORKERS (its workers'
+    forkserver costs more than it saves there), with worker processes above; the files are the same
+    for any number (test_generated_files_are_the_same_for_any_run_and_worker_count)."""
+    official = {"min_length": 500, "max_length": 2000}
+    assert listops_generator.workers_for(200, official) == 1
+    monkeypatch.setattr(listops_generator, "default_workers", lambda: 4)
+    assert listops_generator.workers_for(100_000, official) == 4
+    assert listops_generator.workers_for(1599, official) == 1 and listops_generator.workers_for(1600, official) == 4

@@ -253,6 +253,21 @@ def default_workers() -> int:
     return max(1, min(cpus, 8))
 
 
+# Below this many words (expressions x their mean length bound), a set is generated in this process:
+# starting the worker processes (a forkserver that imports this module, and with it torch through
+# attnbench.tasks.lra, 2 s on the 2-core machine) costs more than they save. Measured there with the
+# official lengths (500-2000): 200 expressions 0.2 s in this process, 2.2 s with 2 workers; 1,000
+# expressions 1.6 s, 1.3 s with the workers' server already started.
+WORDS_FOR_WORKERS = 2_000_000
+
+
+def workers_for(total: int, params: dict) -> int:
+    """The processes a set of ``total`` expressions is generated with by default: this process
+    alone for a small set (``WORDS_FOR_WORKERS``), else :func:`default_workers`."""
+    words = total * (params["min_length"] + params["max_length"]) // 2
+    return 1 if words < WORDS_FOR_WORKERS else default_workers()
+
+
 def candidates(seed: int, params: dict, workers: int = 1, stats: dict | None = None) -> Iterator[tuple[bytes, str, int]]:
     """(digest, Source, value) of every candidate of accepted length, in generation order,
     duplicates included, without end. ``workers`` > 1: segments are read by worker processes and
@@ -353,7 +368,7 @@ def write_dataset(directory: Path, task: str = "basic", progress: Callable[[int,
                   workers: int | None = None, stats: dict | None = None, **params) -> Path:
     """Generate ``<task>_{train,val,test}.tsv`` (+ generator.json) into ``directory``, streaming
     the rows to ``.part`` files renamed when complete. ``progress(done, total)`` is called per row;
-    ``workers``: processes (default: :func:`default_workers`); the files are the same for any."""
+    ``workers``: processes (default: :func:`workers_for` the set); the files are the same for any."""
     options = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}, "task": task}
     unknown = set(options) - set(DEFAULTS)
     if unknown:
@@ -366,7 +381,8 @@ def write_dataset(directory: Path, task: str = "basic", progress: Callable[[int,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     parts = {split: directory / f"{task}_{split}.tsv.part" for split in sizes}
-    rows = generate_rows(total, gen["seed"], tree_params, default_workers() if workers is None else workers, stats)
+    rows = generate_rows(total, gen["seed"], tree_params, workers_for(total, tree_params) if workers is None else workers,
+                         stats)
     done = 0
     try:
         for split, n in sizes.items():
