@@ -125,6 +125,21 @@ def test_step_schedule_resumes_to_the_uninterrupted_record(workdir, monkeypatch,
     assert_same_result(reference, resumed)
 
 
+def test_an_interrupted_run_has_stopped_its_loader_workers_when_it_returns(uea_fixture, workdir, monkeypatch):
+    """A run in this process stopped by SIGTERM with a loader worker: the worker has exited when the
+    run returns. Kept alive by the interruption's traceback, it was stopped by a later garbage
+    collection, which then waited 5 s for it in whatever ran next."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    with monkeypatch.context() as m:
+        interrupt_at(m, 6, "SIGTERM")
+        with pytest.raises(SystemExit) as stopped:
+            main(["run", *UEA, "trainer.num_workers=1", "results.path=res.csv"])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert set(multiprocessing.active_children()) <= before
+
+
 def test_resume_must_without_a_checkpoint_is_one_line_before_the_run(uea_fixture, workdir, capsys):
     with pytest.raises(SystemExit) as e:
         main(["run", *UEA, "results.path=res.csv", "trainer.resume=must"])

@@ -476,26 +476,33 @@ class _Loop:
         if position is not None:  # the skipped batches drew from the loader's generator as the first time
             set_rng_state(position["rng"])
         self.clock.start()
-        for i, batch in enumerate(batches, start=skip):
-            last_micro = (i + 1) % plan.accum == 0 or i + 1 == n_batches
-            self.backward(to_device(batch, trainer.device), last_micro, epoch, i)
-            if last_micro:
-                self.optimiser_step()
-                self.step_losses.stepped(self.step, epoch)
-                evaluates = plan.evaluates_at_step(self.step)
-                if evaluates:
-                    result.train_time_s += self.clock.stop()
-                    stop = self.evaluate_and_select(epoch)
-                    trainer.train_model.train()
-                    self.clock.start()
-                if stop or self.step >= plan.total_steps:
-                    break
-                due = plan.by_steps and (evaluates if not self.checkpoint_every else self.step % self.checkpoint_every == 0)
-                signalled = self.stop.after_step()  # every step, on every process (a vote in a distributed run)
-                if due or signalled:  # the clock paused only then: on CUDA a stop waits for the device
-                    result.train_time_s += self.clock.stop()  # a checkpoint is not training time
-                    self.boundary(due, epoch, i + 1)
-                    self.clock.start()
+        try:
+            for i, batch in enumerate(batches, start=skip):
+                last_micro = (i + 1) % plan.accum == 0 or i + 1 == n_batches
+                self.backward(to_device(batch, trainer.device), last_micro, epoch, i)
+                if last_micro:
+                    self.optimiser_step()
+                    self.step_losses.stepped(self.step, epoch)
+                    evaluates = plan.evaluates_at_step(self.step)
+                    if evaluates:
+                        result.train_time_s += self.clock.stop()
+                        stop = self.evaluate_and_select(epoch)
+                        trainer.train_model.train()
+                        self.clock.start()
+                    if stop or self.step >= plan.total_steps:
+                        break
+                    due = plan.by_steps and (evaluates if not self.checkpoint_every else self.step % self.checkpoint_every == 0)
+                    signalled = self.stop.after_step()  # every step, on every process (a vote in a distributed run)
+                    if due or signalled:  # the clock paused only then: on CUDA a stop waits for the device
+                        result.train_time_s += self.clock.stop()  # a checkpoint is not training time
+                        self.boundary(due, epoch, i + 1)
+                        self.clock.start()
+        finally:
+            # The loader's worker processes stop here, also when a signal or an error ends the epoch:
+            # left to the traceback that keeps this frame, the iterator was freed by a later garbage
+            # collection, whose shutdown of its workers then waited 5 s for each (torch's
+            # MP_STATUS_CHECK_INTERVAL) in whatever ran next in the process.
+            del batches
         result.train_time_s += self.clock.stop()
         result.epoch_times_s.append(result.train_time_s - before)
         return stop
