@@ -94,7 +94,7 @@ class DurationPlugin:
         if self.record is not None:
             own_after, children_after = cpu_seconds()
             started = started_processes_cpu(live, live_children_cpu(), children_after - children)
-            line = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 3),
+            line = {"test": item.nodeid, "ended": round(time.time(), 3), "wall_s": round(time.perf_counter() - wall, 3),
                     "cpu_s": round(own_after - own + started, 3), "child_cpu_s": round(started, 3)}
             with open(self.record, "a") as f:
                 f.write(json.dumps(line) + "\n")
