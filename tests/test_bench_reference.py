@@ -20,6 +20,44 @@ TINY = ["--against-reference", "--seq-lens", "128", "--d-model", "16", "--heads"
         "--budget", "0"]
 
 
+# First in the file, so first in its xdist group: importing transformers and its Reformer module (8 s)
+# is paid here, not inside the timed command's test.
+@pytest.mark.parametrize("name", PACKAGE_REFERENCES)
+def test_transformers_module_on_copied_weights_gives_our_outputs(name):
+    """transformers' LSHSelfAttention / LongformerSelfAttention, built and tied as the LRA wrappers do,
+    give our outputs and gradients on a right-padded batch (Reformer: the same global RNG state,
+    from which both draw the random rotations; another state gives other buckets, so the seeding is
+    what makes them agree)."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from attnbench.models.attention import build_attention
+
+    n = 256  # four LSH chunks, two Longformer windows
+    torch.manual_seed(0)
+    module = build_attention(name, d_model=16, n_heads=2, **bench_reference.layer_options(name, n)).train()
+    reference = bench_reference.reference_forward(name, module, n)
+    x, mask = bench_reference.listops_batch(2, n, 16)
+
+    def output_and_grad(forward, seed):
+        """The real rows of the output; the gradients of the input and of the (tied) weights."""
+        xg = x.clone().requires_grad_()
+        out = bench_reference.seeded(lambda: forward(xg, mask), seed)
+        (out[mask] ** 2).sum().backward()
+        grads = [xg.grad[mask]] + [p.grad for p in module.parameters() if p.grad is not None]
+        module.zero_grad(set_to_none=True)
+        return out[mask].detach(), grads
+
+    ours, ours_grads = output_and_grad(module, 3)
+    theirs, theirs_grads = output_and_grad(reference, 3)
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
+    assert len(theirs_grads) == len(ours_grads) == (5 if name == "reformer" else 9)  # x; W_q, W_v, W_o (W_k), biases
+    for their_grad, our_grad in zip(theirs_grads, ours_grads):
+        torch.testing.assert_close(their_grad, our_grad, rtol=1e-4, atol=1e-5)
+    if name == "reformer":
+        assert not torch.allclose(output_and_grad(reference, 4)[0], ours, rtol=1e-4, atol=1e-5)
+
+
 def test_times_each_baseline_against_its_reference(capsys):
     packaged = bench_reference.import_transformers() is not None
     results = main(TINY)
@@ -56,42 +94,6 @@ def test_a_length_the_reference_cannot_take_is_a_note(capsys):
 
 def test_spread_and_mean_helpers():
     assert geometric_mean([0.5, 2.0]) == pytest.approx(1.0)
-
-
-@pytest.mark.parametrize("name", PACKAGE_REFERENCES)
-def test_transformers_module_on_copied_weights_gives_our_outputs(name):
-    """transformers' LSHSelfAttention / LongformerSelfAttention, built and tied as the LRA wrappers do,
-    give our outputs and gradients on a right-padded batch (Reformer: the same global RNG state,
-    from which both draw the random rotations; another state gives other buckets, so the seeding is
-    what makes them agree)."""
-    pytest.importorskip("transformers")
-    import torch
-
-    from attnbench.models.attention import build_attention
-
-    n = 256  # four LSH chunks, two Longformer windows
-    torch.manual_seed(0)
-    module = build_attention(name, d_model=16, n_heads=2, **bench_reference.layer_options(name, n)).train()
-    reference = bench_reference.reference_forward(name, module, n)
-    x, mask = bench_reference.listops_batch(2, n, 16)
-
-    def output_and_grad(forward, seed):
-        """The real rows of the output; the gradients of the input and of the (tied) weights."""
-        xg = x.clone().requires_grad_()
-        out = bench_reference.seeded(lambda: forward(xg, mask), seed)
-        (out[mask] ** 2).sum().backward()
-        grads = [xg.grad[mask]] + [p.grad for p in module.parameters() if p.grad is not None]
-        module.zero_grad(set_to_none=True)
-        return out[mask].detach(), grads
-
-    ours, ours_grads = output_and_grad(module, 3)
-    theirs, theirs_grads = output_and_grad(reference, 3)
-    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
-    assert len(theirs_grads) == len(ours_grads) == (5 if name == "reformer" else 9)  # x; W_q, W_v, W_o (W_k), biases
-    for their_grad, our_grad in zip(theirs_grads, ours_grads):
-        torch.testing.assert_close(their_grad, our_grad, rtol=1e-4, atol=1e-5)
-    if name == "reformer":
-        assert not torch.allclose(output_and_grad(reference, 4)[0], ours, rtol=1e-4, atol=1e-5)
 
 
 def test_a_length_transformers_cannot_take_is_refused():
