@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import os
 import subprocess
 import sys
 import warnings
@@ -27,11 +26,22 @@ def foreign_project(tmp_path: Path) -> Path:
 
 
 def test_a_projects_own_models_and_tasks_first_on_the_path_change_nothing(tmp_path):
+    """In one fresh interpreter (each costs 3 s of imports), with a research project's own models/
+    and tasks/ first on the path: `import attnbench` imports neither torch nor Hydra, the public API
+    is attnbench's, the project's `models` and `tasks` are its own; then `attnbench ls models` and
+    `validate` work as without them."""
     project = foreign_project(tmp_path)
     env = {"PYTHONPATH": python_path_with(project), "COLUMNS": "80"}
+    prelude = ("import sys, attnbench; light = not {'torch', 'hydra'} & set(sys.modules)\n"
+               "from attnbench import register_attention, ProjectedAttention, Capabilities, register_task\n"
+               "from attnbench.models.attention import ProjectedAttention as base\n"
+               "import models, tasks\n"
+               "print(light, ProjectedAttention is base, models.WHOSE, '|', tasks.WHOSE)\n")
     listing, validated = commands_in_one_process([["ls", "models"], ["validate", "task=uea", "model=softmax"]],
-                                                 env=env, cwd=project)
-    assert listing[0] == 0 and "softmax" in listing[1], listing[2]
+                                                 prelude=prelude, env=env, cwd=project)
+    api, _, listed = listing[1].partition("\n")
+    assert api == "True True the project's own models | the project's own tasks"
+    assert listing[0] == 0 and "softmax" in listed, listing[2]
     assert validated[0] == 0, validated[2]
     assert "Traceback" not in listing[2] + validated[2]
 
@@ -61,21 +71,6 @@ def test_the_old_plugin_path_works_with_a_warning_naming_the_new_one(monkeypatch
     again = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c", before], capture_output=True,
                            text=True, cwd=ROOT, check=True)
     assert again.stdout.strip() == "True True" and "deprecated: import attnbench.models" in again.stderr
-
-
-def test_the_public_api_imports_from_attnbench_which_is_light_and_a_projects_own_models_stay_its_own(tmp_path):
-    """In a fresh interpreter (one for both checks: each costs one, 3 s of imports), with a research
-    project's own models/ and tasks/ first on the path: `import attnbench` imports neither torch nor
-    Hydra, the public API is attnbench's, and the project's `models` and `tasks` are its own."""
-    project = foreign_project(tmp_path)
-    code = ("import sys, attnbench; light = not {'torch', 'hydra'} & set(sys.modules)\n"
-            "from attnbench import register_attention, ProjectedAttention, Capabilities, register_task\n"
-            "from attnbench.models.attention import ProjectedAttention as base\n"
-            "import models, tasks\n"
-            "print(light, ProjectedAttention is base, models.WHOSE, '|', tasks.WHOSE)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=project, check=True,
-                         env={**os.environ, "PYTHONPATH": python_path_with(project)}).stdout
-    assert out.strip() == "True True the project's own models | the project's own tasks"
 
 
 def test_attnbenchs_code_imports_models_tasks_and_conf_only_under_attnbench():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 import time
 import zipfile
@@ -525,13 +524,6 @@ def test_cli_reports_a_missing_dataset_in_one_line(workdir, monkeypatch, tmp_pat
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Helsinki-NLP/europarl" in err
-
-
-def test_nothing_of_the_text_tasks_is_imported_until_used():
-    code = ("import sys, attnbench.tasks as tasks; tasks.discover(); "
-            "print(sorted(m for m in ('sacrebleu', 'datasets', 'pandas', 'attnbench.models.text') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "[]"
 
 
 # --- end to end ---------------------------------------------------------------------------------------

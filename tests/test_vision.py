@@ -123,16 +123,6 @@ def test_only_the_shim_imports_torchvision_and_timm():
     assert found == {"tasks/vision/torchvision_shim.py": {"torchvision", "timm"}}
 
 
-def test_startup_imports_neither_torchvision_nor_timm():
-    out = run_python("""
-        import sys, attnbench.tasks as tasks
-        tasks.discover()
-        print("vit" in tasks.available_tasks(), "torchvision" in sys.modules, "timm" in sys.modules,
-              "mlxtend" in sys.modules)
-    """)
-    assert out.stdout.split() == ["True", "False", "False", "False"], out.stderr
-
-
 # --- dataset readers on fixtures in the real formats ------------------------------------------------
 def vision_cfg(task: str, *overrides: str):
     from bench_cli.config.compose import compose
