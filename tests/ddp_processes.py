@@ -37,10 +37,13 @@ def as_one_process(monkeypatch) -> None:
 def in_the_tests_place(log: str, environment: dict, folder: str) -> None:
     """A forked process in the environment and working folder of the test that started it (the
     forkserver keeps those of the test that started the server), its output (stdout and stderr)
-    into ``log``."""
+    into ``log``. The folders of the environment's PYTHONPATH are on sys.path after the first entry,
+    where an exec'd interpreter puts them (a plugin's folder, as a user's PYTHONPATH names it)."""
     os.environ.clear()
     os.environ.update(environment)
     os.chdir(folder)
+    given = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in sys.path]
+    sys.path[1:1] = given
     with open(log, "w") as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)

@@ -14,6 +14,7 @@ from bench_cli.commands import sweep as sweep_command
 from bench_cli.commands.sweep.plan import multirun_config
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
+from test_plugins import plugin_dir  # noqa: F401 - fixture: the manual's plugin in a folder of its own
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "paper"
 
@@ -512,22 +513,29 @@ def test_a_run_signalled_after_a_sweep_in_the_same_process_leaves_later_sweeps_w
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
-def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_fixture, workdir):
+def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_fixture, workdir, plugin_dir):  # noqa: F811
     """The sweep hands the signal to its two running jobs, which record themselves interrupted with
     it (not 'missing: no record', killed by joblib's teardown) and release their claims. (That a
-    job stopped by a signal keeps its checkpoint and resumes from it: the test above.)"""
+    job stopped by a signal keeps its checkpoint and resumes from it: the test above.) The jobs
+    train the manual's plugin attention: joblib's worker processes, fresh interpreters, import the
+    plugins the config names before they build the model (a checkpoint of each job is written
+    before the signal)."""
     import os
     import signal
     import time
 
     from command_processes import start_command
+    from conftest import python_path_with
 
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
     log = workdir / "sweep.log"
-    proc = start_command(["sweep", *args, "trainer.max_epochs=5000", "seed=0,1", "hydra/launcher=joblib_cpu"], log)
+    proc = start_command(["sweep", *args, "trainer.max_epochs=5000", "seed=0,1", "hydra/launcher=joblib_cpu",
+                          "plugins=[mymod]", "model.attention.name=elu_linear"], log,
+                         {**os.environ, "PYTHONPATH": python_path_with(plugin_dir)})
     try:
         deadline = time.monotonic() + 120
-        while len(list(workdir.glob("outputs/multirun/**/run.json"))) < 2:  # both jobs' runs have started
+        # both jobs have trained and saved a checkpoint: their models, the plugin's attention, are built
+        while len({p.parent for p in workdir.glob("checkpoints/*/ckpt-*.pt")}) < 2:
             assert proc.is_alive() and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         os.kill(proc.pid, signal.SIGTERM)
@@ -541,6 +549,7 @@ def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_f
     rows = read_records(workdir / "res.csv")
     assert sorted((r["seed"], r["status"], r["error"]) for r in rows) == [
         ("0", "interrupted", "interrupted (SIGTERM)"), ("1", "interrupted", "interrupted (SIGTERM)")]
+    assert {r["attention"] for r in rows} == {"elu_linear"} and all("mymod" in r["plugins"] for r in rows)
     assert not json_claims(workdir / "res.csv.claims")  # each job released its claim
 
 
