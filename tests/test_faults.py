@@ -189,29 +189,6 @@ def test_report_writes_beside_its_records(workdir, capsys):
     assert "wrote" in out and not (workdir / "results").exists()
 
 
-@pytest.mark.slow
-def test_wandb_with_a_key_but_no_network_falls_back_to_offline_at_once(uea_fixture, workdir, monkeypatch):
-    import time
-
-    from command_processes import start_command
-
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    monkeypatch.setenv("WANDB_DIR", str(workdir))
-    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
-    started = time.perf_counter()
-    # in a process of its own (forked with torch and the engine imported, wandb not): wandb's
-    # service and threads stay out of the test process
-    run = start_command(["run", *TINY, "logger=wandb", "results.path=res.csv"], workdir / "run.log")
-    run.join(timeout=300)
-    out = (workdir / "run.log").read_text()
-    assert run.exitcode == 0, out
-    assert time.perf_counter() - started < 60
-    assert "is not reachable; logging offline" in out
-    (row,) = read_records(workdir / "res.csv")
-    assert row["status"] == "ok" and list(Path(row["output_dir"]).rglob("offline-run-*"))
-
-
 def test_hub_dataset_without_network_is_one_line_at_once(workdir, monkeypatch):
     import time
 

@@ -166,7 +166,8 @@ def wandb_env(workdir: Path) -> dict:
 def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir):
     """wandb's offline runs, all made in one process (wandb's service and torch started once): a
     run stopped by a signal, the same run resumed, then a sweep of two jobs (the basic launcher:
-    its jobs in that process too), each followed by a look at the process's threads."""
+    its jobs in that process too), then a run with an API key but no network (WANDB_MODE unset,
+    the server unreachable), each followed by a look at the process's threads."""
     stop = ("import signal; from bench_cli.engine.trainer import _Loop; step = _Loop.optimiser_step\n"
             "def stop_at_6(self):\n"
             "    step(self)\n"
@@ -187,7 +188,7 @@ def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir
             "threads_left('the second sitting')\n"
             "print('tensorboard imported:', sorted({'tensorboard', 'torch.utils.tensorboard'} & set(sys.modules)))\n"
             f"print('--- sweep ---')\nmain(['sweep', *{sweep!r}])\n"
-            "threads_left('the sweep')\n")
+            "threads_left('the sweep')\n" + NO_NETWORK + "threads_left('the run without network')\n")
     from command_processes import start_code
 
     # forked with torch and the engine imported (tests/command_processes.py), wandb not
@@ -196,9 +197,30 @@ def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir
     stdout = (workdir / "wandb.log").read_text()
     assert done.exitcode == 0, stdout[-2000:]
     sittings, swept = stdout.split("--- sweep ---")
+    swept, without_network = swept.split("--- no network ---")
     check_offline_sittings_resume_and_say_how_to_sync(workdir, sittings)
     check_a_sweeps_runs_are_one_group(workdir, swept)
+    check_a_key_without_network_logs_offline_at_once(workdir, without_network)
     check_each_run_logged_and_no_threads_left(workdir, stdout)
+
+
+# A run with an API key (WANDB_MODE unset: online) where wandb's server does not answer (nothing
+# listens on port 9), made after the offline runs above, in their process.
+NO_NETWORK = ("import os, time; print('--- no network ---')\n"
+              "os.environ.pop('WANDB_MODE', None); os.environ['WANDB_API_KEY'] = 'x' * 40\n"
+              "os.environ['WANDB_BASE_URL'] = 'http://127.0.0.1:9'\n"
+              "started = time.perf_counter(); main(['run', *sys.argv[1:], 'seed=3', 'results.path=offline.csv'])\n"
+              "print('the run without network took', round(time.perf_counter() - started), 's')\n")
+
+
+def check_a_key_without_network_logs_offline_at_once(workdir: Path, stdout: str) -> None:
+    """With a key but no network, the run falls back to logging offline at once (not after minutes
+    of wandb's retries), says so, and records its run."""
+    assert "is not reachable; logging offline" in stdout, stdout[-2000:]
+    took = int(re.search(r"the run without network took (\d+) s", stdout).group(1))
+    assert took < 60, stdout[-2000:]
+    (row,) = read_records(workdir / "offline.csv")
+    assert row["status"] == "ok" and list(Path(row["output_dir"]).rglob("offline-run-*"))
 
 
 def check_offline_sittings_resume_and_say_how_to_sync(workdir: Path, stdout: str) -> None:
@@ -251,7 +273,7 @@ def check_each_run_logged_and_no_threads_left(workdir: Path, stdout: str) -> Non
     offline (a .wandb file per run), and no wandb thread (the service's asyncio loop, its finaliser)
     left running after any of them. (In its own process: wandb's service never lives in the test
     process.)"""
-    for after in ("the first sitting", "the second sitting", "the sweep"):
+    for after in ("the first sitting", "the second sitting", "the sweep", "the run without network"):
         assert f"wandb threads after {after} []" in stdout, stdout[-2000:]
     rows = read_records(workdir / "sweep.csv")
     assert [row["status"] for row in rows] == ["ok", "ok"]
