@@ -170,11 +170,12 @@ REMEMBERED = [["task=uea", "model=attention_bn", "seed=1"], [], ["model=attentio
 
 def test_remembered_compositions_are_the_ones_hydra_makes(hydra_as_is, monkeypatch):
     """Each override list composed twice with the defaults lists, merges and config loads remembered
-    (the first time from what an earlier list of the same choices left, the second from the memo
-    alone), and
-    what the caller changes in a composition is not seen by the next: then as Hydra composes each."""
+    (the first time from what an earlier list of the same choices left, the merge from a copy of
+    the Hydra part an earlier merge left; the second from the memo alone), and what the caller
+    changes in a composition is not seen by the next: then as Hydra composes each."""
     monkeypatch.setattr(hydra_private, "_defaults_lists", {})
     monkeypatch.setattr(hydra_private, "_merged", {})
+    monkeypatch.setattr(hydra_private, "_hydra_parts", {})
     monkeypatch.setattr(hydra_private, "_load_results", {})
     remembered = []
     for overrides in REMEMBERED * 2:
@@ -185,6 +186,8 @@ def test_remembered_compositions_are_the_ones_hydra_makes(hydra_as_is, monkeypat
     # remembered apart: Hydra reads choices in their order); task=uea model=softmax are the default
     # choices, so that list's defaults are those of []: one merge for both
     assert (len(hydra_private._defaults_lists), len(hydra_private._merged)) == (len(REMEMBERED) - 3, len(REMEMBERED) - 5)
+    # every merge but the first of each launcher started from a copy of the merged Hydra part
+    assert len(hydra_private._hydra_parts) == 2
     hydra_as_is()
     assert remembered == [state(compose_unchecked(overrides, with_hydra=True)) for overrides in REMEMBERED] * 2
 
@@ -289,3 +292,23 @@ def test_a_config_placed_twice_and_an_interpolated_default_compose_as_hydra_comp
     assert (cfg.combo.combo, cfg.probe.value, cfg.third) == ("from-alt", 2, 5)
     hydra_as_is()
     assert lighter == [state(compose_unchecked(overrides, with_hydra=True))] * 2
+
+
+def test_a_merge_error_after_the_hydra_part_is_hydras_error(tmp_path, hydra_as_is):
+    """A config that cannot merge into what came before it (a list where the root config has a
+    table), merged after a copy of the Hydra part: Hydra's exception, naming the file, each time."""
+    hydra_private.lighter_compositions()
+    option = tmp_path / "experiment" / "clash.yaml"
+    option.parent.mkdir()
+    option.write_text("# @package _global_\ntrainer: [1, 2]\n")
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=clash"]
+    errors = []
+    for _ in range(2):
+        with pytest.raises(UserError) as refused:
+            compose_unchecked(overrides)
+        errors.append(str(refused.value))
+    hydra_as_is()
+    with pytest.raises(UserError) as refused:
+        compose_unchecked(overrides)
+    assert errors == [str(refused.value)] * 2, errors
+    assert "In 'experiment/clash': ConfigTypeError" in errors[0] and "Cannot merge DictConfig with ListConfig" in errors[0]

@@ -32,6 +32,10 @@ The private symbols, each with what it is used for:
   and ``hydra._internal.config_loader_impl.ConfigLoaderImpl._compose_config_from_defaults_list``:
   replaced, once per process, by the same functions remembering what they returned
   (``remember_compositions``);
+- ``hydra._internal.config_loader_impl.ConfigLoaderImpl._load_single_config``, with OmegaConf's
+  ``Node._get_flag``/``_set_flag`` and ``BaseContainer._is_missing``/``_is_none``: Hydra's merge of a
+  defaults list done in the same steps, from a copy of its Hydra part merged before
+  (``merge_after_hydras_part``);
 - ``hydra._internal.config_repository.CachingConfigRepository.load_config``: replaced, once per
   process, by the same method taking a config file's load result (``ConfigResult``: the config,
   its header and defaults list) from an earlier composition from the same config files
@@ -72,9 +76,10 @@ def create_hydra(task_name: str, search_path):
 
 
 def lighter_compositions() -> None:
-    """From now on in this process, Hydra's compositions skip seven costs that change nothing in
+    """From now on in this process, Hydra's compositions skip eight costs that change nothing in
     what they compose: building again the defaults list and the merged config of config choices
-    composed before from the same config files (``remember_compositions``), loading again a config
+    composed before from the same config files, and merging again Hydra's own configs into a
+    merge of new choices (``remember_compositions``), loading again a config
     file an earlier composition from the same config files loaded (``share_loaded_configs``) or
     whose text was loaded before (a copy of that config instead: omegaconf_private.py
     ``load_each_yaml_once``), the copy of Hydra's ConfigStore that each composition's
@@ -100,6 +105,9 @@ def lighter_compositions() -> None:
 _defaults_lists: dict = {}
 _merged: dict = {}
 REMEMBERED_LIMIT = 128  # distinct config choices; a merged config is about 0.15 MB of nodes
+# Merged Hydra parts by (fingerprint, the leading entries that place Hydra's own configs): one per
+# launcher, sweeper and logging choice, so few
+_hydra_parts: dict = {}
 _fingerprints: dict = {}  # fingerprint -> a small number naming it in the keys above
 # The repository of each composition under way -> its fingerprint's number, taken when its defaults
 # list is made (the merge and the repository's loads read it there: hashing the files is 3 ms)
@@ -114,7 +122,9 @@ def remember_compositions() -> None:
     """From now on in this process, a composition whose config choices (the overrides that choose
     or add a config of a group: ``task=uea``, ``+experiment=...``) and config files are those of an
     earlier composition takes that composition's defaults list and a copy of its merged config,
-    then applies its own value overrides (``seed=1``, ``trainer.max_epochs=2``) as Hydra does.
+    then applies its own value overrides (``seed=1``, ``trainer.max_epochs=2``) as Hydra does. A
+    composition of new choices merges its configs after a copy of the merge of Hydra's own configs
+    (``merge_after_hydras_part``).
 
     Hydra composes in two steps (hydra/_internal/config_loader_impl.py ``_load_configuration_impl``):
     the defaults list and the merge of its configs, which read the config files and only the
@@ -173,7 +183,7 @@ def remember_compositions() -> None:
             return compose_from_defaults(self, defaults=defaults, repo=repo)
         key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults))  # ResultDefault's fields
         if key not in _merged:
-            merged = compose_from_defaults(self, defaults=defaults, repo=repo)
+            merged = merge_after_hydras_part(self, defaults, repo, fingerprint)
             # what the merge resolved with a cached resolver (Hydra's ``now`` in hydra.run.dir) is
             # resolved again by each composition handed out: at its first use, not the first merge's
             cache = OmegaConf.get_cache(merged)
@@ -187,6 +197,70 @@ def remember_compositions() -> None:
     remembered_merge.unremembered = compose_from_defaults
     config_loader_impl.create_defaults_list = remembered_defaults_list
     ConfigLoaderImpl._compose_config_from_defaults_list = remembered_merge
+
+
+def merge_after_hydras_part(loader, defaults: list, repo, fingerprint: int):
+    """Hydra's merge of a defaults list (config_loader_impl.py ``_compose_config_from_defaults_list``:
+    each entry's config loaded and merged in order into a new config, then the defaults lists left
+    in the nodes removed), starting from a copy of the merge of its leading entries that place
+    Hydra's own configs (package ``hydra`` or ``hydra.*``: output, launcher, sweeper, help,
+    logging, env and ``hydra/config``, which the defaults list puts first) when an earlier
+    composition from the same config files merged the same entries: two fifths of a new
+    composition's merge, the same in every composition of a process. Merging in order from the
+    merged prefix is what Hydra's loop does after those entries; the prefix is kept (a KeptConfig)
+    before the later entries are merged into it and before the defaults lists are removed."""
+    from omegaconf import OmegaConf
+
+    n = 0
+    while n < len(defaults) and (defaults[n].package or "").partition(".")[0] == "hydra":
+        n += 1
+    key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults[:n]))
+    kept = _hydra_parts.get(key) if n else None
+    if kept is not None:
+        cfg = kept.copy()
+    else:
+        cfg = _merged_in_order(loader, OmegaConf.create(), defaults[:n], repo)
+        if n:
+            _remember(_hydra_parts, key, KeptConfig(cfg))
+    _merged_in_order(loader, cfg, defaults[n:], repo)
+    _without_defaults_lists(cfg)
+    return cfg
+
+
+def _merged_in_order(loader, cfg, defaults: list, repo):
+    """``cfg`` with the config of each entry of ``defaults`` merged into it in order, as Hydra's
+    loop merges them (its nodes placed without a deep copy, its errors named by the config file)."""
+    import sys
+
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import flag_override
+    from omegaconf.errors import OmegaConfBaseException
+
+    with flag_override(cfg, "no_deepcopy_set_nodes", True):
+        for default in defaults:
+            loaded = loader._load_single_config(default=default, repo=repo)
+            try:
+                cfg.merge_with(loaded.config)
+            except OmegaConfBaseException as e:
+                raise ConfigCompositionException(
+                    f"In '{default.config_path}': {type(e).__name__} raised while composing config:\n{e}"
+                ).with_traceback(sys.exc_info()[2]) from e
+    return cfg
+
+
+def _without_defaults_lists(cfg) -> None:
+    """The defaults lists left in the merged nodes removed, as Hydra's merge ends (its
+    ``strip_defaults``)."""
+    from omegaconf import DictConfig, flag_override
+
+    if not isinstance(cfg, DictConfig) or cfg._is_missing() or cfg._is_none():
+        return
+    with flag_override(cfg, ["readonly", "struct"], False):
+        if cfg._get_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS"):
+            cfg._set_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS", None)
+            cfg.pop("defaults", None)
+    for _key, value in cfg.items_ex(resolve=False):
+        _without_defaults_lists(value)
 
 
 def _fingerprint_number(repo) -> int | None:

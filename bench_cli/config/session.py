@@ -175,7 +175,8 @@ def run_job(cfg: DictConfig, task_function) -> object:
 
 def explain(err: Exception, overrides: list[str]) -> UserError:
     """A composition error as one line: an unknown key with the close ones (or how to add it), a
-    YAML error with its file and line, else Hydra's first line."""
+    YAML error with its file and line, else Hydra's first line (and the reason on the next, when
+    the first ends with a colon)."""
     import yaml
 
     if isinstance(err, yaml.YAMLError):
@@ -201,5 +202,8 @@ def explain(err: Exception, overrides: list[str]) -> UserError:
             pass
         add = f"; to add a new key use +{key}={value}" if addable(key) else ""
         return UserError(f"unknown config key '{key}'{hint}{add}")
-    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    lines = text.strip().splitlines() or [type(err).__name__]
+    # Hydra's "In 'file': ConfigTypeError raised while composing config:" says what failed where;
+    # OmegaConf's next line says why (the cannot-merge of a list into a table)
+    first = f"{lines[0]} {lines[1].strip()}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
     return UserError(f"invalid configuration: {first}")
