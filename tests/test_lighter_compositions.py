@@ -110,28 +110,35 @@ def test_an_edited_or_new_config_file_is_never_served_stale(tmp_path):
     assert compose_unchecked([searchpath, "experiment=stale_new"]).seed == 3
 
 
+def refusals(folder, text: str, hydra_as_is) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """An experiment ``text`` in ``folder``: (OmegaConf's error loading it, or '' when it loads; the
+    one-line refusal of its composition) twice, made lighter, then as Hydra and OmegaConf make them."""
+    hydra_private.lighter_compositions()
+    option = folder / "experiment" / "probe.yaml"
+    option.parent.mkdir()
+    option.write_text(text)
+    overrides = [f"hydra.searchpath=[file://{folder}]", "experiment=probe"]
+    errors = []
+    for as_is in (False, False, True):
+        if as_is:
+            hydra_as_is()
+        try:
+            OmegaConf.load(option)
+            loading = ""
+        except yaml.YAMLError as e:
+            loading = str(e)
+        with pytest.raises(UserError) as refused:
+            compose_unchecked(overrides)
+        errors.append((loading, str(refused.value)))
+    return errors[:2], errors[2]
+
+
 def test_a_yaml_error_is_raised_each_time_as_omegaconf_raises_it(tmp_path, hydra_as_is):
     """A duplicate key is OmegaConf's error, naming the file and line, every time it is loaded
     (a text that fails is not kept), and one line of `attnbench` as before."""
-    hydra_private.lighter_compositions()
-    option = tmp_path / "experiment" / "duplicate.yaml"
-    option.parent.mkdir()
-    option.write_text("# @package _global_\nseed: 1\nseed: 2\n")
-    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=duplicate"]
-    errors = []
-    for _ in range(2):
-        with pytest.raises(yaml.constructor.ConstructorError) as raised:
-            OmegaConf.load(option)
-        with pytest.raises(UserError) as refused:
-            compose_unchecked(overrides)
-        errors.append((str(raised.value), str(refused.value)))
-    hydra_as_is()
-    with pytest.raises(yaml.constructor.ConstructorError) as raised:
-        OmegaConf.load(option)
-    with pytest.raises(UserError) as refused:
-        compose_unchecked(overrides)
-    assert errors == [(str(raised.value), str(refused.value))] * 2
-    assert f"{option}, line 3" in str(refused.value) and "duplicate key seed" in str(refused.value)
+    lighter, (loading, refused) = refusals(tmp_path, "# @package _global_\nseed: 1\nseed: 2\n", hydra_as_is)
+    assert lighter == [(loading, refused)] * 2 and "duplicate key" in loading
+    assert f"{tmp_path / 'experiment' / 'probe.yaml'}, line 3" in refused and "duplicate key seed" in refused
 
 
 def test_each_composition_shares_the_config_store_and_copies_the_rest():
@@ -296,19 +303,8 @@ def test_a_config_placed_twice_and_an_interpolated_default_compose_as_hydra_comp
 
 def test_a_merge_error_after_the_hydra_part_is_hydras_error(tmp_path, hydra_as_is):
     """A config that cannot merge into what came before it (a list where the root config has a
-    table), merged after a copy of the Hydra part: Hydra's exception, naming the file, each time."""
-    hydra_private.lighter_compositions()
-    option = tmp_path / "experiment" / "clash.yaml"
-    option.parent.mkdir()
-    option.write_text("# @package _global_\ntrainer: [1, 2]\n")
-    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=clash"]
-    errors = []
-    for _ in range(2):
-        with pytest.raises(UserError) as refused:
-            compose_unchecked(overrides)
-        errors.append(str(refused.value))
-    hydra_as_is()
-    with pytest.raises(UserError) as refused:
-        compose_unchecked(overrides)
-    assert errors == [str(refused.value)] * 2, errors
-    assert "In 'experiment/clash': ConfigTypeError" in errors[0] and "Cannot merge DictConfig with ListConfig" in errors[0]
+    table), merged after a copy of the Hydra part: Hydra's exception with OmegaConf's reason, naming
+    the file, each time."""
+    lighter, (loading, refused) = refusals(tmp_path, "# @package _global_\ntrainer: [1, 2]\n", hydra_as_is)
+    assert lighter == [("", refused)] * 2 and loading == ""
+    assert "In 'experiment/probe': ConfigTypeError" in refused and "Cannot merge DictConfig with ListConfig" in refused
