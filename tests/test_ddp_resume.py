@@ -22,7 +22,9 @@ from bench_cli.results.csv_store import read_records
 from ddp_processes import as_one_process, run_ranks
 from test_checkpoint import UEA, assert_same_result
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
+# In one xdist worker with the other tests that fork from tests/ddp_processes.py's preloaded
+# forkserver (tests/command_processes.py): its start, 4-5 s of imports, is paid once.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread"), pytest.mark.xdist_group("forkserver")]
 
 # dropout on (the task's default, said here because it matters): each process draws its own
 # stream, which the checkpoint must give back to each

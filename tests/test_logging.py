@@ -163,6 +163,7 @@ def wandb_env(workdir: Path) -> dict:
     return {**env, "WANDB_MODE": "offline", "WANDB_DIR": str(workdir)}
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 def test_wandb_offline_sittings_a_sweep_and_no_threads_left(uea_fixture, workdir):
     """wandb's offline runs, all made in one process (wandb's service and torch started once): a
     run stopped by a signal, the same run resumed, then a sweep of two jobs (the basic launcher:

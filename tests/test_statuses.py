@@ -107,6 +107,7 @@ def start_run(workdir, *extra):
     return proc
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 @pytest.mark.parametrize("sig, name, code", [(signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143)])
 def test_interrupted_by_a_signal(uea_fixture, workdir, sig, name, code):
     if sys.platform == "win32":
@@ -127,6 +128,7 @@ def test_interrupted_by_a_signal(uea_fixture, workdir, sig, name, code):
     assert (Path(row["output_dir"]) / "record.json").is_file()
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 def test_csv_survives_a_process_dying_mid_rewrite(uea_fixture, workdir):
     """A second run dies (os._exit, as kill -9 would) after writing the new CSV to its temporary
     file and before renaming it over the original: the original file is byte for byte intact, and

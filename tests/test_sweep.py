@@ -431,6 +431,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 @pytest.mark.slow
 def test_killed_joblib_sweep_leaves_no_workers(uea_fixture, workdir):
     """kill -9 of a joblib_cpu sweep: its worker processes exit too (they watch their parent)."""
@@ -511,6 +512,7 @@ def test_a_run_signalled_after_a_sweep_in_the_same_process_leaves_later_sweeps_w
     assert [r["status"] for r in read_records(workdir / "res.csv")] == ["ok", "interrupted", "ok"]
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_fixture, workdir, plugin_dir):  # noqa: F811

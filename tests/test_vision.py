@@ -546,6 +546,7 @@ def test_precision_bf16_runs_on_the_cpu_and_fp16_is_refused_there(workdir, singl
     assert row["precision"] == "bf16"  # the record says what it trained in
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 def test_ddp_on_two_cpu_processes_matches_one_process_and_writes_one_record(workdir, monkeypatch):
     """gloo, 2 processes x 32 samples vs 1 process x 64: the same global batches (the
     DistributedSampler's permutation), the averaged gradients, the summed evaluation statistics:
