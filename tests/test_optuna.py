@@ -12,6 +12,9 @@ from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
 from test_sweep import sweep, tiny
 
+# In the xdist worker of the manual's commands (tests/test_docs_commands.py), whose tuning sweeps
+# import optuna too: its import (3.6 s, scipy.stats and matplotlib with it) is paid once.
+pytestmark = pytest.mark.xdist_group("manual_commands")
 
 
 @pytest.fixture(autouse=True)
