@@ -1,6 +1,7 @@
 """Runs the guarding tests of several broken copies of the project (tests/test_mutations.py), each
-in a process forked from one that has already imported the third-party libraries: torch, Hydra,
-pandas and pytest are imported once for every copy instead of once per copy (2-3 s of CPU each).
+in a process forked from one that has already imported the third-party libraries: torch (and the
+torch._dynamo a torch optimiser imports), Hydra, pandas, scipy.stats and pytest are imported once for
+every copy instead of once per copy (2-3 s of CPU each, 4-5 s where a guard trains).
 Nothing of the project is imported before the fork, so each child imports its own copy's. As many
 children run at once as the process has cores.
 
@@ -42,7 +43,9 @@ def main(spec_path: str) -> None:
     import omegaconf  # noqa: F401
     import pandas  # noqa: F401
     import pytest  # noqa: F401
+    import scipy.stats  # noqa: F401 - the report's statistics (Welch's t)
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401 - what a torch optimiser's construction imports (1.8 s)
 
     # one child per core at a time: the copies are independent, each in its own folder
     at_once = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

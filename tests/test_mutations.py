@@ -11,6 +11,7 @@ known to pass there. Every copy's guards run in one process that forks a child p
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -40,10 +41,13 @@ MUTATIONS = {
 
 
 def broken_copy(tmp: Path, file: str, before: str, after: str) -> Path:
+    # The bytecode too: a module's cached bytecode is used only while its source keeps the size and
+    # modification time it was compiled from (copy2 keeps both), so each copy compiles only the file
+    # it breaks instead of every module its guards import.
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():
-            shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(src, tmp / name)
         else:
             shutil.copy2(src, tmp / name)
     target = tmp / file
@@ -51,6 +55,7 @@ def broken_copy(tmp: Path, file: str, before: str, after: str) -> Path:
     # the guard must know the code it breaks: a refactor that renames it fails here, not silently
     assert source.count(before) >= 1, f"{file} no longer contains {before!r}: update this mutation"
     target.write_text(source.replace(before, after))
+    Path(importlib.util.cache_from_source(str(target))).unlink(missing_ok=True)  # never the unbroken bytecode
     return tmp
 
 
