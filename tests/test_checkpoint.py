@@ -7,10 +7,10 @@ accumulation and a step-wise evaluation). Checkpoint files are read without runn
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +21,6 @@ from bench_cli.engine.checkpoint import CheckpointError, read
 from bench_cli.commands.cli import main
 from bench_cli.results.csv_store import read_records
 from bench_cli.engine.trainer import _Loop
-from conftest import ATTNBENCH
 from test_lra import write_listops
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
@@ -197,28 +196,32 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_unrun(workdir):
     assert (workdir / "pwned").exists()
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 def test_a_signal_to_the_console_script_checkpoints_and_the_same_command_resumes(uea_fixture, workdir, capsys):
     """As Slurm does it before a time limit: SIGUSR1 to the running `attnbench run` process (the
-    other signals take the same path: above); the row says interrupted with the signal; the same
-    command again (in this process: only the signal needs a process of its own) finishes with the
-    uninterrupted record."""
+    console script's entry in a process of its own: tests/command_processes.py; the other signals
+    take the same path: above); the row says interrupted with the signal; the same command again
+    (in this process: only the signal needs a process of its own) finishes with the uninterrupted
+    record."""
+    from command_processes import start_command
+
     sig = signal.SIGUSR1
     args = [*UEA, "trainer.max_epochs=12", "results.path=res.csv"]
     run(*[a for a in args if not a.startswith("results.path")], "results.path=straight/res.csv")
-    with open(workdir / "run.log", "w") as log:
-        proc = subprocess.Popen([str(ATTNBENCH), "run", *args], stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = start_command(["run", *args], workdir / "run.log")
     try:
         deadline = time.monotonic() + 120
         while "epoch 2 " not in (workdir / "run.log").read_text():
-            assert proc.poll() is None, (workdir / "run.log").read_text()
+            assert proc.is_alive(), (workdir / "run.log").read_text()
             assert time.monotonic() < deadline, "the run never reached its second evaluation"
             time.sleep(0.05)
-        proc.send_signal(sig)
-        assert proc.wait(timeout=60) == 128 + sig
+        os.kill(proc.pid, sig)
+        proc.join(timeout=60)
+        assert proc.exitcode == 128 + sig, (workdir / "run.log").read_text()
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
-            proc.wait()
+            proc.join()
     first = read_records("res.csv")[-1]
     assert first["status"] == "interrupted" and first["error"] == f"interrupted ({sig.name})"
     assert int(first["checkpoint_bytes"]) > 0
