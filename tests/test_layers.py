@@ -17,6 +17,11 @@ from pathlib import Path
 
 import pytest
 
+import source_trees
+
+# The tests that parse the project's code share the parsed trees in one xdist worker (tests/source_trees.py).
+pytestmark = pytest.mark.xdist_group(source_trees.GROUP)
+
 ROOT = Path(__file__).resolve().parents[1]
 # folder -> the dotted name its modules are imported under: models/ and tasks/ only inside the
 # attnbench namespace (attnbench/__init__.py), so an import of the bare names is no edge at all
@@ -54,7 +59,7 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
     ``from pkg import sub`` counts as importing the submodule."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(source_trees.tree(path)):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -149,7 +154,7 @@ def functions_over(limit: int, source: str) -> dict[str, int]:
     """function name -> lines (decorators included), for the functions and methods of ``source``
     longer than ``limit`` lines."""
     out = {}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(source_trees.parsed(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             lines = node.end_lineno - min([node.lineno] + [d.lineno for d in node.decorator_list]) + 1
             if lines > limit:
@@ -264,7 +269,7 @@ def private_api_uses(source: str, private_names=None) -> list[tuple[int, str]]:
     attribute set on a module or class imported from them (``base.parse = ...``, ``setattr(...)``).
     ``what`` is the module, the attribute, or ``name.attribute`` set."""
     private_names = library_private_names() if private_names is None else private_names
-    tree = ast.parse(source)
+    tree = source_trees.parsed(source)
     theirs = set()  # local names bound to their modules and classes
     uses = []
     for node in ast.walk(tree):
@@ -309,7 +314,7 @@ def test_only_the_fence_modules_use_hydras_and_omegaconfs_private_api():
 def test_each_fence_module_lists_every_private_symbol_it_uses_and_the_versions():
     for name in PRIVATE_API_FENCE:
         source = module_files()[name].read_text(encoding="utf-8")
-        docstring = ast.get_docstring(ast.parse(source))
+        docstring = ast.get_docstring(source_trees.parsed(source))
         unlisted = sorted({what for _, what in private_api_uses(source) if what.rpartition(".")[2] not in docstring
                            and what not in docstring})
         assert unlisted == [], f"{name} uses {unlisted} without naming them in its docstring"
@@ -350,7 +355,7 @@ def test_the_symbols_the_fence_lists_exist_in_the_installed_hydra_and_omegaconf(
 
     missing, absent = [], object()
     for name in PRIVATE_API_FENCE:
-        docstring = ast.get_docstring(ast.parse(module_files()[name].read_text(encoding="utf-8")))
+        docstring = ast.get_docstring(source_trees.tree(module_files()[name]))
         for symbol in re.findall(r"``((?:hydra|omegaconf|hydra_plugins)(?:\.\w+)+)``", docstring):
             module, _, leaf = symbol.rpartition(".")
             if symbol.startswith("hydra_plugins."):  # an optional extra: importing it imports optuna

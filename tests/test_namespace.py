@@ -11,6 +11,9 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
+
+import source_trees
 from conftest import commands_in_one_process, python_path_with
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,12 +76,13 @@ def test_the_old_plugin_path_works_with_a_warning_naming_the_new_one(monkeypatch
     assert again.stdout.strip() == "True True" and "deprecated: import attnbench.models" in again.stderr
 
 
+@pytest.mark.xdist_group(source_trees.GROUP)  # the parsed trees shared (tests/source_trees.py)
 def test_attnbenchs_code_imports_models_tasks_and_conf_only_under_attnbench():
     """A bare `import models` in attnbench's own code would pick up a project's models/ instead."""
     bare = []
     for folder in ("bench_cli", "attnbench", "models", "tasks", "tests", "tools"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(source_trees.tree(path)):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
                 bare += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import source_trees
+
 from bench_cli.core.errors import EXIT_USAGE, UserError
 from bench_cli.core.registry import NameTakenError, Registry
 
@@ -146,9 +148,10 @@ def test_each_lookup_answers_an_unknown_name_with_the_valid_ones(kind):
 def module_trees():
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            yield path.relative_to(ROOT), ast.parse(path.read_text(), str(path))
+            yield path.relative_to(ROOT), source_trees.tree(path)
 
 
+@pytest.mark.xdist_group(source_trees.GROUP)  # the parsed trees shared (tests/source_trees.py)
 def test_every_registry_is_the_one_class():
     """The module-level ``Registry(...)`` instances are the four above; every module-level function
     named ``register*`` (the decorators plugins and families call) goes through a Registry's

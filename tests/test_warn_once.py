@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+import source_trees
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,6 +36,7 @@ def test_an_incomplete_records_row_is_said_once_for_every_reader(tmp_path, monke
                                        "line?): kept as it is, its missing fields read as blank\n")
 
 
+@pytest.mark.xdist_group(source_trees.GROUP)  # the parsed trees shared (tests/source_trees.py)
 def test_no_module_keeps_its_own_set_of_warnings_said():
     """A function named like ``*warn*once*`` or a module-level set named ``*WARNED*``/``*SAID*``
     anywhere but bench_cli/core/errors.py is a second warn-once."""
@@ -40,7 +45,7 @@ def test_no_module_keeps_its_own_set_of_warnings_said():
         for path in sorted((ROOT / package).rglob("*.py")):
             if path == ROOT / "bench_cli" / "core" / "errors.py":
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(source_trees.tree(path)):
                 name = node.name if isinstance(node, ast.FunctionDef) else None
                 if isinstance(node, (ast.Assign, ast.AnnAssign)):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
