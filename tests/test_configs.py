@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench_cli.config.compose import compose, group_options, load_option
+import fresh_interpreter
 from conftest import causal_config, composed, with_model
 from bench_cli.core.errors import UserError
 from bench_cli.config.taskfit import build_task, check_model_fits_task
@@ -95,24 +96,16 @@ def test_other_groups_compose(group):
         assert OmegaConf.to_container(cfg[group]) == OmegaConf.to_container(load_option(group, option)), option
 
 
+@pytest.mark.xdist_group(fresh_interpreter.GROUP)
 def test_task_discovery_imports_no_family_dependency():
     """Every family package is imported to register its tasks; their heavy dependencies (and the
     text family's models) must load only when the family runs (DESIGN.md: everything heavy is
-    optional and lazy). One fresh interpreter checks every family: each costs 2-3 s of imports."""
-    import json
-    import subprocess
-    import sys
-
-    heavy = ["torchvision", "timm", "mlxtend", "sacrebleu", "datasets", "pandas", "gymnasium", "mujoco", "h5py",
-             "sktime", "PIL", "attnbench.models.text"]
-    code = ("import json, sys, attnbench.tasks as tasks; tasks.discover(); "
-            f"print(json.dumps([tasks.available_tasks(), [m for m in {heavy!r} if m in sys.modules]]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    optional and lazy). Asked of a fresh interpreter (tests/fresh_interpreter.py)."""
     from attnbench.tasks import available_tasks
 
-    registered, imported = json.loads(out.stdout)
-    assert registered == available_tasks() and "vit" in registered and imported == []
+    answers = fresh_interpreter.report()
+    assert answers["registered"] == available_tasks() and "vit" in answers["registered"]
+    assert answers["heavy"] == []
 
 
 def test_every_task_config_names_a_registered_task():

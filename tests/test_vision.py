@@ -6,61 +6,36 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import pickle
 import re
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import fresh_interpreter
 from image_data import write_cifar10, write_cifar100, write_image_folder, write_mnist
 from test_cli import fail_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_python(code: str, extra_path: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT)])
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
-
-
 # --- the torchvision import shim -------------------------------------------------------------------
+@pytest.mark.xdist_group(fresh_interpreter.GROUP)
 def test_shim_defines_the_two_schemas_when_the_plain_import_fails_that_way():
     """On this machine torchvision 0.28.0's ops do not load over the CPU torch: the plain import
-    fails with the nms error, the shim's import then works (datasets, transforms v2, timm)."""
-    out = run_python("""
-        import torch
-        try:
-            import torchvision
-            print("plain: ok")
-        except RuntimeError as e:
-            print("plain:", e)
-        from attnbench.tasks.vision import torchvision_shim
-        tv = torchvision_shim.import_torchvision()
-        print("applied:", torchvision_shim.applied, tv.__version__.split("+")[0])
-        for op in ("nms", "qnms"):
-            print(op, torch._C._dispatch_has_kernel_for_dispatch_key(f"torchvision::{op}", "Meta"))
-        x = tv.transforms.v2.RandomResizedCrop(8)(torch.rand(3, 16, 16))
-        print("v2:", tuple(x.shape), "datasets:", hasattr(tv.datasets, "CIFAR100"))
-        timm = torchvision_shim.import_timm()
-        print("timm:", hasattr(timm.data, "Mixup"))
-    """)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout
-    if "plain: ok" in lines:  # a torch whose torchvision ops load: nothing to patch here
-        assert "applied: False" in lines
+    fails with the nms error, the shim's import then works (datasets, transforms v2, timm). Asked of
+    a fresh interpreter (tests/fresh_interpreter.py)."""
+    answers = fresh_interpreter.report()
+    if answers["plain"] == "ok":  # a torch whose torchvision ops load: nothing to patch here
+        assert answers["applied"] is False
     else:
-        assert "operator torchvision::nms does not exist" in lines and "applied: True 0.28.0" in lines
-        assert "nms True" in lines and "qnms True" in lines  # torchvision's fake kernels registered
-    assert "v2: (3, 8, 8) datasets: True" in lines and "timm: True" in lines
+        assert "operator torchvision::nms does not exist" in answers["plain"]
+        assert answers["applied"] is True and answers["version"] == "0.28.0"
+        assert answers["fake kernels"] == ["nms", "qnms"]  # torchvision's fake kernels registered
+    assert answers["v2 crop"] == [3, 8, 8] and answers["datasets"] and answers["timm mixup"]
 
 
 @pytest.fixture
