@@ -46,7 +46,8 @@ def test_ends_it():
 """
 
 
-def run_with_the_plugin(pytester, monkeypatch, tests: str, limit: float, record: Path | None = None):
+def run_with_the_plugin(pytester, monkeypatch, tests: str, limit: float, record: Path | None = None,
+                        own_process: bool = True):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {str(Path(durations.__file__).parent)!r})\n"
                           "from durations import install\n"
                           "def pytest_configure(config):\n    install(config)\n")
@@ -57,11 +58,14 @@ def run_with_the_plugin(pytester, monkeypatch, tests: str, limit: float, record:
         monkeypatch.setenv(durations.RECORD_ENV, str(record))
     else:
         monkeypatch.delenv(durations.RECORD_ENV, raising=False)
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist")
+    # in a process of its own where child CPU is read: the children this process has (a forkserver,
+    # joblib's workers left by earlier tests) would count in the inner tests' child CPU
+    run = pytester.runpytest_subprocess if own_process else pytester.runpytest_inprocess
+    return run("-p", "no:cacheprovider", "-p", "no:xdist")
 
 
 def test_a_test_over_the_limit_fails_naming_its_time_and_the_limit(pytester, monkeypatch):
-    result = run_with_the_plugin(pytester, monkeypatch, SLOW_AND_FAST, limit=0.5)
+    result = run_with_the_plugin(pytester, monkeypatch, SLOW_AND_FAST, limit=0.5, own_process=False)
     result.assert_outcomes(passed=1, failed=1)
     text = result.stdout.str()
     assert "test_timed.py::test_slow: its call took 1.0 s, over the 0.5 s limit for one test" in text
