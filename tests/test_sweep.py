@@ -221,15 +221,25 @@ def test_the_comparison_with_hydra_fails_when_a_value_is_not_applied_or_not_rese
         differences = planned_against_whole(["model=attention_bn", "seed=0,1", "trainer.max_epochs=3"])
     assert differences == [f"model=attention_bn seed={seed} trainer.max_epochs=3: {what}" for seed in (0, 1)
                            for what in ("job_key", "config in place", "config resolved in place", "config of its own")]
-    # values set in place and not reset: a job without trainer.max_epochs after one with it
+    # values set in place and not reset: a job without trainer.max_epochs after one with it (its
+    # config in place; its job_key reads the composition's values from before any job's were set,
+    # and its config of its own is copied from the composition as composed)
+    def in_place(composer, job) -> tuple[dict, str]:
+        key = sweep_command.plan_job(composer, job).key
+        with composer.applied(job) as cfg:
+            return as_dict(cfg), key
+
     with multirun_config([], None) as (app, master):
         composer = composition.JobComposer(app, master)
-        fresh = as_dict(sweep_command.plan_job(composition.JobComposer(app, master), ["seed=1"]).cfg)
+        fresh = in_place(composition.JobComposer(app, master), ["seed=1"])
+        own = as_dict(sweep_command.plan_job(composer, ["seed=1"]).cfg)
         sweep_command.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
-        assert as_dict(sweep_command.plan_job(composer, ["seed=1"]).cfg) == fresh
+        assert in_place(composer, ["seed=1"]) == fresh and own == fresh[0]
         monkeypatch.setattr(omegaconf_private, "replaced_values", lambda cfg, values: [])  # nothing to reset
         sweep_command.plan_job(composer, ["trainer.max_epochs=3", "seed=1"])
-        assert as_dict(sweep_command.plan_job(composer, ["seed=1"]).cfg) != fresh
+        left, key = in_place(composer, ["seed=1"])
+        assert left != fresh[0] and left["trainer"]["max_epochs"] == 3 and key == fresh[1]
+        assert as_dict(sweep_command.plan_job(composer, ["seed=1"]).cfg) == own  # copied from before
 
 
 def test_configs_composed_by_forked_processes_are_the_ones_composed_here(monkeypatch):
