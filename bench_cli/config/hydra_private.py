@@ -181,7 +181,7 @@ def remember_compositions() -> None:
             fingerprint = _fingerprint_number(repo)
         if fingerprint is None:
             return compose_from_defaults(self, defaults=defaults, repo=repo)
-        key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults))  # ResultDefault's fields
+        key = (fingerprint, entries_key(defaults))
         if key not in _merged:
             merged = merge_after_hydras_part(self, defaults, repo, fingerprint)
             # what the merge resolved with a cached resolver (Hydra's ``now`` in hydra.run.dir) is
@@ -199,6 +199,12 @@ def remember_compositions() -> None:
     ConfigLoaderImpl._compose_config_from_defaults_list = remembered_merge
 
 
+def entries_key(defaults: list) -> tuple:
+    """A defaults list's entries (Hydra's ResultDefault: config path, parent, package, ...) as a
+    key of what remember_compositions keeps."""
+    return tuple(tuple(vars(entry).items()) for entry in defaults)
+
+
 def merge_after_hydras_part(loader, defaults: list, repo, fingerprint: int):
     """Hydra's merge of a defaults list (config_loader_impl.py ``_compose_config_from_defaults_list``:
     each entry's config loaded and merged in order into a new config, then the defaults lists left
@@ -214,7 +220,7 @@ def merge_after_hydras_part(loader, defaults: list, repo, fingerprint: int):
     n = 0
     while n < len(defaults) and (defaults[n].package or "").partition(".")[0] == "hydra":
         n += 1
-    key = (fingerprint, tuple(tuple(vars(entry).items()) for entry in defaults[:n]))
+    key = (fingerprint, entries_key(defaults[:n]))
     kept = _hydra_parts.get(key) if n else None
     if kept is not None:
         cfg = kept.copy()
