@@ -24,6 +24,7 @@ def hydra_as_is(monkeypatch):
     the lighter ones)."""
     from hydra._internal import config_loader_impl, defaults_list
     from hydra._internal.config_repository import CachingConfigRepository
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import base as omegaconf_base
 
     hydra_private.lighter_compositions()
@@ -40,6 +41,7 @@ def hydra_as_is(monkeypatch):
         monkeypatch.setattr(loader, "_embed_result_config", staticmethod(loader._embed_result_config.copying))
         monkeypatch.setattr(defaults_list, "_create_interpolation_map", defaults_list._create_interpolation_map.always)
         monkeypatch.setattr(omegaconf_base, "parse", omegaconf_private._unmemoised_parse)
+        monkeypatch.setattr(OverridesParser, "parse_rule", OverridesParser.parse_rule.unkept)
         monkeypatch.setattr(hydra_private, "lighter_compositions", lambda: None)
 
     return as_is
@@ -275,6 +277,39 @@ def test_an_interpolation_is_parsed_once_and_resolves_as_omegaconfs_own_parser_r
     monkeypatch.setattr(base, "parse", omegaconf_private._unmemoised_parse)
     assert memoised == again == OmegaConf.to_container(OmegaConf.create(values), resolve=True)
     assert memoised["c"] == "x-1-none" and memoised["d"] == {"e": 1, "f": 7, "g": [1, 1]}
+
+
+def test_an_override_is_parsed_once_and_each_caller_gets_its_own_copy_of_hydras_parse():
+    """hydra_private.parse_each_override_once: the same Overrides as Hydra's parser makes (values,
+    sweeps, deletions, additions, packages, quoted and escaped text, interpolations); a second
+    parse of a text runs no parser and hands out another copy; a text with a grammar function is
+    parsed each time (``shuffle`` draws a new order each time); a text that does not parse fails
+    with Hydra's error each time."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    hydra_private.lighter_compositions()
+    parser, hydras = OverridesParser.create(), OverridesParser.parse_rule.unkept
+    texts = ["a=1", "a.b=x,y,z", "~a.b", "+a.b=[1, 2]", "++c={d: 1}", "model@hydra.x=softmax", "a='q,\\' r'",
+             "a=${b.c}", "a=null", "a=1.5e3", "a/b=c", "seed=range(3)", "a=int(3)", "a=glob(*)"]
+    once = parser.parse_overrides(texts)
+    kept = hydra_private._parsed_overrides
+    first = {text: kept[text] for text in texts if "(" not in text}
+    again = parser.parse_overrides(texts)
+    assert all(kept[text] is parse for text, parse in first.items())  # not parsed again
+    assert not {text for text in texts if "(" in text} & set(kept)
+    assert once == again == [hydras(parser, text, "override") for text in texts]
+    assert all(a is not b and (a._value is not b._value or not isinstance(a._value, (list, dict)))
+               for a, b in zip(once, again))
+    for parsed in again:  # a caller's changes reach no later parse
+        parsed.key_or_group, parsed.config_loader = "changed", object()
+    assert parser.parse_overrides(texts) == once
+    orders = {tuple(parser.parse_override("a=shuffle([1,2,3,4,5,6,7,8])").value()) for _ in range(20)}
+    assert len(orders) > 1  # drawn anew at each parse, as Hydra's parser draws it
+    for _ in range(2):
+        with pytest.raises(OverrideParseException, match="no viable alternative at input '\\[1,'"):
+            parser.parse_overrides(["a=[1,"])
+    assert "a=[1," not in kept
 
 
 def test_a_config_placed_twice_and_an_interpolated_default_compose_as_hydra_composes_them(tmp_path, hydra_as_is):
