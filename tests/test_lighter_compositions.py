@@ -112,6 +112,31 @@ def test_an_edited_or_new_config_file_is_never_served_stale(tmp_path):
     assert compose_unchecked([searchpath, "experiment=stale_new"]).seed == 3
 
 
+def test_a_config_text_is_read_again_unless_its_file_is_unchanged_since_a_settled_read(tmp_path, monkeypatch):
+    """source_fingerprint's digests: a file changed within SETTLED_S of a read is read at each
+    fingerprint (a write in the same clock tick keeps its time stamps); one read SETTLED_S after its
+    last change is not read again until its size, times or inode change."""
+    from bench_cli.config import source_fingerprint
+
+    config = tmp_path / "a.yaml"
+    config.write_text("a: 1\n")
+    reads = []
+    read = source_fingerprint._read
+    monkeypatch.setattr(source_fingerprint, "_read", lambda path: reads.append(path) or read(path))
+    first = source_fingerprint.folder_digest(tmp_path)
+    assert source_fingerprint.folder_digest(tmp_path) == first and len(reads) == 2  # just written: each time
+    monkeypatch.setattr(source_fingerprint, "SETTLED_S", -60.0)  # as if every read came a minute after the write
+    assert source_fingerprint.folder_digest(tmp_path) == first and len(reads) == 3
+    assert source_fingerprint.folder_digest(tmp_path) == first and len(reads) == 3  # settled: not read again
+    config.write_text("a: 22\n")  # another size
+    second = source_fingerprint.folder_digest(tmp_path)
+    assert second != first and len(reads) == 4
+    replacement = tmp_path / "b.txt"  # the same size, another inode (an editor's save)
+    replacement.write_text("a: 33\n")
+    replacement.replace(config)
+    assert source_fingerprint.folder_digest(tmp_path) not in (first, second) and len(reads) == 5
+
+
 def refusals(folder, text: str, hydra_as_is) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     """An experiment ``text`` in ``folder``: (OmegaConf's error loading it, or '' when it loads; the
     one-line refusal of its composition) twice, made lighter, then as Hydra and OmegaConf make them."""
