@@ -15,7 +15,6 @@ import pytest
 
 from bench_cli.results import claims, csv_store
 from bench_cli.commands import sweep as sweep_command
-from conftest import ATTNBENCH
 from test_sweep import fake_runs, sweep, tiny  # noqa: F401  (fake_runs: a fixture, so the tests' parameters redefine it: noqa F811 there)
 
 
@@ -130,28 +129,35 @@ def test_a_sweep_skips_a_job_another_process_runs_then_takes_it_over(uea_fixture
     assert not res.with_name("res.csv.claims").exists()
 
 
+@pytest.mark.xdist_group("forkserver")  # the preloaded forkserver (tests/ddp_processes.py) started once
 @pytest.mark.slow
 def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
-    """Two sweeps of one CSV at once, both planning the same 3 jobs: an `attnbench sweep` process and,
-    started as soon as that one has planned, the same sweep in the test's process (one process's
-    torch and first run fewer than two processes; the process's first job, importing torch's
-    compiler stack, outlasts the other's planning). Each job runs once (one row per job_key), in one
-    of the two; the other says it skipped it."""
+    """Two sweeps of one CSV at once, both planning the same 3 jobs: an `attnbench sweep` process
+    (forked from the preloaded forkserver, tests/command_processes.py) and, started as soon as that
+    one has planned, the same sweep in the test's process. Each job runs once (one row per
+    job_key), in one of the two; the other says it skipped it."""
+    import os
+    import signal
+
+    from command_processes import start_command
+
     args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
     log = workdir / "a.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(ATTNBENCH), "sweep", *args], stdout=out, stderr=subprocess.STDOUT)
+    proc = start_command(["sweep", *args], log)
     try:
         deadline = time.monotonic() + 120
         while "3 jobs, 0 already done" not in log.read_text():  # the process has planned: it launches now
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            assert proc.is_alive() and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         capsys.readouterr()
         codes = [sweep(*args)]
         in_process = capsys.readouterr().out
-        codes.insert(0, proc.wait(timeout=400))
+        proc.join(timeout=400)
+        codes.insert(0, proc.exitcode)
     finally:
-        proc.kill()
+        if proc.is_alive():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.join()
     texts = [log.read_text(), in_process]
     assert codes == [0, 0], texts
     rows = csv_store.read_records(workdir / "res.csv")
