@@ -4,6 +4,7 @@ exactly what Hydra composes, never serve a config file as it was before an edit,
 OmegaConf fails."""
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -359,6 +360,37 @@ def test_a_config_placed_twice_and_an_interpolated_default_compose_as_hydra_comp
     assert (cfg.combo.combo, cfg.probe.value, cfg.third) == ("from-alt", 2, 5)
     hydra_as_is()
     assert lighter == [state(compose_unchecked(overrides, with_hydra=True))] * 2
+
+
+def test_a_config_file_with_a_schema_of_its_name_composes_as_hydra_composes_it(tmp_path, hydra_as_is, monkeypatch):
+    """A config file and a structured config stored under the same name (Hydra's automatic schema
+    matching): Hydra replaces the loaded config by their merge, which is placed as Hydra places it
+    (a deep copy), not as the composition's own copy; the loaded config is read only then."""
+    from dataclasses import dataclass
+
+    from hydra.core.config_store import ConfigStore
+
+    @dataclass
+    class ProbeSchema:
+        value: int = 0
+        label: str = "schema"
+
+    monkeypatch.setattr(ConfigStore.instance(), "repo", copy.deepcopy(ConfigStore.instance().repo))  # restored after
+    ConfigStore.instance().store(group="schema_probe", name="matched", node=ProbeSchema)
+    hydra_private.lighter_compositions()
+    for name, text in {"schema_probe/matched.yaml": "value: 3\n",
+                       "experiment/schema_twice.yaml": "# @package _global_\ndefaults:\n  - /schema_probe@first: matched\n"
+                                                       "  - /schema_probe@second: matched\n  - _self_\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=schema_twice"]  # placed twice
+    with pytest.warns(UserWarning, match="schema"):  # Hydra's deprecation warning of the matching
+        lighter = [state(compose_unchecked(overrides, with_hydra=True)) for _ in range(2)]
+        cfg = compose_unchecked(overrides)
+    assert [(cfg[p].value, cfg[p].label) for p in ("first", "second")] == [(3, "schema")] * 2
+    hydra_as_is()
+    with pytest.warns(UserWarning, match="schema"):
+        assert lighter == [state(compose_unchecked(overrides, with_hydra=True))] * 2
 
 
 def test_a_merge_error_after_the_hydra_part_is_hydras_error(tmp_path, hydra_as_is):

@@ -64,7 +64,7 @@ import copy
 import weakref
 from contextlib import contextmanager
 
-from bench_cli.config.kept_config import KeptConfig
+from bench_cli.config.kept_config import KeptConfig, KeptLoad, loaded_copy_class
 from bench_cli.config.omegaconf_private import load_each_yaml_once, parse_each_interpolation_once
 from bench_cli.config.search_path import config_path, user_config_dirs
 
@@ -332,9 +332,13 @@ def share_loaded_configs() -> None:
     composition's CPU, most of it for Hydra's own configs (hydra/config, job_logging, launcher...),
     which every composition loads. The copies are unpickled (kept_config.py), so each composition
     has its own, as Hydra's own loads give it; within a composition the repository still hands out
-    one result per path (its ``cache``). A repository whose fingerprint is not known (composed
-    outside ``remember_compositions``, or of a source that cannot be fingerprinted) loads as
-    Hydra does; a load that fails is not kept: it fails the same way each time."""
+    one result per path (its ``cache``). A copy's config is unpickled when it is first read
+    (``LoadedCopy``): building the defaults list reads only the header and the defaults list of
+    each file, and a merge that starts from a kept merge (``remember_compositions``,
+    ``merge_after_hydras_part``) never reads the configs of Hydra's own files, nine of a
+    composition's seventeen. A repository whose fingerprint is not known (composed outside
+    ``remember_compositions``, or of a source that cannot be fingerprinted) loads as Hydra does; a
+    load that fails is not kept: it fails the same way each time."""
     from hydra._internal.config_repository import CachingConfigRepository
 
     if getattr(CachingConfigRepository.load_config, "unshared", None) is not None:
@@ -347,28 +351,16 @@ def share_loaded_configs() -> None:
         if fingerprint is None or cache_key in self.cache:
             return original(self, config_path)
         key = (fingerprint, config_path)
-        if key in _load_results:
-            kept = _load_results[key]
-            result = kept.copy() if kept is not None else None
-        else:
+        if key not in _load_results:
             result = self.delegate.load_config(config_path=config_path)
-            kept = KeptConfig(result) if result is not None else None
-            _remember(_load_results, key, kept, LOAD_RESULTS_LIMIT)
-        if result is not None:  # this composition's own copy, and where to take another (embed_own_copies)
-            result.attnbench_own_copy = OwnCopy(kept, result.config)
+            _remember(_load_results, key, KeptLoad(result) if result is not None else None, LOAD_RESULTS_LIMIT)
+        kept = _load_results[key]
+        result = kept.copy() if kept is not None else None
         self.cache[cache_key] = result
         return result
 
     load_config.unshared = original  # Hydra's, for tests/test_lighter_compositions.py to compare with
     CachingConfigRepository.load_config = load_config
-
-
-class OwnCopy:
-    """What embed_own_copies knows of a load result share_loaded_configs handed out: the KeptConfig
-    it is a copy of, the config it held then, and whether that config has been placed."""
-
-    def __init__(self, kept: KeptConfig, config) -> None:
-        self.kept, self.config, self.placed = kept, config, False
 
 
 def embed_own_copies() -> None:
@@ -386,17 +378,16 @@ def embed_own_copies() -> None:
     embed = ConfigLoaderImpl._embed_result_config
     if getattr(embed, "copying", None) is not None:
         return
+    LoadedCopy = loaded_copy_class()
 
     def _embed_result_config(ret, package_override):
         package = ret.header["package"] if package_override is None else package_override
-        own = getattr(ret, "attnbench_own_copy", None)
         # a config Hydra replaced after the load (merged with a schema of the same name) is placed as Hydra does
-        if not package or own is None or ret.config is not own.config:
+        if not package or not isinstance(ret, LoadedCopy) or ret.replaced:
             return embed(ret, package_override)
-        config = ret.config
-        if own.placed:  # its nodes are in the merge now; Hydra's cached load result is still the one loaded
-            config = own.kept.copy().config
-        own.placed = True
+        # placed before: its nodes are in the merge now; Hydra's cached load result is still the one loaded
+        config = ret.fresh_config() if ret.placed else ret.config
+        ret.placed = True
         cfg = OmegaConf.create()
         with flag_override(cfg, "no_deepcopy_set_nodes", True):  # unset again on leaving, as create() left it
             OmegaConf.update(cfg, package, config, merge=False)
