@@ -203,11 +203,13 @@ def plugin_folder(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
     monkeypatch.syspath_prepend(str(folder))
     plugins._packages.cache_clear()
+    loaded = dict(sys.modules)  # the folder is new: what is imported from it is imported after this
     with registry.ATTENTIONS.restoring(), tasks.TASKS.restoring():
         yield folder
-    # compared as text: a Path and is_relative_to for each of the ~6,000 modules imported was 60 ms a test
+    # the modules imported during the test only (a name taken again included), their file names
+    # compared as text: a Path and is_relative_to for each of the ~6,000 modules loaded was 60 ms a test
     inside = str(folder) + os.sep
-    for name, module in list(sys.modules.items()):
+    for name, module in [(name, module) for name, module in sys.modules.items() if loaded.get(name) is not module]:
         file = getattr(module, "__file__", None)
         if isinstance(file, str) and file.startswith(inside):
             del sys.modules[name]
