@@ -7,8 +7,7 @@ the lost connection, or not at all while a test held them). Loaded by tests/conf
 
 - the controller, on SIGTERM, stops the processes the tests started, sends its workers SIGINT and
   itself KeyboardInterrupt, pytest's own interruption (the summary of what ran is printed and
-  xdist tears its workers down); a worker that has not exited WORKER_GRACE_S later (its test
-  ignores SIGINT) is killed: xdist's teardown would wait 10 s for it (execnet's exit timeout);
+  xdist tears its workers down, killing those that do not exit);
 - each worker watches its controller and, once it is gone (SIGKILL, or a teardown that did not
   reach the worker), stops the processes it started and exits.
 """
@@ -21,7 +20,6 @@ import time
 from pathlib import Path
 
 WATCH_INTERVAL_S = 0.5
-WORKER_GRACE_S = 2.0  # from SIGINT to a worker until it is killed, when the controller was asked to stop
 
 
 def install(config) -> None:
@@ -42,10 +40,6 @@ def _interrupt(signum, frame) -> None:
     workers = children(os.getpid())
     stop([pid for worker in workers for pid in children(worker)], signal.SIGTERM)
     stop(workers, signal.SIGINT)
-    # the workers still this process's children then (one that exited is not, and its pid not reused as one)
-    killer = threading.Timer(WORKER_GRACE_S, lambda: stop(children(os.getpid()), signal.SIGKILL))
-    killer.daemon = True
-    killer.start()
     raise KeyboardInterrupt(f"{signal.Signals(signum).name}: the test run was asked to stop")
 
 
