@@ -299,8 +299,8 @@ def parse_each_override_once() -> None:
     """From now on in this process, Hydra's override parser (overrides_parser.py
     ``OverridesParser.parse_rule``, ANTLR: 0.27 ms an override here) parses each override text
     once and hands out deep copies of that parse (0.016 ms): every composition parses all of its
-    overrides again (a sweep's plan composes each job; the test suite parsed 34,000, 2% of its
-    CPU). Only texts without a parenthesis are kept: a parse of those calls none of the grammar's
+    overrides again (a sweep's plan composes each job; the test suite parsed about 34,000, 2% of
+    its CPU). Only texts without a parenthesis are kept: a parse of those calls none of the grammar's
     functions (``int(...)``, ``glob(...)``, ``shuffle(...)``, which draws a new order at each
     parse), so it depends on the text alone. A text that fails to parse is not kept: it raises
     Hydra's error each time. Each caller gets its own copy, free to change (Hydra sets its

@@ -13,8 +13,9 @@ git's rule for "racily clean" index entries): its identity and times (inode, siz
 change times, all in nanoseconds) are those of that read, and that read came more than
 ``SETTLED_S`` after the last of those times. Any write or ``utime`` sets the change time to the
 clock's now, so it differs from times older than a clock tick; a file read within ``SETTLED_S`` of
-its last change is read each time, as a write in the same tick would keep its times. Reading the
-124 texts of conf/ was 2.8 ms of each composition; their ``stat`` calls are a fifth of that.
+its last change is read each time, as a write in the same tick would keep its times. A fingerprint
+of conf/ and Hydra's own configs (136 files) took 2.8 ms reading every text, 1.5 ms with ``stat``
+in their place.
 """
 from __future__ import annotations
 
