@@ -64,3 +64,11 @@ def start_command(argv: list[str], log: Path, environment: dict | None = None):
 def start_code(code: str, argv: list[str], log: Path, environment: dict | None = None):
     """The started ``python -c <code> <argv>`` process, its output written to ``log``."""
     return started(code_main, (code, argv), log, environment)
+
+
+def kill_if_alive(process) -> None:
+    """A started process still running (a test that failed before it ended), and its session's
+    processes (a sweep's workers), killed and reaped."""
+    if process.is_alive():
+        os.killpg(process.pid, signal.SIGKILL)
+        process.join()

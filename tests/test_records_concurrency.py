@@ -136,10 +136,8 @@ def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
     (forked from the preloaded forkserver, tests/command_processes.py) and, started as soon as that
     one has planned, the same sweep in the test's process. Each job runs once (one row per
     job_key), in one of the two; the other says it skipped it."""
-    import os
-    import signal
 
-    from command_processes import start_command
+    from command_processes import kill_if_alive, start_command
 
     args = [*tiny(workdir), "trainer.num_threads=1", "seed=0,1,2"]
     log = workdir / "a.log"
@@ -155,9 +153,7 @@ def test_two_sweeps_at_once_run_each_job_once(uea_fixture, workdir, capsys):
         proc.join(timeout=400)
         codes.insert(0, proc.exitcode)
     finally:
-        if proc.is_alive():
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.join()
+        kill_if_alive(proc)
     texts = [log.read_text(), in_process]
     assert codes == [0, 0], texts
     rows = csv_store.read_records(workdir / "res.csv")

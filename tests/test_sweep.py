@@ -536,7 +536,7 @@ def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_f
     import signal
     import time
 
-    from command_processes import start_command
+    from command_processes import kill_if_alive, start_command
     from conftest import python_path_with
 
     args = [a for a in tiny(workdir) if not a.startswith("trainer.max_epochs")]
@@ -553,9 +553,7 @@ def test_sigterm_to_a_joblib_sweep_records_its_running_jobs_as_interrupted(uea_f
         os.kill(proc.pid, signal.SIGTERM)
         proc.join(timeout=120)
     finally:
-        if proc.is_alive():
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.join()
+        kill_if_alive(proc)
     out = log.read_text()
     assert proc.exitcode == 143 and "2 jobs: 2 interrupted" in out and "Traceback" not in out, out
     rows = read_records(workdir / "res.csv")
